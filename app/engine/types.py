@@ -1,0 +1,253 @@
+"""Value types that cross the engine boundary: load settings, decoding parameters, requests, stream events
+and metrics. All are plain, picklable dataclasses; validation raises ``InvalidRequest`` naming the parameter,
+its range and the value received (the habit of mlx-lm ``sample_utils.make_sampler``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+from app.errors import InvalidRequest
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def _check_range(name: str, value: Any, lo: float | None, hi: float | None, *, integer: bool = False,
+                 lo_open: bool = False) -> None:
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise InvalidRequest(f"{name} must be {kind}, got {value!r}", param=name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be finite, got {value!r}", param=name)
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        rng = f"> {lo}" if lo_open else f">= {lo}"
+        raise InvalidRequest(f"{name} must be {rng}" + (f" and <= {hi}" if hi is not None else "")
+                             + f", got {value!r}", param=name)
+    if hi is not None and value > hi:
+        raise InvalidRequest(f"{name} must be <= {hi}" + (f" and >= {lo}" if lo is not None else "")
+                             + f", got {value!r}", param=name)
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How a model is loaded into llama.cpp (llama-cpp-python ``Llama(...)`` arguments).
+
+    n_ctx: context window in tokens. n_batch / n_ubatch: logical / physical batch in tokens (prefill chunk =
+    n_batch). n_threads: CPU threads (None: llama.cpp's default). n_gpu_layers: layers offloaded to the GPU
+    (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16, q8_0, q4_0; a quantized V
+    needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV cache on the GPU.
+    use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window cache (needed so
+    prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md).
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = True
+    offload_kqv: bool = True
+    use_mmap: bool = True
+    use_mlock: bool = False
+    swa_full: bool = True
+    seed: int = 0xFFFFFFFF
+
+    def validate(self) -> "LoadSettings":
+        """Raise ``InvalidRequest`` for a value out of range; return self."""
+        _check_range("n_ctx", self.n_ctx, 16, 1 << 20, integer=True)
+        _check_range("n_batch", self.n_batch, 1, 1 << 16, integer=True)
+        _check_range("n_ubatch", self.n_ubatch, 1, 1 << 16, integer=True)
+        if self.n_threads is not None:
+            _check_range("n_threads", self.n_threads, 1, 1024, integer=True)
+        _check_range("n_gpu_layers", self.n_gpu_layers, -1, 100000, integer=True)
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in KV_TYPES:
+                raise InvalidRequest(f"{name} must be one of {', '.join(KV_TYPES)}, got {getattr(self, name)!r}",
+                                     param=name)
+        if self.type_v != "f16" and not self.flash_attn:
+            raise InvalidRequest(
+                f"type_v={self.type_v} (a quantized V cache) needs flash attention; enable flash_attn "
+                "or use type_v=f16", param="type_v")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    """How tokens are chosen (sampling parameters of llama.cpp's sampler chain).
+
+    temperature 0 is greedy. top_k 0 disables top-k; top_p / min_p / typical_p 1.0 / 0.0 / 1.0 disable theirs.
+    repeat_penalty 1.0, presence_penalty 0, frequency_penalty 0 disable penalties. seed None: random.
+    stop: strings that end the answer (never emitted, not even partly). logit_bias: token id -> bias added to
+    its logit. max_tokens: answer length cap in tokens (None: until stop or the context is full).
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    max_tokens: int | None = 256
+    grammar: str | None = None  # GBNF text, validated before it reaches llama.cpp
+
+    def validate(self) -> "DecodingParams":
+        """Raise ``InvalidRequest`` naming the first bad parameter; return self."""
+        _check_range("temperature", self.temperature, 0.0, 100.0)
+        _check_range("top_k", self.top_k, 0, 1 << 30, integer=True)
+        _check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("typical_p", self.typical_p, 0.0, 1.0, lo_open=True)
+        _check_range("repeat_penalty", self.repeat_penalty, 0.0, 10.0, lo_open=True)
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.seed is not None:
+            _check_range("seed", self.seed, 0, 2**32 - 1, integer=True)
+        if self.max_tokens is not None:
+            _check_range("max_tokens", self.max_tokens, 1, None, integer=True)
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
+            raise InvalidRequest(f"stop must be a list of strings, got {self.stop!r}", param="stop")
+        if any(s == "" for s in self.stop):
+            raise InvalidRequest("stop strings must not be empty", param="stop")
+        if len(self.stop) > 16:
+            raise InvalidRequest(f"at most 16 stop strings, got {len(self.stop)}", param="stop")
+        for tok, bias in self.logit_bias:
+            _check_range("logit_bias", tok, 0, None, integer=True)
+            _check_range("logit_bias", bias, -100.0, 100.0)
+        return self
+
+    @classmethod
+    def make(cls, **kw: Any) -> "DecodingParams":
+        """Build and validate from loose values (a str stop becomes a 1-tuple, a dict logit_bias a tuple)."""
+        stop = kw.get("stop")
+        if stop is None:
+            kw["stop"] = ()
+        elif isinstance(stop, str):
+            kw["stop"] = (stop,)
+        elif isinstance(stop, (list, tuple)):
+            kw["stop"] = tuple(stop)
+        lb = kw.get("logit_bias")
+        if lb is None:
+            kw["logit_bias"] = ()
+        elif isinstance(lb, dict):
+            try:
+                kw["logit_bias"] = tuple((int(k), float(v)) for k, v in lb.items())
+            except (TypeError, ValueError):
+                raise InvalidRequest(f"logit_bias must map token ids to numbers, got {lb!r}",
+                                     param="logit_bias") from None
+        return cls(**kw).validate()
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat message. role: system | user | assistant; content: plain text."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation. Exactly one of ``prompt`` (raw text, no template) or ``messages`` (templated).
+
+    ``template``: a template name to force (None: the model's own or the one chosen by architecture).
+    ``prefix_cache``: allow reuse/saving of KV state for this request.
+    ``want_logprobs``: top-N alternatives per generated token (0: none).
+    """
+
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    decoding: DecodingParams = field(default_factory=DecodingParams)
+    template: str | None = None
+    add_bos: bool = True
+    prefix_cache: bool = True
+    want_logprobs: int = 0
+
+    def validate(self) -> "GenerateRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("give exactly one of prompt or messages", param="messages")
+        if self.messages is not None:
+            if not self.messages:
+                raise InvalidRequest("messages must not be empty", param="messages")
+            for i, m in enumerate(self.messages):
+                if m.role not in ("system", "user", "assistant"):
+                    raise InvalidRequest(f"messages[{i}].role must be system, user or assistant, got {m.role!r}",
+                                         param=f"messages[{i}].role")
+                if not isinstance(m.content, str):
+                    raise InvalidRequest(f"messages[{i}].content must be text", param=f"messages[{i}].content")
+        self.decoding.validate()
+        return self
+
+
+@dataclass
+class Metrics:
+    """Timings and counts of one generation. Clocks (``time.perf_counter`` in the caller's process):
+
+    - ``ttft_s``: the engine accepted the request (``Engine.generate`` began serving it, after any queue wait)
+      → the first token's text was available to the caller. Includes template, tokenization, cache restore
+      and prefill.
+    - ``queue_s``: ``Engine.generate`` called → request accepted (waiting for an earlier request).
+    - ``prefill_s``: engine process began evaluating prompt tokens → last prompt token evaluated
+      (``prefill_tps`` = (prompt_tokens − cached_tokens) / prefill_s).
+    - ``tpot_s``: mean time per output token after the first (= mean of the inter-token latencies).
+    - ``itl_*``: inter-token latency, time between successive tokens arriving at the caller (P50, P95, max).
+    - ``decode_tps``: (completion_tokens − 1) / (last token time − first token time).
+    - ``total_s``: accepted → done.
+    - ``restore_s``: time to load a prefix-cache entry from disk (0 if none).
+    - ``peak_rss_bytes``: peak resident memory of the engine process (``ru_maxrss``).
+    """
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    itl_p50_s: float = 0.0
+    itl_p95_s: float = 0.0
+    itl_max_s: float = 0.0
+    prefill_s: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    total_s: float = 0.0
+    queue_s: float = 0.0
+    restore_s: float = 0.0
+    cache_source: str = "none"  # none | memory | disk
+    peak_rss_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New answer text. ``text`` never splits a UTF-8 character nor holds part of a stop string;
+    ``token_ids`` are the tokens whose text completed in this delta; ``logprobs`` per token when asked."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    """The generation ended. finish_reason: "stop" (end-of-turn token or stop string) or "length"
+    (max_tokens or context full). ``info``: template used, model id, etc."""
+
+    finish_reason: str
+    metrics: Metrics
+    text: str = ""
+    info: dict = field(default_factory=dict)
+
+
+Event = Union[Delta, Done]

