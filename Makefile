@@ -29,35 +29,37 @@ else
   RESOLVED_BACKEND := $(BACKEND)
 endif
 
-CMAKE_ARGS_cpu   :=
-CMAKE_ARGS_cuda  := -DGGML_CUDA=on
-CMAKE_ARGS_metal := -DGGML_METAL=on
 ifeq ($(filter $(RESOLVED_BACKEND),cpu cuda metal),)
   $(error BACKEND must be auto, cpu, cuda or metal (got '$(BACKEND)'))
 endif
-LLAMA_CMAKE_ARGS := $(strip $(CMAKE_ARGS_$(RESOLVED_BACKEND)) $(if $(filter 1,$(PORTABLE)),-DGGML_NATIVE=OFF) $(EXTRA_CMAKE_ARGS))
-# One stamp per build configuration: changing BACKEND rebuilds llama-cpp-python (pip's wheel cache would
-# otherwise hand back the CPU wheel, since the sdist version is the same).
-LLAMA_STAMP := $(VENV)/.llama-$(RESOLVED_BACKEND)$(if $(filter 1,$(PORTABLE)),-portable)
+# The CMAKE_ARGS for this backend (see packaging/llama_cmake_args.sh: x86-64 CPU builds turn on the
+# AVX features the CPU reports but never AMX, which crashed llama.cpp here).
+LLAMA_CMAKE_ARGS := $(strip $(shell sh packaging/llama_cmake_args.sh $(RESOLVED_BACKEND) $(PORTABLE)) $(EXTRA_CMAKE_ARGS))
+LLAMA_KEY := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
+# Built wheels are kept per configuration outside the checkout, so a rebuild happens only when the
+# configuration changes (pip's own wheel cache ignores CMAKE_ARGS and would hand back a wrong build).
+WHEELHOUSE ?= $(HOME)/.cache/hearth-wheels/llama-cpp-python-0.3.36-$(LLAMA_KEY)
+LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_KEY)
 
 .PHONY: setup run test bench lint print-backend clean package
 
 print-backend:
-	@echo "backend=$(RESOLVED_BACKEND) CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)'"
+	@echo "backend=$(RESOLVED_BACKEND) CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' wheelhouse=$(WHEELHOUSE)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 
 $(LLAMA_STAMP): | $(BIN)/python
-	@echo ">> building llama-cpp-python for backend=$(RESOLVED_BACKEND) CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' (several minutes)"
-	rm -f $(VENV)/.llama-*
-	if [ "$(RESOLVED_BACKEND)" = cpu ] && [ -z "$(LLAMA_CMAKE_ARGS)" ]; then \
-	  $(BIN)/pip install "llama-cpp-python==0.3.36"; \
-	else \
-	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==0.3.36" && \
-	  $(BIN)/pip install "llama-cpp-python==0.3.36"; \
+	@echo ">> llama-cpp-python 0.3.36, backend=$(RESOLVED_BACKEND), CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)'"
+	if ! ls $(WHEELHOUSE)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then \
+	  echo ">> compiling llama.cpp (several minutes; once per configuration)"; \
+	  mkdir -p $(WHEELHOUSE).tmp && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --no-deps --no-cache-dir -w $(WHEELHOUSE).tmp "llama-cpp-python==0.3.36" && \
+	  rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE); \
 	fi
+	$(BIN)/pip install --force-reinstall --no-deps $(WHEELHOUSE)/llama_cpp_python-0.3.36-*.whl
+	rm -f $(VENV)/.llama-*
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(LLAMA_STAMP)

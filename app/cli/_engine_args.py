@@ -1,0 +1,91 @@
+"""Engine flags shared by ``generate``, ``chat``, ``serve`` and ``bench`` (load settings + decoding)."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.engine.types import KV_TYPES, DecodingParams, LoadSettings
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", "-m", default=None, help="model id (see `hearth models`), file name or path "
+                   "(default: the bundled Gemma 3 270M)")
+    d = LoadSettings()
+    g.add_argument("--n-ctx", type=int, default=None, help=f"context window in tokens (default {d.n_ctx})")
+    g.add_argument("--n-batch", type=int, default=None, help=f"prefill chunk in tokens (default {d.n_batch})")
+    g.add_argument("--n-ubatch", type=int, default=None, help=f"physical batch in tokens (default {d.n_ubatch})")
+    g.add_argument("--n-threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
+    g.add_argument("--n-gpu-layers", type=int, default=None, help="layers offloaded to the GPU (-1: all; "
+                   "needs a CUDA or Metal build)")
+    g.add_argument("--type-k", choices=KV_TYPES, default=None, help="KV cache type for K (default f16)")
+    g.add_argument("--type-v", choices=KV_TYPES, default=None, help="KV cache type for V (default f16; "
+                   "q8_0/q4_0 need flash attention)")
+    g.add_argument("--flash-attn", dest="flash_attn", action="store_true", default=None,
+                   help="flash attention on (default)")
+    g.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="flash attention off")
+    g.add_argument("--no-kv-offload", dest="offload_kqv", action="store_false", default=None,
+                   help="keep the KV cache in host RAM even when layers run on the GPU")
+    g.add_argument("--no-mmap", dest="use_mmap", action="store_false", default=None, help="read weights into RAM")
+    g.add_argument("--mlock", dest="use_mlock", action="store_true", default=None, help="lock weights in RAM")
+    g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=True,
+                   help="do not reuse or save KV state on disk")
+    g.add_argument("--cache-budget-mb", type=float, default=None,
+                   help="byte budget of the on-disk prefix cache in MiB (default from settings)")
+
+
+def add_decoding_args(p: argparse.ArgumentParser, max_tokens_default: int | None = 256) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-tokens", type=int, default=max_tokens_default, help="answer length cap in tokens")
+    g.add_argument("--temperature", "-t", type=float, default=None, help="0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--typical-p", type=float, default=None)
+    g.add_argument("--repeat-penalty", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=None)
+    g.add_argument("--frequency-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None, help="same seed + prompt + settings → same text")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def load_settings(args: argparse.Namespace) -> LoadSettings:
+    """LoadSettings from the saved settings file overlaid with the flags given."""
+    from app.settings import load_user_settings
+
+    base = load_user_settings().load
+    over = {k: getattr(args, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k",
+                                          "type_v", "flash_attn", "offload_kqv", "use_mmap", "use_mlock")
+            if getattr(args, k, None) is not None}
+    if over.get("type_v", base.type_v) != "f16" and "flash_attn" not in over:
+        over["flash_attn"] = True  # a quantized V cache needs it; an explicit --no-flash-attn still errors
+    from dataclasses import replace
+
+    return replace(base, **over).validate()
+
+
+def decoding(args: argparse.Namespace) -> DecodingParams:
+    kw = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                                        "presence_penalty", "frequency_penalty", "seed", "stop")
+          if getattr(args, k, None) is not None}
+    kw["max_tokens"] = args.max_tokens if args.max_tokens is None or args.max_tokens != 0 else 0
+    return DecodingParams.make(**kw)
+
+
+def make_engine(args: argparse.Namespace):
+    """An ``Engine`` for the model named by ``--model`` (resolved through the registry), loaded."""
+    from app import paths
+    from app.engine.engine import Engine
+    from app.engine.registry import resolve_model
+    from app.settings import load_user_settings
+
+    path = resolve_model(getattr(args, "model", None))
+    settings = load_settings(args)
+    user = load_user_settings()
+    cache = None
+    if getattr(args, "prefix_cache", True) and user.prefix_cache:
+        budget_mb = args.cache_budget_mb if getattr(args, "cache_budget_mb", None) else user.cache_budget_mb
+        cache = {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget_mb * 1024 * 1024)}
+    eng = Engine(path, settings, prefix_cache=cache)
+    eng.load()
+    return eng

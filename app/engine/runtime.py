@@ -1,0 +1,247 @@
+"""The code that owns a ``llama_cpp.Llama`` inside the engine process.
+
+``Runtime`` loads one model and runs one generation at a time: template → tokens → reuse of the live KV
+prefix (and, when enabled, the persistent prefix cache) → prefill in chunks of ``n_batch`` tokens (a cancel
+is honoured between chunks) → decode with llama.cpp's sampler chain (a cancel is honoured between tokens).
+It does not use ``Llama.generate`` / ``create_completion``: their prefill cannot be interrupted and their
+logit-bias path goes through a Python callback; the sampler chain here is llama.cpp's own
+(``llama_sampler_init_logit_bias``, ``penalties``, ``top_k``, ``typical``, ``top_p``, ``min_p``, ``temp``,
+``dist`` / ``greedy``), in the order llama-cpp-python 0.3.36 ``Llama._init_sampler`` uses.
+
+Everything here runs in the child process (see ``engine.py``); it reports through an ``emit`` callable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import resource
+import sys
+import time
+from typing import Any, Callable
+
+from app.engine.templates import RenderedPrompt, choose_template_name, render
+from app.engine.textstream import StopStreamer
+from app.engine.types import GenerateRequest, LoadSettings
+from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process in bytes (``getrusage``; kB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+class Runtime:
+    """One loaded model. ``emit(kind, *payload)`` receives ``("delta", text, token_ids, logprobs)`` events;
+    ``generate`` returns the final ``(finish_reason, text, child_metrics, info)``."""
+
+    def __init__(self, model_path: str, settings: LoadSettings, model_meta: dict[str, Any] | None = None,
+                 prefix_cache: Any = None) -> None:
+        import llama_cpp
+
+        self.settings = settings
+        self.model_path = model_path
+        self.meta = model_meta or {}
+        t0 = time.perf_counter()
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=model_path, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+                n_ubatch=settings.n_ubatch, n_threads=settings.n_threads, n_threads_batch=settings.n_threads,
+                n_gpu_layers=settings.n_gpu_layers, type_k=GGML_TYPES[settings.type_k],
+                type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn,
+                offload_kqv=settings.offload_kqv, use_mmap=settings.use_mmap, use_mlock=settings.use_mlock,
+                swa_full=settings.swa_full, logits_all=False, verbose=False, seed=settings.seed,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ModelLoadError(f"llama.cpp could not load the model: {exc}", path=model_path) from None
+        self.load_s = time.perf_counter() - t0
+        self.vocab = self.llm._model.vocab
+        self.n_vocab = self.llm.n_vocab()
+        self.prefix_cache = prefix_cache
+        md = self.llm.metadata
+        self.chat_template = self.meta.get("chat_template", md.get("tokenizer.chat_template"))
+        self.template_name = choose_template_name(_MetaView(self.meta, md, model_path))
+        self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
+        self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
+
+    # -- tokens ---------------------------------------------------------------------------------------
+    def _piece(self, token: int, special: bool = False) -> str:
+        return self.llm._model.detokenize([token], special=special).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.llm.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def render(self, request: GenerateRequest) -> RenderedPrompt:
+        if request.prompt is not None:
+            return RenderedPrompt(request.prompt, "none", request.add_bos, ())
+        name = request.template or self.template_name
+        return render(request.messages, name, chat_template=self.chat_template, bos_token=self.bos_text,
+                      eos_token=self.eos_text)
+
+    # -- sampling -------------------------------------------------------------------------------------
+    def _sampler(self, d) -> Any:
+        from llama_cpp import _internals as internals
+
+        s = internals.LlamaSampler()
+        if d.logit_bias:
+            bad = [t for t, _ in d.logit_bias if t >= self.n_vocab]
+            if bad:
+                raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})",
+                                     param="logit_bias")
+            s.add_logit_bias(self.n_vocab, dict(d.logit_bias))
+        if d.repeat_penalty != 1.0 or d.frequency_penalty or d.presence_penalty:
+            s.add_penalties(self.n_vocab, 64, d.repeat_penalty, d.frequency_penalty, d.presence_penalty)
+        if d.grammar:
+            from app.engine.grammar import add_grammar_checked
+
+            add_grammar_checked(s, self.llm._model, d.grammar)
+        if d.temperature == 0.0:
+            s.add_greedy()
+        else:
+            seed = d.seed if d.seed is not None else random.randrange(0, 2**32 - 1)
+            if d.top_k > 0:
+                s.add_top_k(d.top_k)
+            s.add_typical(d.typical_p, 1)
+            s.add_top_p(d.top_p, 1)
+            s.add_min_p(d.min_p, 1)
+            s.add_temp(d.temperature)
+            s.add_dist(seed)
+        return s
+
+    # -- prefill --------------------------------------------------------------------------------------
+    def live_prefix(self, tokens: list[int]) -> int:
+        """Tokens of ``tokens`` already in the live KV cache (exact prefix match), at most len-1 so that the
+        last prompt token is always evaluated and its logits belong to this prompt."""
+        llm = self.llm
+        n = 0
+        limit = min(llm.n_tokens, len(tokens) - 1)
+        ids = llm.input_ids
+        while n < limit and ids[n] == tokens[n]:
+            n += 1
+        return n
+
+    def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict) -> None:
+        """Make the KV cache hold exactly ``tokens`` with logits for the last one. Reuses the live prefix,
+        then the persistent prefix cache, then evaluates the rest in chunks of n_batch tokens."""
+        llm = self.llm
+        reuse = self.live_prefix(tokens)
+        source = "memory" if reuse else "none"
+        if self.prefix_cache is not None:
+            got = self.prefix_cache.restore_longest(self, tokens, reuse, metrics)
+            if got > reuse:
+                reuse, source = got, "disk"
+        if reuse < llm.n_tokens:
+            if not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+                llm._ctx.kv_cache_clear()
+                reuse, source = 0, "none"
+        llm.n_tokens = reuse
+        metrics["cached_tokens"] = reuse
+        metrics["cache_source"] = source
+        t0 = time.perf_counter()
+        rest = tokens[reuse:]
+        step = self.settings.n_batch
+        for i in range(0, len(rest), step):
+            if cancelled():
+                raise Cancelled("cancelled during prefill")
+            llm.eval(rest[i:i + step])
+            if self.prefix_cache is not None:
+                self.prefix_cache.maybe_save_block(self, tokens, llm.n_tokens)
+        metrics["prefill_s"] = time.perf_counter() - t0
+        if self.prefix_cache is not None:
+            self.prefix_cache.maybe_save(self, tokens, metrics)
+
+    # -- generation -----------------------------------------------------------------------------------
+    def generate(self, request: GenerateRequest, emit: Callable[..., None],
+                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]:
+        d = request.decoding
+        rp = self.render(request)
+        tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=request.prompt is None)
+        if not tokens:
+            raise InvalidRequest("the prompt is empty", param="prompt" if request.prompt is not None else "messages")
+        n_ctx = self.settings.n_ctx
+        reserve = d.max_tokens or 0
+        if len(tokens) + reserve > n_ctx or len(tokens) >= n_ctx:
+            raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
+        metrics: dict[str, Any] = {"prompt_tokens": len(tokens)}
+        sampler = self._sampler(d)
+        self.prefill(tokens, cancelled, metrics)
+        streamer = StopStreamer(tuple(d.stop) + rp.stop)
+        llm = self.llm
+        max_new = d.max_tokens if d.max_tokens is not None else n_ctx - len(tokens)
+        max_new = min(max_new, n_ctx - len(tokens))
+        finish = "length"
+        n_out = 0
+        t_first = None
+        while n_out < max_new:
+            if cancelled():
+                raise Cancelled("cancelled during decode")
+            lp = self._logprobs(request.want_logprobs) if request.want_logprobs else None
+            token = sampler.sample(llm._ctx, -1)
+            n_out += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+            if self.is_eog(token):
+                n_out -= 1  # the end-of-turn token is not part of the answer
+                finish = "stop"
+                break
+            text, stopped = streamer.feed(llm._model.detokenize([token], special=False))
+            if lp is not None:
+                lp = (token, _token_lp(lp, token), [(t, v) for t, v in lp[1]])
+            # One event per token (even when its text is held back) so that ITL is measured per token.
+            emit("delta", text, (token,), (lp,) if lp is not None else ())
+            if stopped:
+                finish = "stop"
+                break
+            if n_out >= max_new:
+                break
+            llm.eval([token])
+        tail = streamer.flush()
+        if tail:
+            emit("delta", tail, (), ())
+        metrics["completion_tokens"] = n_out
+        metrics["decode_s"] = time.perf_counter() - t_first if t_first else 0.0
+        metrics["peak_rss_bytes"] = peak_rss_bytes()
+        info = {"template": rp.name, "model": os.path.basename(self.model_path)}
+        return finish, streamer.text, metrics, info
+
+    def _logprobs(self, top_n: int):
+        import numpy as np
+
+        ptr = self.llm._ctx.get_logits_ith(-1)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+        m = logits.max()
+        lse = m + math.log(np.exp(logits - m).sum())
+        top = np.argpartition(-logits, top_n)[:top_n] if top_n > 0 else []
+        top = sorted(((int(t), float(logits[t] - lse)) for t in top), key=lambda x: -x[1])
+        return (logits, top, lse)
+
+
+def _token_lp(lp, token: int) -> float:
+    logits, _top, lse = lp
+    return float(logits[token] - lse)
+
+
+class _MetaView:
+    """Adapter giving ``choose_template_name`` the fields it reads from GGUF metadata."""
+
+    def __init__(self, meta: dict, md: dict, path: str) -> None:
+        self.chat_template = meta.get("chat_template", md.get("tokenizer.chat_template"))
+        self.architecture = meta.get("architecture", md.get("general.architecture", ""))
+        self.name = meta.get("name", md.get("general.name", ""))
+        self.finetune = md.get("general.finetune", "")
+        self.file_name = os.path.basename(path)
