@@ -1,0 +1,257 @@
+"""One chat turn end to end, with the engine injected: store the user message, assemble the context
+(summarizing older turns when the verbatim history no longer fits), stream the answer into the store as
+``incomplete`` and finish it as ``complete`` (or ``error``), and report metrics and the context breakdown.
+
+The engine is two callables, so this module never imports it and is tested with fakes:
+
+- ``generate_fn(messages: list[ChatMessage], **opts) -> Iterator[event]``: ``opts`` carries ``max_tokens``
+  (tokens) and whatever the caller put in ``generate_options`` / per-turn options. Events are consumed by
+  shape (``app.engine.types`` defines them): an object with ``finish_reason`` ends the answer (``Done``: its
+  ``metrics`` has ``to_dict()``, e.g. ``Metrics``); an object with ``error`` (``Failed``) raises it; a
+  ``Reasoning`` (by class name) adds to the reasoning text; any other object with ``text`` (``Delta``) adds
+  to the answer.
+- ``summarizer(prompt, max_tokens) -> str`` (``app.memory.context.Summarizer``); by default the same
+  ``generate_fn`` with the prompt as one user message.
+
+Layering as in mlx-lm ``generate.py``: ``stream()`` yields each event as it comes and finally a ``TurnResult``;
+``send()`` consumes it and returns the ``TurnResult``. The UI runs ``stream()`` in a worker, the CLI and the
+server call either.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from app.engine.types import ChatMessage
+from app.errors import HearthError
+from app.memory.context import ContextBuilder, ContextPlan, SummaryRequest, Summarizer
+from app.memory.store import Citation, Store
+
+log = logging.getLogger(__name__)
+
+
+class TextEvent(Protocol):
+    """A piece of the answer (``app.engine.types.Delta``)."""
+
+    text: str
+
+
+class DoneEvent(Protocol):
+    """The end of an answer (``app.engine.types.Done``): ``finish_reason`` "stop" or "length"; ``metrics``
+    with ``to_dict()``."""
+
+    finish_reason: str
+    metrics: Any
+
+
+GenerateFn = Callable[..., Iterator[Any]]
+
+
+@dataclass
+class TurnResult:
+    """The outcome of one turn. ``metrics``: the engine's metrics dict; ``context``: the token breakdown of
+    the prompt (``ContextPlan.breakdown``); ``summaries_added``: ids of summaries written for this turn;
+    ``dropped_ids``: older messages left out because they could not be summarized (normally empty)."""
+
+    conversation_id: str
+    user_message_id: str
+    message_id: str
+    text: str
+    finish_reason: str
+    metrics: dict
+    context: dict
+    summaries_added: list[str] = field(default_factory=list)
+    dropped_ids: list[str] = field(default_factory=list)
+    reasoning: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _metrics_dict(metrics: Any) -> dict:
+    if metrics is None:
+        return {}
+    if hasattr(metrics, "to_dict"):
+        return dict(metrics.to_dict())
+    return dict(metrics) if isinstance(metrics, dict) else {}
+
+
+def _close(events: Iterator[Any]) -> None:
+    close = getattr(events, "close", None)
+    if close is not None:
+        close()
+
+
+def _title_from(text: str, limit: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+class ChatSession:
+    """Runs turns of stored conversations against one loaded model.
+
+    ``count_tokens``: the model's tokenizer count (tokens). ``n_ctx``: its context window (tokens);
+    ``max_tokens``: tokens reserved for each answer. ``model`` / ``settings`` are recorded with conversations,
+    answers and summaries. ``update_interval_s``: how often (seconds) streamed text is committed; a killed
+    process loses at most that much of the answer. Further keyword arguments go to ``ContextBuilder``.
+    """
+
+    def __init__(self, store: Store, generate_fn: GenerateFn, count_tokens: Callable[[str], int], *,
+                 n_ctx: int, max_tokens: int = 256, system_prompt: str = "", summarizer: Summarizer | None = None,
+                 model: str = "", settings: dict | None = None, generate_options: dict | None = None,
+                 summary_options: dict | None = None, update_interval_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic, **builder_options: Any) -> None:
+        self.store, self.generate_fn = store, generate_fn
+        self.builder = ContextBuilder(count_tokens, n_ctx, max_tokens, system_prompt, **builder_options)
+        self.summarizer: Summarizer = summarizer or self._summarize_with_generate
+        self.model, self.settings = model, dict(settings or {})
+        self.generate_options = dict(generate_options or {})
+        self.summary_options = dict(summary_options or {})
+        self.update_interval_s, self.clock = update_interval_s, clock
+
+    def new_conversation(self, title: str = "") -> str:
+        return self.store.create_conversation(title, self.model, self.settings)
+
+    # ---- public turns -----------------------------------------------------------------------------------------
+
+    def send(self, conversation_id: str, text: str, *, on_delta: Callable[[str], None] | None = None,
+             **kw: Any) -> TurnResult:
+        """Run one turn and return its result (``stream`` without the events; ``on_delta`` sees each piece)."""
+        result = None
+        for item in self.stream(conversation_id, text, **kw):
+            if isinstance(item, TurnResult):
+                result = item
+            elif on_delta is not None and hasattr(item, "text") and not hasattr(item, "finish_reason"):
+                on_delta(item.text)
+        assert result is not None
+        return result
+
+    def stream(self, conversation_id: str, text: str, *, parent_id: str | None = None,
+               evidence: str | Sequence[str] | None = None, citations: Sequence[Citation | dict] = (),
+               **options: Any) -> Iterator[Any]:
+        """Store ``text`` as a user message under ``parent_id`` (default: the conversation's tip; give the
+        edited message's parent to edit), then answer it. Yields the engine's events, then a ``TurnResult``.
+        ``evidence``: retrieved passages for this turn; ``citations``: stored with the answer."""
+        conv = self.store.get_conversation(conversation_id)
+        parent = parent_id if parent_id is not None else conv.current_message_id
+        user_id = self.store.append_message(conversation_id, "user", text, parent,
+                                            token_count=self.builder.count(text))
+        if not conv.title:
+            self.store.rename(conversation_id, _title_from(text))
+        yield from self._answer(conversation_id, user_id, evidence, citations, options)
+
+    def regenerate(self, conversation_id: str, user_message_id: str, *,
+                   evidence: str | Sequence[str] | None = None, citations: Sequence[Citation | dict] = (),
+                   **options: Any) -> Iterator[Any]:
+        """A new answer to an existing user message: a sibling branch of the earlier answers."""
+        yield from self._answer(conversation_id, user_message_id, evidence, citations, options)
+
+    # ---- the turn ---------------------------------------------------------------------------------------------
+
+    def plan(self, conversation_id: str, user_message_id: str,
+             evidence: str | Sequence[str] | None = None) -> tuple[ContextPlan, list[str]]:
+        """The context for answering ``user_message_id``, summarizing first while the history does not fit.
+        Returns the plan and the ids of summaries added."""
+        path = self.store.path_to(user_message_id)
+        history, user_text = path[:-1], path[-1].content
+        added: list[str] = []
+        seen: set[tuple[str, str]] = set()
+        for _ in range(16):
+            plan = self.builder.build(history, user_text, summaries=self.store.summaries_for(conversation_id),
+                                      evidence=evidence)
+            req = plan.summary_request
+            if req is None or plan.needs_summary in seen:
+                return plan, added
+            seen.add(plan.needs_summary)  # type: ignore[arg-type]
+            sid = self._summarize(conversation_id, req)
+            if sid is None:
+                return plan, added
+            added.append(sid)
+        return plan, added
+
+    def _summarize(self, conversation_id: str, req: SummaryRequest) -> str | None:
+        try:
+            text = (self.summarizer(req.prompt, req.max_tokens) or "").strip()
+        except HearthError as exc:
+            log.warning("summarizing messages %s..%s failed: %s; older turns are left out of this prompt",
+                        req.first_message_id[:12], req.last_message_id[:12], exc)
+            return None
+        if not text:
+            log.warning("the summary of %s..%s came back empty; older turns are left out of this prompt",
+                        req.first_message_id[:12], req.last_message_id[:12])
+            return None
+        text = self._clip(text, req.max_tokens)
+        settings = {**self.settings, "max_tokens": req.max_tokens, "rollup_of": list(req.previous),
+                    "messages": len(req.message_ids)}
+        return self.store.add_summary(conversation_id, text, req.first_message_id, req.last_message_id,
+                                      self.model, settings)
+
+    def _clip(self, text: str, max_tokens: int) -> str:
+        while self.builder.count(text) > max_tokens and len(text) > 1:
+            text = text[: int(len(text) * 0.9)].rstrip()
+        return text
+
+    def _summarize_with_generate(self, prompt: str, max_tokens: int) -> str:
+        parts = []
+        opts = {**self.summary_options, "max_tokens": max_tokens}
+        events = iter(self.generate_fn([ChatMessage("user", prompt)], **opts))
+        try:
+            for ev in events:
+                if hasattr(ev, "finish_reason"):
+                    break
+                if hasattr(ev, "error"):
+                    raise ev.error if isinstance(ev.error, BaseException) else HearthError(str(ev.error))
+                if type(ev).__name__ != "Reasoning" and hasattr(ev, "text"):
+                    parts.append(ev.text)
+        finally:
+            _close(events)
+        return "".join(parts)
+
+    def _answer(self, conversation_id: str, user_id: str, evidence: Any, citations: Sequence[Any],
+                options: dict) -> Iterator[Any]:
+        plan, added = self.plan(conversation_id, user_id, evidence)
+        meta = {"model": self.model, "context": plan.breakdown, "summary_ids": plan.summary_ids}
+        aid = self.store.begin_streaming_message(conversation_id, user_id, meta=meta)
+        opts = {**self.generate_options, "max_tokens": self.builder.max_tokens, **options}
+        text, reasoning, done = [], [], None
+        last = self.clock()
+        events = iter(self.generate_fn(plan.messages, **opts))
+        try:
+            for ev in events:
+                if hasattr(ev, "finish_reason"):
+                    done = ev
+                elif hasattr(ev, "error"):
+                    raise ev.error if isinstance(ev.error, BaseException) else HearthError(str(ev.error))
+                else:
+                    (reasoning if type(ev).__name__ == "Reasoning" else text).append(ev.text)
+                    if self.clock() - last >= self.update_interval_s:
+                        self.store.update_streaming_message(aid, "".join(text), "".join(reasoning) or None)
+                        last = self.clock()
+                yield ev
+                if done is not None:
+                    break
+        except BaseException as exc:  # cancelled, engine crashed, consumer went away: keep what was said
+            self.store.finish_message(aid, "error", content="".join(text), reasoning="".join(reasoning) or None,
+                                      meta={"error": type(exc).__name__, "message": str(exc)})
+            raise
+        finally:
+            _close(events)  # release the engine (a Generation stops and frees its slot)
+        yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), "".join(reasoning), done,
+                           citations)
+
+    def _finish(self, conversation_id: str, user_id: str, aid: str, plan: ContextPlan, added: list[str],
+                text: str, reasoning: str, done: Any, citations: Sequence[Any]) -> TurnResult:
+        metrics = _metrics_dict(getattr(done, "metrics", None))
+        finish_reason = getattr(done, "finish_reason", None) or "unknown"
+        tokens = metrics.get("completion_tokens") or self.builder.count(text)
+        final = self.store.finish_message(aid, "complete", content=text, reasoning=reasoning or None,
+                                          token_count=tokens,
+                                          meta={"finish_reason": finish_reason, "metrics": metrics})
+        if citations:
+            self.store.add_citations(final, citations)
+        return TurnResult(conversation_id, user_id, final, text, finish_reason, metrics, plan.breakdown,
+                          added, plan.dropped_ids, reasoning)

@@ -1,0 +1,360 @@
+"""Context assembly: what the model is given for one turn, within a token budget.
+
+Order (stable parts first, so the next turn's prompt starts with this turn's and the prefix cache hits):
+
+    [system: system prompt + summaries of old turns] [verbatim recent turns ...] [user: evidence + new message]
+
+- **Budget** (all in tokens): ``n_ctx − max_tokens − margin`` is available to the prompt. The system prompt and
+  the new user message are required (``ContextLengthExceeded`` when they alone do not fit); then summaries;
+  then retrieved evidence (up to ``evidence_fraction`` of the budget, passages dropped from the end); then the
+  verbatim turns not covered by a summary. Per message, ``message_overhead`` tokens are added for the chat
+  template's role markers (Gemma 3: ``<start_of_turn>user\\n`` … ``<end_of_turn>\\n`` ≈ 5), and ``margin``
+  absorbs BOS, the generation prompt and the few tokens by which ``count(a) + count(b)`` can differ from
+  ``count(a + b)``. Pass ``count_messages`` (the exact templated count) to have the plan checked and
+  tightened.
+- **Summaries are never rewritten into the history**: the history stays the original messages; summaries are
+  separate records naming the first and last message they cover. The builder chains the stored summaries
+  that lie on this branch from its first message onwards (preferring the one reaching farthest, so a
+  roll-up supersedes the summaries it folded in), and gives everything after them verbatim.
+- **When the verbatim turns no longer fit**, the plan sets ``needs_summary = (first_id, last_id)`` and
+  ``summary_request`` (the prompt and token limit to use): the oldest uncovered *whole turns*, enough that
+  afterwards the remaining verbatim history takes at most ``keep_fraction`` of its budget. Summarizing in
+  blocks like this (rather than one turn at a time) keeps the prompt prefix unchanged for several turns
+  after each summary. When the summaries themselves would pass ``summary_fraction`` of the budget, the
+  request is a roll-up: its range starts at the first message and its prompt includes the earlier summaries,
+  so one summary replaces them all. A caller that cannot summarize still gets a plan that fits: the oldest
+  uncovered turns are left out and listed in ``dropped_ids`` (the originals stay in the store).
+- Evidence goes into the final user message (before the question), never between history messages: it changes
+  every turn and must not break the cached prefix, and some templates (Gemma) require user/assistant turns
+  to alternate. For the same reason consecutive history messages of the same role are joined, and messages
+  with empty text (an answer that failed before its first token) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from app.engine.types import ChatMessage
+from app.errors import ContextLengthExceeded, InvalidRequest
+
+SUMMARY_HEADER = "Summary of the earlier part of this conversation (the full messages are kept in the history):"
+EVIDENCE_HEADER = "Sources that may help with the question below:"
+
+
+class HistoryItem(Protocol):
+    """What the builder reads from a stored message (``app.memory.store.Message`` fits)."""
+
+    id: str
+    role: str
+    content: str
+
+
+class SummaryItem(Protocol):
+    """What the builder reads from a stored summary (``app.memory.store.Summary`` fits)."""
+
+    id: str
+    text: str
+    first_message_id: str
+    last_message_id: str
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Writes a summary: ``(prompt, max_tokens) -> text``. ``max_tokens`` caps the answer, in tokens. The lead
+    backs it with the loaded chat model (one user message holding ``prompt``, low temperature)."""
+
+    def __call__(self, prompt: str, max_tokens: int) -> str: ...
+
+
+def _render(messages: Sequence[HistoryItem]) -> str:
+    return "\n\n".join(f"{m.role.capitalize()}: {m.content}" for m in messages)
+
+
+def summary_prompt(messages: Sequence[HistoryItem], previous: Sequence[str] = (),
+                   max_words: int | None = None) -> str:
+    """The instruction that turns a stretch of conversation (and, for a roll-up, the earlier summaries of what
+    came before it) into one summary that keeps what later turns may depend on."""
+    parts = [
+        "Summarize the conversation below so that it can be continued from your summary alone, without the "
+        "original messages.",
+        "Keep exactly: names (people, places, files, products), every number, date, quantity and unit, the "
+        "user's constraints, requirements and preferences, decisions made and their reasons, and open questions "
+        "or promised follow-ups. Leave out greetings, filler and repetition. Do not add anything that is not in "
+        "the text. Write in the language of the conversation, in the third person (\"The user ...\", \"The "
+        "assistant ...\"), as short sentences or bullet points"
+        + (f", in at most {max_words} words." if max_words else "."),
+    ]
+    if previous:
+        parts.append("Summary of what came before (keep its facts in your summary):\n\n" + "\n\n".join(previous))
+    parts.append("Conversation:\n\n" + _render(messages))
+    parts.append("Summary:")
+    return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    """What to summarize next: the range ``first_message_id`` .. ``last_message_id`` (inclusive), the
+    ``prompt`` to send (already clipped to fit the context window) and ``max_tokens`` for the summary.
+    ``previous``: ids of the summaries a roll-up replaces (empty for a plain block)."""
+
+    first_message_id: str
+    last_message_id: str
+    prompt: str
+    max_tokens: int
+    message_ids: tuple[str, ...]
+    previous: tuple[str, ...] = ()
+
+
+@dataclass
+class ContextPlan:
+    """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user, reserved
+    (max_tokens), free (n_ctx − prompt − reserved) and n_ctx."""
+
+    messages: list[ChatMessage]
+    breakdown: dict[str, int]
+    needs_summary: tuple[str, str] | None = None
+    summary_request: SummaryRequest | None = None
+    summary_ids: list[str] = field(default_factory=list)
+    history_ids: list[str] = field(default_factory=list)
+    dropped_ids: list[str] = field(default_factory=list)
+    evidence_dropped: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        b = self.breakdown
+        return b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"]
+
+
+def _turns(messages: Sequence[HistoryItem]) -> list[list[HistoryItem]]:
+    """Split into turns, each starting at a user message (leading non-user messages join the first turn)."""
+    turns: list[list[HistoryItem]] = []
+    for m in messages:
+        if m.role == "user" or not turns:
+            turns.append([m])
+        else:
+            turns[-1].append(m)
+    return turns
+
+
+class ContextBuilder:
+    """Assembles prompts within ``n_ctx`` (tokens), leaving ``max_tokens`` for the answer.
+
+    ``count_tokens(text) -> int`` counts tokens with the loaded model's tokenizer (memoized here by text).
+    ``summary_max_tokens``: length cap of one summary (default n_ctx // 8, within 32..512).
+    ``summary_fraction``: the share of the prompt budget summaries may take before they are rolled up.
+    ``keep_fraction``: after summarizing, verbatim history fills at most this share of its budget.
+    ``evidence_fraction``: the share of the prompt budget evidence may take.
+    """
+
+    def __init__(self, count_tokens: Callable[[str], int], n_ctx: int, max_tokens: int, system_prompt: str = "",
+                 *, message_overhead: int = 6, margin: int = 16, summary_max_tokens: int | None = None,
+                 summary_fraction: float = 0.3, keep_fraction: float = 0.5, evidence_fraction: float = 0.4,
+                 count_messages: Callable[[list[ChatMessage]], int] | None = None) -> None:
+        if n_ctx - max_tokens - margin <= 0:
+            raise InvalidRequest(f"max_tokens ({max_tokens}) leaves no room for a prompt in n_ctx ({n_ctx})",
+                                 param="max_tokens")
+        self._count = count_tokens
+        self._memo: dict[str, int] = {}
+        self.n_ctx, self.max_tokens, self.system_prompt = n_ctx, max_tokens, system_prompt
+        self.message_overhead, self.margin = message_overhead, margin
+        self.summary_max_tokens = summary_max_tokens or max(32, min(512, n_ctx // 8))
+        self.summary_fraction, self.keep_fraction = summary_fraction, keep_fraction
+        self.evidence_fraction = evidence_fraction
+        self.count_messages = count_messages
+
+    # ---- counting ---------------------------------------------------------------------------------------------
+
+    def count(self, text: str) -> int:
+        """Tokens in ``text`` (memoized)."""
+        n = self._memo.get(text)
+        if n is None:
+            if len(self._memo) > 20000:
+                self._memo.clear()
+            n = self._memo[text] = int(self._count(text))
+        return n
+
+    def _cost(self, m: HistoryItem) -> int:
+        return self.count(m.content) + self.message_overhead
+
+    @property
+    def available(self) -> int:
+        """Tokens available to the prompt: n_ctx − max_tokens − margin."""
+        return self.n_ctx - self.max_tokens - self.margin
+
+    # ---- pieces -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def summary_chain(history: Sequence[HistoryItem], summaries: Sequence[SummaryItem]) -> list[SummaryItem]:
+        """The stored summaries that cover this branch contiguously from its first message, each reaching as
+        far as possible (a roll-up wins over the summaries it folded in; on a tie, the newest)."""
+        pos = {m.id: i for i, m in enumerate(history)}
+        starting: dict[int, list[tuple[int, int, SummaryItem]]] = {}
+        for order, s in enumerate(summaries):
+            a, b = pos.get(s.first_message_id), pos.get(s.last_message_id)
+            if a is not None and b is not None and a <= b:
+                starting.setdefault(a, []).append((b, order, s))
+        chain: list[SummaryItem] = []
+        i = 0
+        while i in starting:
+            end, _, best = max(starting[i], key=lambda t: (t[0], t[1]))
+            chain.append(best)
+            i = end + 1
+        return chain
+
+    def _summary_block(self, chain: Sequence[SummaryItem]) -> str:
+        return SUMMARY_HEADER + "\n\n" + "\n\n".join(s.text.strip() for s in chain) if chain else ""
+
+    def _system_costs(self, block: str) -> tuple[int, int]:
+        system = self.count(self.system_prompt) + self.message_overhead if self.system_prompt else 0
+        if not block:
+            return system, 0
+        return system, self.count(block) + (2 if self.system_prompt else self.message_overhead)
+
+    def _evidence(self, evidence: str | Sequence[str] | None, room: int) -> tuple[str, int, int]:
+        """(block, tokens, passages dropped): passages kept in order while they fit ``room`` tokens."""
+        parts = [evidence] if isinstance(evidence, str) else list(evidence or [])
+        parts = [p for p in parts if p and p.strip()]
+        kept: list[str] = []
+        for p in parts:
+            block = EVIDENCE_HEADER + "\n\n" + "\n\n".join([*kept, p]) + "\n\n"
+            if self.count(block) > room:
+                break
+            kept.append(p)
+        if not kept:
+            return "", 0, len(parts)
+        block = EVIDENCE_HEADER + "\n\n" + "\n\n".join(kept) + "\n\n"
+        return block, self.count(block), len(parts) - len(kept)
+
+    # ---- the plan ---------------------------------------------------------------------------------------------
+
+    def build(self, history: Sequence[HistoryItem], user_message: str, *, summaries: Sequence[SummaryItem] = (),
+              evidence: str | Sequence[str] | None = None) -> ContextPlan:
+        """Plan one turn. ``history``: the branch before the new message, oldest first (``Store.path_to``);
+        ``summaries``: stored summaries of the conversation (any branch; those not on this one are ignored);
+        ``evidence``: retrieved passages (a string, or a list in rank order). The plan always fits."""
+        plan = self._build(history, user_message, summaries, evidence, self.margin)
+        if self.count_messages is not None:
+            for _ in range(3):
+                over = self.count_messages(plan.messages) - (self.n_ctx - self.max_tokens)
+                if over <= 0:
+                    break
+                plan = self._build(history, user_message, summaries, evidence, self.margin + over + 8)
+        return plan
+
+    def _build(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
+               evidence: str | Sequence[str] | None, margin: int) -> ContextPlan:
+        avail = self.n_ctx - self.max_tokens - margin
+        history = [m for m in history if m.role in ("user", "assistant")]
+        chain = self.summary_chain(history, summaries)
+        pos = {m.id: i for i, m in enumerate(history)}
+        covered = pos[chain[-1].last_message_id] + 1 if chain else 0
+        uncovered = history[covered:]
+        user = self.count(user_message) + self.message_overhead
+        system, _ = self._system_costs("")
+        if system + user > avail:
+            raise ContextLengthExceeded(system + user + margin, self.n_ctx, self.max_tokens)
+        shown = list(chain)
+        while shown and sum(self._system_costs(self._summary_block(shown))) + user > avail:
+            shown.pop(0)  # summaries from a larger n_ctx: keep the newest that fit; a roll-up is requested
+        system, summ = self._system_costs(self._summary_block(shown))
+        ev_block, ev, ev_dropped = self._evidence(
+            evidence, min(int(avail * self.evidence_fraction), avail - system - summ - user))
+        room = avail - system - summ - ev - user
+        request = None
+        if sum(self._cost(m) for m in uncovered) > room or len(shown) < len(chain):
+            summ_all = self._system_costs(self._summary_block(chain))[1]
+            request = self._summary_request(history, chain, uncovered, avail - system - ev - user, summ_all,
+                                            force_rollup=len(shown) < len(chain))
+        kept, dropped = self._fit_turns(uncovered, room)
+        messages = self._messages(self._summary_block(shown), kept, ev_block, user_message)
+        hist = sum(self._cost(m) for m in kept)
+        breakdown = {"system": system, "summaries": summ, "history": hist, "evidence": ev, "user": user,
+                     "reserved": self.max_tokens, "n_ctx": self.n_ctx}
+        breakdown["free"] = self.n_ctx - self.max_tokens - (system + summ + hist + ev + user)
+        return ContextPlan(messages, breakdown,
+                           (request.first_message_id, request.last_message_id) if request else None, request,
+                           [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped)
+
+    def _fit_turns(self, uncovered: Sequence[HistoryItem], room: int) -> tuple[list, list]:
+        """Leave out the oldest whole turns until the rest fits ``room`` tokens."""
+        turns = _turns(uncovered)
+        dropped: list[HistoryItem] = []
+        while turns and sum(self._cost(m) for t in turns for m in t) > room:
+            dropped.extend(turns.pop(0))
+        return [m for t in turns for m in t], dropped
+
+    def _messages(self, summary_block: str, kept: Sequence[HistoryItem], evidence_block: str,
+                  user_message: str) -> list[ChatMessage]:
+        out: list[ChatMessage] = []
+        system = "\n\n".join(p for p in (self.system_prompt, summary_block) if p)
+        if system:
+            out.append(ChatMessage("system", system))
+        for m in kept:
+            if not m.content:
+                continue
+            if out and out[-1].role == m.role:
+                out[-1] = ChatMessage(m.role, out[-1].content + "\n\n" + m.content)
+            else:
+                out.append(ChatMessage(m.role, m.content))
+        final = evidence_block + user_message
+        if out and out[-1].role == "user":
+            out[-1] = ChatMessage("user", out[-1].content + "\n\n" + final)
+        else:
+            out.append(ChatMessage("user", final))
+        return out
+
+    # ---- what to summarize --------------------------------------------------------------------------------------
+
+    def _summary_request(self, history: Sequence[HistoryItem], chain: Sequence[SummaryItem],
+                         uncovered: Sequence[HistoryItem], room_for_context: int, summ: int,
+                         force_rollup: bool = False) -> SummaryRequest:
+        """The next block to summarize. ``room_for_context``: tokens left for summaries + verbatim history;
+        ``summ``: tokens the current summaries take."""
+        smax = self.summary_max_tokens
+        rollup = bool(chain) and (force_rollup or summ + smax > self.summary_fraction * self.available)
+        previous = [s.text for s in chain] if rollup else []
+        header = self.count(SUMMARY_HEADER) + self.message_overhead
+        after = smax + header + (0 if rollup else summ)
+        target = max(0, int((room_for_context - after) * self.keep_fraction))
+        max_words = max(16, int(smax * 0.6))
+        capacity = (self.n_ctx - self.margin - smax - self.message_overhead
+                    - self.count(summary_prompt([], previous, max_words)))  # tokens left for the messages
+        turns = _turns(uncovered)
+        block: list[HistoryItem] = []
+        rest = sum(self._cost(m) for m in uncovered)
+        while turns and (rest > target or not block):
+            t_cost = sum(self._cost(m) for m in turns[0])
+            if block and sum(self._cost(m) for m in block) + t_cost > capacity:
+                break
+            block.extend(turns.pop(0))
+            rest -= t_cost
+        if not block:  # everything after the summaries is already summarized: only a roll-up is left to do
+            block = list(uncovered) or [history[-1]]
+        first = history[0].id if rollup else block[0].id
+        prompt = self._clipped_prompt(block, previous, capacity, max_words)
+        return SummaryRequest(first, block[-1].id, prompt, smax, tuple(m.id for m in block),
+                              tuple(s.id for s in chain) if rollup else ())
+
+    def _clipped_prompt(self, block: Sequence[HistoryItem], previous: Sequence[str], capacity: int,
+                        max_words: int) -> str:
+        """The summary prompt, with the longest message texts shortened (marked […]) until the messages fit
+        ``capacity`` tokens."""
+        items = [_Item(m.id, m.role, m.content) for m in block]
+        for _ in range(32):
+            over = sum(self._cost(m) for m in items) - capacity
+            if over <= 0:
+                break
+            longest = max(items, key=lambda m: self.count(m.content))
+            n = self.count(longest.content)
+            keep = max(0, int(len(longest.content) * (1 - min(1.0, (over + 4) / max(1, n)))))
+            longest.content = longest.content[:keep].rstrip() + " […]"
+        return summary_prompt(items, previous, max_words)
+
+
+@dataclass
+class _Item:
+    id: str
+    role: str
+    content: str

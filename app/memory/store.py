@@ -1,0 +1,771 @@
+"""The conversation store: SQLite (``hearth.db``) through sqlite-utils, append-only and content-addressed.
+
+Design decisions held here:
+
+- **Named, forward-only migrations** (sqlite-utils ``Migrations``, as in simonw/llm ``llm/migrations.py``):
+  ``m001_...`` run in order in the constructor, each in its own transaction with its record. Never edit an
+  applied migration; add ``m00N_...``.
+- **Messages are append-only and content-addressed.** A message's id is ``sha256`` (hex) over
+  ``[parent key, role, content]`` (``message_id``), where the parent key is the parent message's id, or
+  ``"conversation:<id>"`` for a first message, so two conversations that both begin with "hi" do not share a
+  row. Appending the same content under the same parent gives the same id and changes nothing. Edits and
+  regenerations are new children of the same parent (branches); nothing is overwritten. "The conversation up
+  to this message" therefore has a stable key (the id chains the whole path, like simonw/llm ``llm/logs.py``).
+- **The one permitted mutation** is of a message whose status is ``incomplete``: while an answer streams, its
+  content/reasoning are updated in place (``update_streaming_message``), and ``finish_message`` sets the final
+  status (``complete`` or ``error``). A trigger in the database enforces this (an UPDATE of id, parent, role,
+  content, reasoning or status of a finished message aborts). A streamed message starts under a provisional
+  id (random, it has no content yet); ``finish_message(status="complete")`` re-keys it to its content hash
+  (same transaction: insert the final row, move its citations, delete the provisional row) unless something
+  already hangs off it (children, summaries), in which case it keeps its id. ``error`` and crash-left
+  ``incomplete`` messages keep their provisional id.
+- **Crash safety.** WAL, ``synchronous=NORMAL`` (durable across a killed process; an OS crash or power loss
+  may lose the last commits but never corrupts), every write in one transaction. A process killed while an
+  answer streams leaves the last committed partial text with status ``incomplete``; the next open needs no
+  repair.
+- **Degrade, don't fail, on bad rows.** A JSON field (``conversations.settings``, ``messages.meta``,
+  ``summaries.settings``) that does not parse (edited by hand) loads as ``{}`` with a logged warning and an
+  entry in ``ConversationData.warnings``; other rows and conversations load normally.
+- **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
+  INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
+  a search always finds what was actually said.
+
+Times are ISO 8601 UTC strings (microseconds), which sort as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database, Migrations
+
+from app.errors import InvalidRequest, StoreError
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("complete", "incomplete", "error")
+EXPORT_FORMAT = "hearth.conversation"
+EXPORT_VERSION = 1
+
+migrations = Migrations("hearth.memory")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Migrations (forward-only; never edit one that has shipped)
+
+
+@migrations()
+def m001_conversations_messages(db: Database) -> None:
+    db.execute("""
+        CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            title TEXT NOT NULL DEFAULT '',
+            model TEXT NOT NULL DEFAULT '',
+            settings TEXT NOT NULL DEFAULT '{}',
+            created TEXT NOT NULL,
+            updated TEXT NOT NULL,
+            current_message_id TEXT
+        )""")
+    db.execute("""
+        CREATE TABLE messages (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            parent_id TEXT REFERENCES messages(id),
+            role TEXT NOT NULL,
+            content TEXT NOT NULL DEFAULT '',
+            reasoning TEXT,
+            token_count INTEGER,
+            created TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'complete' CHECK (status IN ('complete', 'incomplete', 'error')),
+            meta TEXT NOT NULL DEFAULT '{}'
+        )""")
+    db.execute("CREATE INDEX messages_conversation ON messages(conversation_id, seq)")
+    db.execute("CREATE INDEX messages_parent ON messages(parent_id)")
+    # History is append-only: once a message is finished, what was said (and by whom, after what) is frozen.
+    db.execute("""
+        CREATE TRIGGER messages_immutable
+        BEFORE UPDATE OF id, conversation_id, parent_id, role, content, reasoning, status ON messages
+        WHEN old.status != 'incomplete'
+        BEGIN
+            SELECT RAISE(ABORT, 'hearth: a finished message cannot be changed (history is append-only)');
+        END""")
+
+
+@migrations()
+def m002_summaries_citations(db: Database) -> None:
+    db.execute("""
+        CREATE TABLE summaries (
+            id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            first_message_id TEXT NOT NULL REFERENCES messages(id),
+            last_message_id TEXT NOT NULL REFERENCES messages(id),
+            model TEXT NOT NULL DEFAULT '',
+            settings TEXT NOT NULL DEFAULT '{}',
+            created TEXT NOT NULL
+        )""")
+    db.execute("CREATE INDEX summaries_conversation ON summaries(conversation_id, created)")
+    db.execute("""
+        CREATE TABLE citations (
+            id INTEGER PRIMARY KEY,
+            message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            evidence_id TEXT NOT NULL,
+            path TEXT,
+            page INTEGER,
+            quote TEXT
+        )""")
+    db.execute("CREATE INDEX citations_message ON citations(message_id)")
+
+
+@migrations()
+def m003_messages_fts(db: Database) -> None:
+    db.execute("""
+        CREATE VIRTUAL TABLE messages_fts USING fts5(
+            content, content='messages', content_rowid='seq',
+            tokenize='porter unicode61 remove_diacritics 2'
+        )""")
+    db.execute("""
+        CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
+        END""")
+    db.execute("""
+        CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
+        END""")
+    db.execute("""
+        CREATE TRIGGER messages_fts_au AFTER UPDATE OF content ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
+            INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
+        END""")
+    db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")  # index rows that predate it
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Values
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One conversation. ``current_message_id``: the tip of the branch last written to (None when empty).
+    ``message_count`` is filled by ``list_conversations`` only."""
+
+    id: str
+    title: str
+    model: str
+    settings: dict
+    created: str
+    updated: str
+    current_message_id: str | None = None
+    message_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("message_count")
+        return d
+
+
+@dataclass(frozen=True)
+class Message:
+    """One stored message. ``token_count`` in tokens of the model that was loaded when it was stored (None if
+    unknown). ``status``: complete | incomplete (streaming, or the process died mid-answer) | error."""
+
+    id: str
+    conversation_id: str
+    parent_id: str | None
+    role: str
+    content: str
+    reasoning: str | None = None
+    token_count: int | None = None
+    created: str = ""
+    status: str = "complete"
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary of the messages ``first_message_id`` .. ``last_message_id`` (inclusive) on one branch, written
+    by ``model`` with ``settings``. The messages it covers stay in the store unchanged."""
+
+    id: str
+    conversation_id: str
+    text: str
+    first_message_id: str
+    last_message_id: str
+    model: str = ""
+    settings: dict = field(default_factory=dict)
+    created: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Citation:
+    """An assistant message citing retrieval evidence: ``evidence_id`` (app.retrieval's chunk id), the
+    document ``path``, its ``page`` (1-based, None when the format has none) and the ``quote`` used."""
+
+    message_id: str
+    evidence_id: str
+    path: str | None = None
+    page: int | None = None
+    quote: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A message matching a search. ``snippet`` marks matches with [ and ]."""
+
+    message_id: str
+    conversation_id: str
+    conversation_title: str
+    role: str
+    status: str
+    created: str
+    snippet: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ConversationData:
+    """Everything stored for one conversation: all messages of all branches (in insertion order), summaries,
+    citations, and ``warnings`` about rows that could only be loaded in part."""
+
+    conversation: Conversation
+    messages: list[Message]
+    summaries: list[Summary]
+    citations: list[Citation]
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def now() -> str:
+    """The current time as an ISO 8601 UTC string with microseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _parent_key(parent_id: str | None, conversation_id: str) -> str:
+    return parent_id if parent_id else f"conversation:{conversation_id}"
+
+
+def message_id(role: str, content: str, parent_id: str | None, conversation_id: str) -> str:
+    """The content address of a message: sha256 hex over ``[parent key, role, content]`` (JSON, UTF-8)."""
+    payload = json.dumps([_parent_key(parent_id, conversation_id), role, content], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _provisional_id(role: str, parent_id: str | None, conversation_id: str) -> str:
+    payload = json.dumps([_parent_key(parent_id, conversation_id), role, None, secrets.token_hex(16)])
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _summary_id(conversation_id: str, first: str, last: str, text: str) -> str:
+    payload = json.dumps(["summary", conversation_id, first, last, text], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _dumps(value: dict | None) -> str:
+    return json.dumps(value or {}, ensure_ascii=False, sort_keys=True)
+
+
+def _loads(raw: Any, what: str, warnings: list[str] | None) -> dict:
+    """Parse a JSON object field; on failure log, record a warning and return {} (the row still loads)."""
+    if raw is None or raw == "":
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        msg = f"{what} is not valid JSON ({exc}); loaded as empty"
+    else:
+        if isinstance(value, dict):
+            return value
+        msg = f"{what} is not a JSON object; loaded as empty"
+    log.warning("%s", msg)
+    if warnings is not None:
+        warnings.append(msg)
+    return {}
+
+
+def _fts_query(query: str) -> str:
+    """User text → an FTS5 query that cannot be a syntax error: every word becomes a quoted phrase (AND-ed);
+    a trailing ``*`` on a word keeps prefix matching. Operators typed by a person are searched as words."""
+    terms = []
+    for word in query.split():
+        prefix = word.endswith("*")
+        word = word.rstrip("*")
+        if not re.search(r"\w", word):
+            continue
+        terms.append('"' + word.replace('"', '""') + '"' + ("*" if prefix else ""))
+    return " ".join(terms)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The store
+
+
+class Store:
+    """The conversation database. Thread-safe (one connection behind a lock): the UI's workers and the server
+    thread may share one ``Store``. ``path`` defaults to ``app.paths.conversations_db()``; ``":memory:"``
+    gives a throwaway store (no WAL)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        if path is None:
+            from app.paths import conversations_db
+
+            path = conversations_db()
+        self.path = str(path)
+        self._lock = threading.RLock()
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, timeout=10.0)
+            self.db = Database(conn, execute_plugins=False)
+            if self.path != ":memory:":
+                self.db.enable_wal()
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            migrations.apply(self.db)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the conversation store {self.path}: {exc} "
+                             "(the file was left untouched)") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Database]:
+        """One write transaction, with database errors turned into ``StoreError``."""
+        with self._lock:
+            try:
+                with self.db.atomic():
+                    yield self.db
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"conversation store refused a write: {exc}") from exc
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"conversation store error: {exc}") from exc
+
+    def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict]:
+        with self._lock:
+            cur = self.db.conn.execute(sql, list(params))
+            keys = [d[0] for d in cur.description]
+            return [dict(zip(keys, row)) for row in cur.fetchall()]
+
+    # ---- conversations ---------------------------------------------------------------------------------------
+
+    def create_conversation(self, title: str = "", model: str = "", settings: dict | None = None,
+                            *, conversation_id: str | None = None) -> str:
+        """Create an empty conversation; return its id (a uuid4 hex unless given)."""
+        cid = conversation_id or uuid.uuid4().hex
+        ts = now()
+        with self._tx() as db:
+            db.execute("INSERT INTO conversations (id, title, model, settings, created, updated) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", [cid, title, model, _dumps(settings), ts, ts])
+        return cid
+
+    def _conversation_from_row(self, row: dict, warnings: list[str] | None = None) -> Conversation:
+        settings = _loads(row["settings"], f"conversation {row['id']}: settings", warnings)
+        return Conversation(id=row["id"], title=row["title"] or "", model=row["model"] or "", settings=settings,
+                            created=row["created"], updated=row["updated"],
+                            current_message_id=row["current_message_id"],
+                            message_count=row.get("message_count") or 0)
+
+    def get_conversation(self, conversation_id: str, warnings: list[str] | None = None) -> Conversation:
+        """The conversation, or ``StoreError`` if there is none with this id."""
+        rows = self._rows("SELECT * FROM conversations WHERE id = ?", [conversation_id])
+        if not rows:
+            raise StoreError(f"no conversation with id {conversation_id!r}")
+        return self._conversation_from_row(rows[0], warnings)
+
+    def list_conversations(self, limit: int | None = None) -> list[Conversation]:
+        """Conversations, most recently updated first, with ``message_count``."""
+        sql = ("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id) AS message_count "
+               "FROM conversations c ORDER BY c.updated DESC, c.rowid DESC")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [self._conversation_from_row(r) for r in self._rows(sql)]
+
+    def resolve_conversation_id(self, prefix: str) -> str:
+        """The id of the one conversation whose id starts with ``prefix`` (for the CLI); ``StoreError``
+        when none or several match."""
+        rows = self._rows("SELECT id FROM conversations WHERE id = ? OR id LIKE ? ESCAPE '\\' LIMIT 3",
+                          [prefix, prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"])
+        ids = sorted({r["id"] for r in rows})
+        if prefix in ids:
+            return prefix
+        if len(ids) != 1:
+            raise StoreError(f"no conversation with id {prefix!r}" if not ids
+                             else f"conversation id {prefix!r} is ambiguous; give more characters")
+        return ids[0]
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self.get_conversation(conversation_id)
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
+                       [title, now(), conversation_id])
+
+    def update_conversation(self, conversation_id: str, *, model: str | None = None,
+                            settings: dict | None = None) -> None:
+        """Change the conversation's current model and/or settings (messages keep what they were made with)."""
+        sets, params = ["updated = ?"], [now()]
+        if model is not None:
+            sets.append("model = ?")
+            params.append(model)
+        if settings is not None:
+            sets.append("settings = ?")
+            params.append(_dumps(settings))
+        with self._tx() as db:
+            db.execute(f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?", [*params, conversation_id])
+
+    def delete(self, conversation_id: str) -> None:
+        """Delete a conversation with its messages, summaries and citations (the one way history goes away:
+        a person asks for it)."""
+        self.get_conversation(conversation_id)
+        with self._tx() as db:
+            db.execute("DELETE FROM citations WHERE message_id IN "
+                       "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
+            db.execute("DELETE FROM summaries WHERE conversation_id = ?", [conversation_id])
+            db.execute("DELETE FROM messages WHERE conversation_id = ?", [conversation_id])
+            db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
+
+    def set_current(self, conversation_id: str, message_id: str | None) -> None:
+        """Move the conversation's tip (the branch the next message continues) to ``message_id``."""
+        if message_id is not None:
+            self._require_message(message_id, conversation_id)
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET current_message_id = ?, updated = ? WHERE id = ?",
+                       [message_id, now(), conversation_id])
+
+    # ---- messages --------------------------------------------------------------------------------------------
+
+    def _require_message(self, mid: str, conversation_id: str | None = None) -> dict:
+        rows = self._rows("SELECT * FROM messages WHERE id = ?", [mid])
+        if not rows:
+            raise StoreError(f"no message with id {mid!r}")
+        if conversation_id is not None and rows[0]["conversation_id"] != conversation_id:
+            raise InvalidRequest(f"message {mid!r} belongs to another conversation", param="parent_id")
+        return rows[0]
+
+    def _check_new(self, conversation_id: str, role: str, parent_id: str | None, status: str) -> None:
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(f"role must be a non-empty string, got {role!r}", param="role")
+        if status not in STATUSES:
+            raise InvalidRequest(f"status must be one of {', '.join(STATUSES)}, got {status!r}", param="status")
+        self.get_conversation(conversation_id)
+        if parent_id is not None:
+            self._require_message(parent_id, conversation_id)
+
+    def _insert_message(self, db: Database, row: dict) -> None:
+        db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, reasoning, token_count, "
+                   "created, status, meta) VALUES (:id, :conversation_id, :parent_id, :role, :content, "
+                   ":reasoning, :token_count, :created, :status, :meta)", row)
+
+    def append_message(self, conversation_id: str, role: str, content: str, parent_id: str | None = None, *,
+                       reasoning: str | None = None, token_count: int | None = None, status: str = "complete",
+                       meta: dict | None = None, set_current: bool = True) -> str:
+        """Append a finished message under ``parent_id`` (None: a first message); return its content id.
+
+        The same role and content under the same parent return the existing id and change nothing (the first
+        writer's token_count/meta stay). ``token_count`` in tokens. ``set_current`` moves the tip to it."""
+        if not isinstance(content, str):
+            raise InvalidRequest("content must be text", param="content")
+        if status == "incomplete":
+            raise InvalidRequest("use begin_streaming_message for an incomplete message", param="status")
+        self._check_new(conversation_id, role, parent_id, status)
+        mid = message_id(role, content, parent_id, conversation_id)
+        ts = now()
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM messages WHERE id = ?", [mid]).fetchone():
+                self._insert_message(db, dict(id=mid, conversation_id=conversation_id, parent_id=parent_id,
+                                              role=role, content=content, reasoning=reasoning,
+                                              token_count=token_count, created=ts, status=status,
+                                              meta=_dumps(meta)))
+            self._touch(db, conversation_id, mid if set_current else None, ts)
+        return mid
+
+    def _touch(self, db: Database, conversation_id: str, current: str | None, ts: str) -> None:
+        if current is None:
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", [ts, conversation_id])
+        else:
+            db.execute("UPDATE conversations SET updated = ?, current_message_id = ? WHERE id = ?",
+                       [ts, current, conversation_id])
+
+    def begin_streaming_message(self, conversation_id: str, parent_id: str | None, role: str = "assistant", *,
+                                meta: dict | None = None, set_current: bool = True) -> str:
+        """Store an empty ``incomplete`` message under ``parent_id`` and return its provisional id; feed it
+        with ``update_streaming_message`` and end it with ``finish_message``."""
+        self._check_new(conversation_id, role, parent_id, "incomplete")
+        mid = _provisional_id(role, parent_id, conversation_id)
+        ts = now()
+        with self._tx() as db:
+            self._insert_message(db, dict(id=mid, conversation_id=conversation_id, parent_id=parent_id, role=role,
+                                          content="", reasoning=None, token_count=None, created=ts,
+                                          status="incomplete", meta=_dumps(meta)))
+            self._touch(db, conversation_id, mid if set_current else None, ts)
+        return mid
+
+    def update_streaming_message(self, message_id: str, content: str, reasoning: str | None = None) -> None:
+        """Replace the text so far of an ``incomplete`` message (the only in-place change the store allows).
+        Each call is one committed transaction, so a killed process keeps the last text written."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE messages SET content = ?, reasoning = coalesce(?, reasoning) "
+                             "WHERE id = ? AND status = 'incomplete'", [content, reasoning, message_id])
+            if cur.rowcount != 1:
+                raise StoreError(f"message {message_id!r} is not being streamed (missing or already finished)")
+
+    def finish_message(self, message_id: str, status: str = "complete", *, content: str | None = None,
+                       reasoning: str | None = None, token_count: int | None = None,
+                       meta: dict | None = None) -> str:
+        """End a streamed message with ``status`` complete or error; ``content`` replaces the text if given,
+        ``meta`` is merged into its meta. Returns the final id: for ``complete`` the content hash (the
+        provisional row is re-keyed, or dropped in favour of an identical existing sibling), else the same id."""
+        if status not in ("complete", "error"):
+            raise InvalidRequest(f"status must be complete or error, got {status!r}", param="status")
+        with self._tx() as db:
+            row = self._require_message(message_id)
+            if row["status"] != "incomplete":
+                raise StoreError(f"message {message_id!r} is already finished ({row['status']})")
+            merged = {**_loads(row["meta"], f"message {message_id}: meta", None), **(meta or {})}
+            final = dict(row, content=row["content"] if content is None else content,
+                         reasoning=row["reasoning"] if reasoning is None else reasoning,
+                         token_count=row["token_count"] if token_count is None else token_count,
+                         status=status, meta=_dumps(merged))
+            final.pop("seq")
+            new_id = message_id
+            if status == "complete" and not self._has_dependents(db, message_id):
+                new_id = self._rekey(db, final)
+            if new_id == message_id:
+                db.execute("UPDATE messages SET content = :content, reasoning = :reasoning, "
+                           "token_count = :token_count, meta = :meta, status = :status WHERE id = :id", final)
+            cur = db.execute("SELECT current_message_id FROM conversations WHERE id = ?",
+                             [row["conversation_id"]]).fetchone()
+            self._touch(db, row["conversation_id"], new_id if cur and cur[0] == message_id else None, now())
+        return new_id
+
+    def _has_dependents(self, db: Database, mid: str) -> bool:
+        return bool(db.execute("SELECT 1 FROM messages WHERE parent_id = ? UNION ALL SELECT 1 FROM summaries "
+                               "WHERE first_message_id = ? OR last_message_id = ? LIMIT 1",
+                               [mid, mid, mid]).fetchone())
+
+    def _rekey(self, db: Database, final: dict) -> str:
+        old = final["id"]
+        new = message_id(final["role"], final["content"], final["parent_id"], final["conversation_id"])
+        if new == old:
+            return old
+        if not db.execute("SELECT 1 FROM messages WHERE id = ?", [new]).fetchone():
+            self._insert_message(db, dict(final, id=new))
+        db.execute("UPDATE citations SET message_id = ? WHERE message_id = ?", [new, old])
+        db.execute("DELETE FROM messages WHERE id = ?", [old])
+        return new
+
+    def _message_from_row(self, row: dict, warnings: list[str] | None = None) -> Message:
+        status = row["status"] if row["status"] in STATUSES else "error"
+        return Message(id=row["id"], conversation_id=row["conversation_id"], parent_id=row["parent_id"],
+                       role=row["role"], content=row["content"] if isinstance(row["content"], str) else "",
+                       reasoning=row["reasoning"], token_count=row["token_count"], created=row["created"],
+                       status=status, meta=_loads(row["meta"], f"message {row['id']}: meta", warnings))
+
+    def get_message(self, message_id: str) -> Message:
+        return self._message_from_row(self._require_message(message_id))
+
+    def messages(self, conversation_id: str) -> list[Message]:
+        """All messages of a conversation, every branch, in the order they were stored."""
+        rows = self._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", [conversation_id])
+        return [self._message_from_row(r) for r in rows]
+
+    def path_to(self, message_id: str) -> list[Message]:
+        """The branch from the conversation's first message down to ``message_id`` (inclusive)."""
+        self._require_message(message_id)
+        rows = self._rows("""
+            WITH RECURSIVE chain(id, depth) AS (
+                SELECT ?, 0
+                UNION ALL
+                SELECT m.parent_id, chain.depth + 1 FROM messages m JOIN chain ON m.id = chain.id
+                WHERE m.parent_id IS NOT NULL AND chain.depth < 1000000
+            )
+            SELECT m.* FROM chain JOIN messages m ON m.id = chain.id ORDER BY chain.depth DESC""", [message_id])
+        return [self._message_from_row(r) for r in rows]
+
+    def children(self, message_id: str | None, conversation_id: str | None = None) -> list[Message]:
+        """Direct replies to ``message_id`` (its branches), oldest first. ``message_id=None`` with a
+        ``conversation_id``: the conversation's first messages."""
+        if message_id is None:
+            if conversation_id is None:
+                raise InvalidRequest("give message_id or conversation_id", param="message_id")
+            rows = self._rows("SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS NULL "
+                              "ORDER BY seq", [conversation_id])
+        else:
+            rows = self._rows("SELECT * FROM messages WHERE parent_id = ? ORDER BY seq", [message_id])
+        return [self._message_from_row(r) for r in rows]
+
+    # ---- summaries and citations -----------------------------------------------------------------------------
+
+    def add_summary(self, conversation_id: str, text: str, first_message_id: str, last_message_id: str,
+                    model: str = "", settings: dict | None = None) -> str:
+        """Store a summary of the branch segment ``first_message_id`` .. ``last_message_id`` (inclusive; the
+        first must be on the path to the last). Returns its id (a content hash: adding it twice is a no-op)."""
+        self._require_message(last_message_id, conversation_id)
+        self._require_message(first_message_id, conversation_id)
+        if first_message_id not in {m.id for m in self.path_to(last_message_id)}:
+            raise InvalidRequest(f"summary range: {first_message_id!r} is not on the path to {last_message_id!r}",
+                                 param="first_message_id")
+        sid = _summary_id(conversation_id, first_message_id, last_message_id, text)
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO summaries (id, conversation_id, text, first_message_id, "
+                       "last_message_id, model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [sid, conversation_id, text, first_message_id, last_message_id, model, _dumps(settings),
+                        now()])
+        return sid
+
+    def _summary_from_row(self, row: dict, warnings: list[str] | None = None) -> Summary:
+        return Summary(id=row["id"], conversation_id=row["conversation_id"], text=row["text"] or "",
+                       first_message_id=row["first_message_id"], last_message_id=row["last_message_id"],
+                       model=row["model"] or "", created=row["created"],
+                       settings=_loads(row["settings"], f"summary {row['id']}: settings", warnings))
+
+    def summaries_for(self, conversation_id: str, warnings: list[str] | None = None) -> list[Summary]:
+        """All summaries of a conversation (every branch), oldest first."""
+        rows = self._rows("SELECT * FROM summaries WHERE conversation_id = ? ORDER BY created, rowid",
+                          [conversation_id])
+        return [self._summary_from_row(r, warnings) for r in rows]
+
+    def add_citations(self, message_id: str, citations: Iterable[Citation | dict]) -> None:
+        """Link ``message_id`` to retrieval evidence. Items: ``Citation`` or dicts with evidence_id, path,
+        page, quote (``message_id`` in them is ignored)."""
+        self._require_message(message_id)
+        rows = []
+        for c in citations:
+            d = c.to_dict() if isinstance(c, Citation) else dict(c)
+            if d.get("evidence_id") is None:
+                raise InvalidRequest("a citation needs an evidence_id", param="evidence_id")
+            page = d.get("page")
+            rows.append([message_id, str(d["evidence_id"]), d.get("path"), None if page is None else int(page),
+                         d.get("quote")])
+        with self._tx() as db:
+            for r in rows:
+                db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) "
+                           "VALUES (?, ?, ?, ?, ?)", r)
+
+    def citations_for(self, message_id: str) -> list[Citation]:
+        rows = self._rows("SELECT * FROM citations WHERE message_id = ? ORDER BY id", [message_id])
+        return [Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"]) for r in rows]
+
+    def _citations_of(self, conversation_id: str) -> list[Citation]:
+        rows = self._rows("SELECT c.* FROM citations c JOIN messages m ON m.id = c.message_id "
+                          "WHERE m.conversation_id = ? ORDER BY m.seq, c.id", [conversation_id])
+        return [Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"]) for r in rows]
+
+    # ---- reading a whole conversation, search ----------------------------------------------------------------
+
+    def load_conversation(self, conversation_id: str) -> ConversationData:
+        """Everything stored for a conversation. Rows with unreadable JSON fields load with those fields empty;
+        each such problem is logged and listed in ``warnings``."""
+        warnings: list[str] = []
+        conv = self.get_conversation(conversation_id, warnings)
+        rows = self._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", [conversation_id])
+        msgs = [self._message_from_row(r, warnings) for r in rows]
+        return ConversationData(conv, msgs, self.summaries_for(conversation_id, warnings),
+                                self._citations_of(conversation_id), warnings)
+
+    def search(self, query: str, limit: int = 20, conversation_id: str | None = None) -> list[SearchHit]:
+        """Full-text search (FTS5, porter stemming) over the original text of every message, best first. Any
+        text is a valid query: words are matched as words, never as FTS operators."""
+        fts = _fts_query(query)
+        if not fts:
+            return []
+        sql = ("SELECT m.id, m.conversation_id, c.title, m.role, m.status, m.created, "
+               "snippet(messages_fts, 0, '[', ']', '…', 12) AS snip "
+               "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
+               "JOIN conversations c ON c.id = m.conversation_id WHERE messages_fts MATCH ?")
+        params: list[Any] = [fts]
+        if conversation_id is not None:
+            sql += " AND m.conversation_id = ?"
+            params.append(conversation_id)
+        sql += " ORDER BY rank LIMIT ?"
+        params.append(int(limit))
+        try:
+            rows = self._rows(sql, params)
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"search failed: {exc}") from exc
+        return [SearchHit(r["id"], r["conversation_id"], r["title"] or "", r["role"], r["status"], r["created"],
+                          r["snip"] or "") for r in rows]
+
+    # ---- export / import -------------------------------------------------------------------------------------
+
+    def export_conversation(self, conversation_id: str, format: str = "json") -> str:
+        """The conversation as text: ``json`` (the canonical, lossless form) or ``md`` (readable Markdown that
+        also imports back without loss while unedited; see app.memory.transfer)."""
+        from app.memory import transfer
+
+        data = self.load_conversation(conversation_id)
+        if format == "json":
+            return json.dumps(transfer.to_dict(data), ensure_ascii=False, indent=2) + "\n"
+        if format == "md":
+            return transfer.to_markdown(data)
+        raise InvalidRequest(f"format must be md or json, got {format!r}", param="format")
+
+    def import_conversation(self, data: str | dict, *, as_new: bool = False) -> str:
+        """Import an export (JSON text, a parsed dict, or Markdown text); return the conversation id.
+
+        Ids, contents, statuses, summaries with their ranges and citations are kept exactly. If a conversation
+        with the same id exists, ``StoreError`` unless ``as_new``: then it gets a new id and every message id
+        is recomputed for its new chain (summaries and citations follow)."""
+        from app.memory import transfer
+
+        doc = transfer.parse(data)
+        if as_new:
+            doc = transfer.renumber(doc, uuid.uuid4().hex)
+        conv = doc["conversation"]
+        if self._rows("SELECT 1 FROM conversations WHERE id = ?", [conv["id"]]):
+            raise StoreError(f"conversation {conv['id']} already exists; delete it first or import as new")
+        with self._tx() as db:
+            self._import_rows(db, doc)
+        return conv["id"]
+
+    def _import_rows(self, db: Database, doc: dict) -> None:
+        conv = doc["conversation"]
+        db.execute("INSERT INTO conversations (id, title, model, settings, created, updated, current_message_id) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [conv["id"], conv.get("title") or "", conv.get("model") or "", _dumps(conv.get("settings")),
+                    conv["created"], conv["updated"], conv.get("current_message_id")])
+        for m in doc["messages"]:
+            self._insert_message(db, dict(id=m["id"], conversation_id=conv["id"], parent_id=m.get("parent_id"),
+                                          role=m["role"], content=m["content"], reasoning=m.get("reasoning"),
+                                          token_count=m.get("token_count"), created=m["created"],
+                                          status=m.get("status", "complete"), meta=_dumps(m.get("meta"))))
+        for s in doc["summaries"]:
+            db.execute("INSERT INTO summaries (id, conversation_id, text, first_message_id, last_message_id, "
+                       "model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [s["id"], conv["id"], s["text"], s["first_message_id"], s["last_message_id"],
+                        s.get("model") or "", _dumps(s.get("settings")), s["created"]])
+        for c in doc["citations"]:
+            db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) VALUES (?, ?, ?, ?, ?)",
+                       [c["message_id"], str(c["evidence_id"]), c.get("path"), c.get("page"), c.get("quote")])

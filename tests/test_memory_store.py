@@ -1,0 +1,317 @@
+"""The conversation store: migrations, content addressing, branches, append-only history, FTS search,
+crash safety (SIGKILL mid-stream), corrupt rows, export/import round trips. Pure SQLite, no model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from sqlite_utils import Database
+
+from app.errors import InvalidRequest, StoreError
+from app.memory.store import Store, message_id, migrations
+
+REPO = Path(__file__).resolve().parents[1]
+MIGRATIONS = ["m001_conversations_messages", "m002_summaries_citations", "m003_messages_fts"]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "hearth.db"
+
+
+@pytest.fixture
+def store(db_path: Path):
+    s = Store(db_path)
+    yield s
+    s.close()
+
+
+def snapshot(store: Store, cid: str) -> dict:
+    data = store.load_conversation(cid)
+    return {"conversation": data.conversation.to_dict(), "messages": [m.to_dict() for m in data.messages],
+            "summaries": [s.to_dict() for s in data.summaries], "citations": [c.to_dict() for c in data.citations]}
+
+
+def turn(store: Store, cid: str, question: str, answer: str, parent: str | None) -> tuple[str, str]:
+    u = store.append_message(cid, "user", question, parent)
+    return u, store.append_message(cid, "assistant", answer, u)
+
+
+# ---- migrations --------------------------------------------------------------------------------------------------
+
+
+def test_migrations_apply_on_new_db(db_path: Path) -> None:
+    Store(db_path).close()
+    db = Database(db_path)
+    assert [m.name for m in migrations.applied(db)] == MIGRATIONS
+    assert db.journal_mode == "wal"
+    assert {"conversations", "messages", "summaries", "citations", "messages_fts"} <= set(db.table_names())
+    db.close()
+    Store(db_path).close()  # reopening applies nothing twice
+    assert [m.name for m in migrations.applied(Database(db_path))] == MIGRATIONS
+
+
+def test_migrations_apply_on_existing_db_and_index_old_rows(db_path: Path) -> None:
+    db = Database(db_path)
+    migrations.apply(db, stop_before="m003_messages_fts")  # a database written by an older Hearth
+    db.execute("INSERT INTO conversations (id, title, created, updated) VALUES ('c1', 'old', 't', 't')")
+    db.execute("INSERT INTO messages (id, conversation_id, role, content, created) "
+               "VALUES ('m1', 'c1', 'user', 'an aardvark from before the index', 't')")
+    db.close()
+    with Store(db_path) as store:
+        assert [m.name for m in migrations.applied(store.db)] == MIGRATIONS
+        assert [h.message_id for h in store.search("aardvark")] == ["m1"]
+        assert store.get_message("m1").content == "an aardvark from before the index"
+
+
+def test_not_a_database_is_a_store_error(db_path: Path) -> None:
+    db_path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(db_path)
+    assert db_path.read_bytes().startswith(b"this is not sqlite")  # left untouched
+
+
+# ---- content addressing, branches, append-only ----------------------------------------------------------------
+
+
+def test_content_addressing(store: Store) -> None:
+    c1, c2 = store.create_conversation("one"), store.create_conversation("two")
+    u = store.append_message(c1, "user", "hi", None, meta={"first": True})
+    assert u == message_id("user", "hi", None, c1)
+    assert store.append_message(c1, "user", "hi", None, meta={"second": True}) == u  # same id, nothing written
+    assert store.get_message(u).meta == {"first": True}
+    assert len(store.messages(c1)) == 1
+    assert store.append_message(c2, "user", "hi", None) != u  # another conversation's first message
+    a = store.append_message(c1, "assistant", "hello", u)
+    assert a == message_id("assistant", "hello", u, c1)
+    assert store.append_message(c1, "user", "hello", u) != a  # the role is part of the address
+
+
+def test_edits_and_regenerations_are_branches(store: Store) -> None:
+    cid = store.create_conversation()
+    u1, a1 = turn(store, cid, "Plan a trip to Oslo", "Sure: 3 days.", None)
+    u2, a2 = turn(store, cid, "Make it 4 days", "OK, 4 days.", a1)
+    u2b, a2b = turn(store, cid, "Make it 5 days", "OK, 5 days.", a1)  # an edit of u2: a sibling
+    assert [m.id for m in store.children(a1)] == [u2, u2b]
+    assert [m.id for m in store.path_to(a2b)] == [u1, a1, u2b, a2b]
+    assert [m.id for m in store.path_to(a2)] == [u1, a1, u2, a2]  # the old branch is intact
+    r = store.begin_streaming_message(cid, u2)  # regenerate the answer to u2
+    r = store.finish_message(r, content="Fine, four days then.")
+    assert [m.content for m in store.children(u2)] == ["OK, 4 days.", "Fine, four days then."]
+    same = store.begin_streaming_message(cid, u2)  # a regeneration identical to an existing answer
+    assert store.finish_message(same, content="OK, 4 days.") == a2
+    assert len(store.children(u2)) == 2
+    assert [m.id for m in store.children(None, conversation_id=cid)] == [u1]
+    assert store.get_conversation(cid).current_message_id == a2
+
+
+def test_finished_messages_cannot_be_overwritten(store: Store) -> None:
+    cid = store.create_conversation()
+    u, a = turn(store, cid, "question", "answer", None)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        store.db.execute("UPDATE messages SET content = 'rewritten' WHERE id = ?", [a])
+    with pytest.raises(sqlite3.IntegrityError):
+        store.db.execute("UPDATE messages SET status = 'incomplete' WHERE id = ?", [a])
+    with pytest.raises(StoreError, match="not being streamed"):
+        store.update_streaming_message(a, "rewritten")
+    with pytest.raises(StoreError, match="already finished"):
+        store.finish_message(a, content="rewritten")
+    assert store.get_message(a).content == "answer"
+    with pytest.raises(InvalidRequest, match="another conversation"):
+        store.append_message(store.create_conversation(), "user", "x", u)
+
+
+def test_streaming_message_lifecycle(store: Store) -> None:
+    cid = store.create_conversation()
+    u = store.append_message(cid, "user", "cite something", None)
+    a = store.begin_streaming_message(cid, u, meta={"model": "m"})
+    assert store.get_message(a).status == "incomplete"
+    assert store.get_conversation(cid).current_message_id == a
+    store.update_streaming_message(a, "According to")
+    store.update_streaming_message(a, "According to the manual", reasoning="look it up")
+    store.add_citations(a, [{"evidence_id": 7, "path": "manual.pdf", "page": 3, "quote": "the manual"}])
+    final = store.finish_message(a, content="According to the manual, yes.", token_count=6,
+                                 meta={"finish_reason": "stop"})
+    assert final == message_id("assistant", "According to the manual, yes.", u, cid)
+    m = store.get_message(final)
+    assert (m.status, m.reasoning, m.token_count, m.meta) == ("complete", "look it up", 6,
+                                                              {"model": "m", "finish_reason": "stop"})
+    assert [c.evidence_id for c in store.citations_for(final)] == ["7"]
+    assert store.get_conversation(cid).current_message_id == final
+    with pytest.raises(StoreError):
+        store.get_message(a)  # the provisional row is gone
+    e = store.begin_streaming_message(cid, u)
+    store.update_streaming_message(e, "half an ans")
+    assert store.finish_message(e, "error", meta={"error": "EngineCrashed"}) == e  # keeps its id
+    assert (store.get_message(e).status, store.get_message(e).content) == ("error", "half an ans")
+
+
+# ---- search ---------------------------------------------------------------------------------------------------
+
+
+def test_search_original_text_is_safe_and_survives_summaries(store: Store) -> None:
+    cid = store.create_conversation("birds")
+    u, a = turn(store, cid, "Tell me about penguins running", "Emperor penguins walk 100 km.", None)
+    other = store.create_conversation("other")
+    turn(store, other, "Nothing about birds", "Right.", None)
+    assert {h.message_id for h in store.search("penguin")} == {u, a}  # stemmed
+    assert store.search("runs")[0].message_id == u
+    assert store.search("100 km")[0].message_id == a
+    assert "[penguins]" in store.search("penguins", conversation_id=cid)[0].snippet
+    for nasty in ['"', "AND", "OR NOT", "NEAR(", "a:b", "*", "-x", "(penguins", "penguins)", "'; DROP TABLE", "^"]:
+        store.search(nasty)  # never an FTS syntax error
+    assert store.search("penguins\"") and store.search("(emperor") and store.search("") == []
+    assert store.search("pengu*")
+    store.add_summary(cid, "The user asked about zebras instead.", u, a, model="m")
+    assert store.search("zebras") == []  # summaries are not what was said
+    assert {h.message_id for h in store.search("penguins")} == {u, a}
+
+
+# ---- crash safety ---------------------------------------------------------------------------------------------
+
+
+_STREAMER = textwrap.dedent("""
+    import sys, time
+    from app.memory.store import Store
+    store = Store(sys.argv[1])
+    cid = sys.argv[2]
+    user = store.append_message(cid, "user", "tell me a long story", None)
+    mid = store.begin_streaming_message(cid, user)
+    text, i = "", 0
+    while True:
+        i += 1
+        text += f"word{i} "
+        store.update_streaming_message(mid, text)
+        if i == 20:
+            print(mid, flush=True)
+        time.sleep(0.002)
+""")
+
+
+def test_sigkill_mid_stream_leaves_partial_answer_incomplete(db_path: Path) -> None:
+    with Store(db_path) as store:
+        keep = store.create_conversation("keep me")
+        turn(store, keep, "What is 2+2?", "4", None)
+        before = snapshot(store, keep)
+        victim = store.create_conversation("streaming")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _STREAMER, str(db_path), victim], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        mid = proc.stdout.readline().strip()
+        time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL and mid
+    with Store(db_path) as store:
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert snapshot(store, keep) == before
+        partial = store.get_message(mid)
+        assert partial.status == "incomplete"
+        assert partial.content.startswith("word1 word2 ") and len(partial.content.split()) >= 20
+        assert store.search("word3")[0].message_id == mid
+        later = store.append_message(victim, "user", "go on", mid)  # the conversation continues from it
+        assert [m.id for m in store.path_to(later)][-2] == mid
+
+
+# ---- corrupt rows ---------------------------------------------------------------------------------------------
+
+
+def test_corrupt_json_fields_load_with_warnings(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    bad = store.create_conversation("bad", settings={"temperature": 0.2})
+    u, a = turn(store, bad, "q", "a", None)
+    store.add_summary(bad, "s", u, a)
+    good = store.create_conversation("good")
+    turn(store, good, "fine", "fine too", None)
+    good_before = snapshot(store, good)
+    store.db.execute("UPDATE conversations SET settings = '{bad' WHERE id = ?", [bad])  # edited by hand
+    store.db.execute("UPDATE messages SET meta = '{bad' WHERE id = ?", [a])
+    store.db.execute("UPDATE summaries SET settings = '[1, 2]' WHERE conversation_id = ?", [bad])
+    data = store.load_conversation(bad)
+    assert data.conversation.settings == {} and [m.content for m in data.messages] == ["q", "a"]
+    assert data.messages[1].meta == {} and data.summaries[0].settings == {}
+    assert len(data.warnings) == 3 and any("meta" in w for w in data.warnings)
+    assert "not valid JSON" in caplog.text
+    assert {c.id for c in store.list_conversations()} == {bad, good}
+    assert snapshot(store, good) == good_before
+    json.loads(store.export_conversation(bad))  # still exportable
+
+
+# ---- export / import ------------------------------------------------------------------------------------------
+
+
+def rich_conversation(store: Store) -> str:
+    cid = store.create_conversation("Trip — Oslo ✈", model="gemma-3-270m", settings={"temperature": 0.7})
+    u1, a1 = turn(store, cid, "Plan 3 days in Oslo\n## User\n<!-- hearth:message {} -->", "Day 1: museums -->", None)
+    store.add_citations(a1, [{"evidence_id": "doc1#4", "path": "oslo.pdf", "page": 2, "quote": "Munch"},
+                             {"evidence_id": "doc2#0", "path": "notes.txt"}])
+    u2 = store.append_message(cid, "user", "Budget is 500 €\r\nand no boats", a1, token_count=9,
+                              meta={"note": "x --> y"})
+    r = store.begin_streaming_message(cid, u2)
+    store.update_streaming_message(r, "With 500 €", reasoning="think >")
+    err = store.begin_streaming_message(cid, u2)
+    store.finish_message(err, "error", content="", meta={"error": "Cancelled"})
+    a2 = store.begin_streaming_message(cid, u2)
+    a2 = store.finish_message(a2, content="Skip the ferry; walk.", token_count=5)
+    turn(store, cid, "Plan 4 days instead", "", None)  # an edited first message: another root
+    store.add_summary(cid, "User: Oslo, 3 days, 500 €.", u1, a2, model="gemma", settings={"max_tokens": 64})
+    return cid
+
+
+@pytest.mark.parametrize("fmt", ["json", "md"])
+def test_export_import_round_trip_is_lossless(store: Store, tmp_path: Path, fmt: str) -> None:
+    cid = rich_conversation(store)
+    original = snapshot(store, cid)
+    text = store.export_conversation(cid, fmt)
+    with Store(tmp_path / "other.db") as other:
+        assert other.import_conversation(text) == cid
+        assert snapshot(other, cid) == original
+        assert other.export_conversation(cid, fmt) == text
+        assert other.search("ferry")
+    with pytest.raises(StoreError, match="already exists"):
+        store.import_conversation(text)
+
+
+def test_markdown_is_readable_and_edits_are_detected(store: Store) -> None:
+    cid = rich_conversation(store)
+    md = store.export_conversation(cid, "md")
+    assert md.startswith("# Trip — Oslo ✈\n") and "## Assistant (incomplete)" in md and "Skip the ferry" in md
+    assert "- source: oslo.pdf, page 2" in md
+    with pytest.raises(InvalidRequest, match="edited|damaged"):
+        store.import_conversation(md.replace("Skip the ferry; walk.", "Take the ferry"), as_new=True)
+
+
+def test_import_as_new_recomputes_ids(store: Store) -> None:
+    cid = rich_conversation(store)
+    new = store.import_conversation(store.export_conversation(cid), as_new=True)
+    old, copy = store.load_conversation(cid), store.load_conversation(new)
+    assert new != cid and [m.content for m in copy.messages] == [m.content for m in old.messages]
+    assert {m.id for m in copy.messages}.isdisjoint({m.id for m in old.messages})
+    by_id = {m.id: m for m in copy.messages}
+    s = copy.summaries[0]
+    assert by_id[s.first_message_id].content.startswith("Plan 3 days")
+    assert by_id[s.last_message_id].content == "Skip the ferry; walk."
+    assert {c.message_id for c in copy.citations} <= set(by_id)
+
+
+def test_conversation_management(store: Store) -> None:
+    a, b = store.create_conversation("a"), store.create_conversation("b")
+    turn(store, a, "q", "r", None)
+    store.rename(b, "renamed")
+    assert [c.title for c in store.list_conversations()] == ["renamed", "a"]
+    assert store.list_conversations()[1].message_count == 2
+    assert store.resolve_conversation_id(a[:6]) == a
+    store.delete(a)
+    assert [c.id for c in store.list_conversations()] == [b] and store.search("q") == []
+    with pytest.raises(StoreError):
+        store.get_conversation(a)
