@@ -66,6 +66,11 @@ class Runtime:
         self.n_vocab = self.llm.n_vocab()
         self.prefix_cache = prefix_cache
         md = self.llm.metadata
+        arch = md.get("general.architecture", "")
+        self.sliding_window = int(md.get(f"{arch}.attention.sliding_window", 0) or 0)
+        # With a window-only SWA cache a reused shorter prefix gives wrong logits: reuse nothing then.
+        self.reuse_ok = settings.swa_full or not self.sliding_window
+        self.canonical_upto = 0  # KV positions below this were computed in whole canonical chunks
         self.chat_template = self.meta.get("chat_template", md.get("tokenizer.chat_template"))
         self.template_name = choose_template_name(_MetaView(self.meta, md, model_path))
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
@@ -125,45 +130,60 @@ class Runtime:
 
     # -- prefill --------------------------------------------------------------------------------------
     def live_prefix(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` already in the live KV cache (exact prefix match), at most len-1 so that the
-        last prompt token is always evaluated and its logits belong to this prompt."""
+        """Tokens of ``tokens`` that the live KV cache can give back exactly: the common prefix with what it
+        holds, limited to whole canonical chunks (see ``prefill``) and to len − 1, so the last prompt token is
+        always evaluated and its logits belong to this prompt."""
         llm = self.llm
         n = 0
-        limit = min(llm.n_tokens, len(tokens) - 1)
+        limit = min(llm.n_tokens, len(tokens) - 1, self.canonical_upto)
         ids = llm.input_ids
         while n < limit and ids[n] == tokens[n]:
             n += 1
-        return n
+        return n - n % self.settings.n_batch
 
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict) -> None:
-        """Make the KV cache hold exactly ``tokens`` with logits for the last one. Reuses the live prefix,
-        then the persistent prefix cache, then evaluates the rest in chunks of n_batch tokens."""
+        """Make the KV cache hold exactly ``tokens`` with logits for the last one.
+
+        Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
+        different shapes (measured here: a prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few
+        greedy tokens). So every prompt is prefilled in one *canonical* layout fixed by absolute positions:
+        chunks [0,C), [C,2C), … with C = n_batch, the last chunk ending at the prompt's end. Only whole chunks
+        are ever reused (from the live KV cache or the disk cache), so a reused prefix holds bit-for-bit the
+        KV a cold prefill would compute, and the answer equals the cold run's. The price: up to C−1 prompt
+        tokens are re-evaluated on a hit. A cancel is honoured between chunks."""
         llm = self.llm
-        reuse = self.live_prefix(tokens)
+        C = self.settings.n_batch
+        reuse = self.live_prefix(tokens) if self.reuse_ok else 0
         source = "memory" if reuse else "none"
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and self.reuse_ok:
             got = self.prefix_cache.restore_longest(self, tokens, reuse, metrics)
             if got > reuse:
                 reuse, source = got, "disk"
+            elif llm.n_tokens == 0:  # a rejected entry: the KV cache was cleared, nothing is reusable
+                reuse, source = 0, "none"
         if reuse < llm.n_tokens:
             if not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
                 llm._ctx.kv_cache_clear()
                 reuse, source = 0, "none"
         llm.n_tokens = reuse
+        self.canonical_upto = reuse
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
         t0 = time.perf_counter()
-        rest = tokens[reuse:]
-        step = self.settings.n_batch
-        for i in range(0, len(rest), step):
+        L = len(tokens)
+        for start in range(reuse, L, C):
             if cancelled():
+                self.canonical_upto = llm.n_tokens
                 raise Cancelled("cancelled during prefill")
-            llm.eval(rest[i:i + step])
-            if self.prefix_cache is not None:
-                self.prefix_cache.maybe_save_block(self, tokens, llm.n_tokens)
+            end = min(start + C, L)
+            if end == L and start > 0 and self.prefix_cache is not None and self.reuse_ok:
+                # Before the last (partial) chunk the KV holds exactly `start` canonical tokens: save them,
+                # so a repeat of this prompt, or any prompt sharing them, restores them later.
+                self.prefix_cache.maybe_save(self, tokens[:start], metrics)
+            llm.eval(tokens[start:end])
+            if end - start == C:
+                self.canonical_upto = end
         metrics["prefill_s"] = time.perf_counter() - t0
-        if self.prefix_cache is not None:
-            self.prefix_cache.maybe_save(self, tokens, metrics)
 
     # -- generation -----------------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, emit: Callable[..., None],

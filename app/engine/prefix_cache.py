@@ -1,0 +1,411 @@
+"""Persistent prefix cache: KV state on disk, keyed by exact token IDs and an engine fingerprint.
+
+Why our own store: llama-cpp-python's ``Llama.save_state`` / ``LlamaRAMCache`` / ``LlamaDiskCache`` copy the
+logits (hundreds of MB), delete disk entries when read and carry no compatibility key (LLAMA_CPP_NOTES.md).
+Here an entry is the KV cells of sequence 0 (``llama_state_seq_get_data``: no logits), written with a header
+that says exactly what it is, and indexed in SQLite.
+
+Keys (as vLLM ``kv_cache_utils.hash_block_tokens``): the prompt is cut into blocks of ``BLOCK`` tokens;
+each block's hash covers its parent's hash and its token IDs, so a hash names one exact token prefix. An entry
+stores the hash of its whole prefix (full blocks, then the partial tail) and its token IDs; a lookup is a hit
+only if an entry's every token equals the start of the new prompt (checked by hash, then token by token).
+Similar text is never a hit.
+
+Fingerprint: llama-cpp-python version, llama.cpp system info, the model file's sha256, type_k, type_v,
+flash attention, swa_full and n_ctx: everything the state layout depends on. An entry from another
+fingerprint is never restored.
+
+Sliding-window models (Gemma 3): Hearth loads them with ``swa_full=True`` (the full-size SWA cache), so every
+layer keeps every cell and a restored prefix gives the same logits as a cold prefill. With a window-only cache
+a restored shorter prefix would be wrong (LLAMA_CPP_NOTES.md); the engine therefore does not use the prefix
+cache when ``swa_full`` is off on a model with a sliding window.
+
+Files: ``kv-cache/<fingerprint[:16]>/<prefix hash>.kv`` with header
+``MAGIC | u32 version | 64-byte fingerprint hex | u32 n_tokens | n_tokens × i32 token ids | u64 payload bytes |
+32-byte sha256 of payload`` then the payload. Written to a temp file, fsynced, renamed. A file that fails any
+check (short, zero bytes, bad magic, other fingerprint, other tokens, checksum) is moved to
+``kv-cache/quarantine/`` and the request is served cold with the KV cache cleared.
+
+Budget: the sum of entry file sizes never exceeds ``budget_bytes``: least recently used entries are evicted
+before a write; an entry larger than the whole budget is not stored (logged).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import struct
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"HEARTHKV"
+FORMAT_VERSION = 1
+BLOCK = 64  # tokens per hash block
+_HDR = struct.Struct("<8sI64sI")
+
+
+# ------------------------------------------------------------------------------------------------------
+# pure bookkeeping (tested with made-up tokens)
+# ------------------------------------------------------------------------------------------------------
+def _tok_bytes(tokens: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
+    """Chained hashes of the full blocks of ``tokens``: ``h[i] = sha256(h[i-1] | tokens of block i)``.
+    Returns one hex digest per full block (shape: ``len(tokens) // block``)."""
+    out, parent = [], b""
+    for i in range(0, len(tokens) - len(tokens) % block, block):
+        parent = hashlib.sha256(parent + _tok_bytes(tokens[i:i + block])).digest()
+        out.append(parent.hex())
+    return out
+
+
+class PrefixHasher:
+    """``prefix_hash(n)``: the hash naming exactly ``tokens[:n]`` (full-block chain + partial tail + n)."""
+
+    def __init__(self, tokens: Sequence[int], block: int = BLOCK) -> None:
+        self.tokens = list(tokens)
+        self.block = block
+        self._chain = [b""]  # chain[i] = hash after i full blocks
+
+    def _chain_to(self, k: int) -> bytes:
+        while len(self._chain) <= k:
+            i = len(self._chain) - 1
+            blk = self.tokens[i * self.block:(i + 1) * self.block]
+            self._chain.append(hashlib.sha256(self._chain[-1] + _tok_bytes(blk)).digest())
+        return self._chain[k]
+
+    def prefix_hash(self, n: int) -> str:
+        if n > len(self.tokens):
+            raise ValueError("prefix longer than tokens")
+        full = n // self.block
+        parent = self._chain_to(full)
+        tail = self.tokens[full * self.block:n]
+        return hashlib.sha256(parent + _tok_bytes(tail) + struct.pack("<I", n)).hexdigest()
+
+
+def fingerprint(model_sha256: str, settings: Any, extra: dict | None = None) -> tuple[str, dict]:
+    """The engine fingerprint (hex sha256) and the dict it hashes. ``settings``: ``LoadSettings``."""
+    try:
+        import llama_cpp
+
+        lib = llama_cpp.__version__
+        sysinfo = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - pure tests run without the library
+        lib, sysinfo = "unknown", ""
+    d = {"format": FORMAT_VERSION, "llama_cpp_python": lib, "llama_cpp_system": sysinfo,
+         "model_sha256": model_sha256, "type_k": settings.type_k, "type_v": settings.type_v,
+         "flash_attn": bool(settings.flash_attn), "swa_full": bool(settings.swa_full), "n_ctx": settings.n_ctx,
+         **(extra or {})}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest(), d
+
+
+class EntryError(Exception):
+    """An entry file failed a check; ``reason`` says which."""
+
+
+def encode_entry(fp: str, tokens: Sequence[int], payload: bytes) -> bytes:
+    """Serialize one entry (header + payload)."""
+    head = _HDR.pack(MAGIC, FORMAT_VERSION, fp.encode("ascii"), len(tokens))
+    return head + _tok_bytes(tokens) + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + payload
+
+
+def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> bytes:
+    """Check an entry against the expected fingerprint and token prefix; return its payload.
+    Raises ``EntryError`` naming the first failed check."""
+    if len(data) == 0:
+        raise EntryError("empty file")
+    if len(data) < _HDR.size:
+        raise EntryError(f"truncated header ({len(data)} bytes)")
+    magic, ver, efp, n = _HDR.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise EntryError("not a Hearth KV entry (bad magic)")
+    if ver != FORMAT_VERSION:
+        raise EntryError(f"format version {ver}, expected {FORMAT_VERSION}")
+    if efp.decode("ascii", "replace") != fp:
+        raise EntryError("saved by another engine configuration (model, KV type, flash attention, n_ctx or "
+                         "library version differ)")
+    off = _HDR.size
+    if len(data) < off + 4 * n + 40:
+        raise EntryError("truncated token list")
+    saved = struct.unpack_from(f"<{n}i", data, off)
+    if n > len(tokens) or list(saved) != list(tokens[:n]):
+        raise EntryError("token ids differ from the prompt")
+    off += 4 * n
+    (plen,) = struct.unpack_from("<Q", data, off)
+    digest = data[off + 8:off + 40]
+    payload = data[off + 40:]
+    if len(payload) != plen:
+        raise EntryError(f"truncated payload: expected {plen} bytes, found {len(payload)}")
+    if hashlib.sha256(payload).digest() != digest:
+        raise EntryError("checksum mismatch")
+    return payload
+
+
+# ------------------------------------------------------------------------------------------------------
+# index + files
+# ------------------------------------------------------------------------------------------------------
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    restores: int = 0
+    restore_s: float = 0.0
+    saves: int = 0
+    rejected: int = 0
+    evicted: int = 0
+    skipped_too_large: int = 0
+
+
+class PrefixStore:
+    """Entries on disk + their SQLite index under ``root``, bounded by ``budget_bytes``. Pure Python (no
+    llama.cpp): the engine passes payload bytes in and gets them back."""
+
+    def __init__(self, root: str | Path, budget_bytes: int) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.budget = int(budget_bytes)
+        self.db = sqlite3.connect(str(self.root / "index.db"), timeout=30, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("""CREATE TABLE IF NOT EXISTS entries (
+            fingerprint TEXT NOT NULL, prefix_hash TEXT NOT NULL, n_tokens INTEGER NOT NULL,
+            file TEXT NOT NULL, size_bytes INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,
+            PRIMARY KEY (fingerprint, prefix_hash))""")
+        self.db.execute("CREATE INDEX IF NOT EXISTS entries_lru ON entries(last_used)")
+        self.stats = CacheStats()
+
+    def total_bytes(self) -> int:
+        return int(self.db.execute("SELECT COALESCE(SUM(size_bytes),0) FROM entries").fetchone()[0])
+
+    def bytes_on_disk(self) -> int:
+        """Sum of sizes of entry files actually present (for reports and budget tests)."""
+        return sum(p.stat().st_size for p in self.root.glob("*/*.kv"))
+
+    def candidates(self, fp: str, max_tokens: int) -> list[tuple[str, int, str]]:
+        """(prefix_hash, n_tokens, file) of entries with at most ``max_tokens`` tokens, longest first."""
+        return self.db.execute("SELECT prefix_hash, n_tokens, file FROM entries WHERE fingerprint=? AND "
+                               "n_tokens<=? ORDER BY n_tokens DESC", (fp, max_tokens)).fetchall()
+
+    def find(self, fp: str, tokens: Sequence[int], min_tokens: int = 1) -> tuple[int, Path] | None:
+        """Longest stored prefix of ``tokens`` (n_tokens ≥ min_tokens): (n_tokens, file) or None."""
+        hasher = PrefixHasher(tokens)
+        for h, n, f in self.candidates(fp, len(tokens)):
+            if n < min_tokens:
+                break
+            if hasher.prefix_hash(n) == h:
+                return n, self.root / f
+        return None
+
+    def contains(self, fp: str, tokens: Sequence[int]) -> bool:
+        h = PrefixHasher(tokens).prefix_hash(len(tokens))
+        return self.db.execute("SELECT 1 FROM entries WHERE fingerprint=? AND prefix_hash=?",
+                               (fp, h)).fetchone() is not None
+
+    def read(self, fp: str, tokens: Sequence[int], n: int, path: Path) -> bytes:
+        """Payload of the entry for ``tokens[:n]``; a bad entry is quarantined and ``EntryError`` raised."""
+        try:
+            data = path.read_bytes()
+            payload = decode_entry(data, fp, tokens[:n])
+        except (OSError, EntryError) as exc:
+            self.quarantine(path, str(exc))
+            raise EntryError(str(exc)) from None
+        self.db.execute("UPDATE entries SET last_used=? WHERE file=?", (time.time(), self._rel(path)))
+        return payload
+
+    def _rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
+
+    def quarantine(self, path: Path, reason: str) -> None:
+        self.stats.rejected += 1
+        qdir = self.root / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        log.warning("prefix cache: rejected %s (%s); moved to quarantine", path.name, reason)
+        try:
+            shutil.move(str(path), str(qdir / f"{int(time.time() * 1000)}-{path.name}"))
+        except OSError:
+            path.unlink(missing_ok=True)
+        try:
+            self.db.execute("DELETE FROM entries WHERE file=?", (self._rel(path),))
+        except ValueError:
+            pass
+
+    def write(self, fp: str, tokens: Sequence[int], payload: bytes) -> Path | None:
+        """Store an entry for exactly ``tokens``; evicts LRU entries to stay within the budget. Returns the
+        file, or None when the entry alone is larger than the budget."""
+        blob = encode_entry(fp, tokens, payload)
+        size = len(blob)
+        if size > self.budget:
+            self.stats.skipped_too_large += 1
+            log.warning("prefix cache: entry of %d bytes exceeds the budget of %d bytes; not stored", size,
+                        self.budget)
+            return None
+        h = PrefixHasher(tokens).prefix_hash(len(tokens))
+        folder = self.root / fp[:16]
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{h}.kv"
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self._evict_for(size)
+            fd, tmp = tempfile.mkstemp(dir=str(folder), suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            now = time.time()
+            self.db.execute("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?)",
+                            (fp, h, len(tokens), self._rel(path), size, now, now))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.stats.saves += 1
+        return path
+
+    def _evict_for(self, size: int) -> None:
+        total = self.total_bytes()
+        while total + size > self.budget:
+            row = self.db.execute("SELECT file, size_bytes FROM entries ORDER BY last_used ASC LIMIT 1").fetchone()
+            if row is None:
+                break
+            (self.root / row[0]).unlink(missing_ok=True)
+            self.db.execute("DELETE FROM entries WHERE file=?", (row[0],))
+            total -= row[1]
+            self.stats.evicted += 1
+
+    def close(self) -> None:
+        self.db.close()
+
+
+# ------------------------------------------------------------------------------------------------------
+# the engine side (runs inside the engine process, next to the Llama)
+# ------------------------------------------------------------------------------------------------------
+class PrefixCache:
+    """Restores and saves KV state of a ``Runtime``'s context through a ``PrefixStore``.
+
+    ``min_tokens``: prompts shorter than this are neither saved nor looked up on disk (the live KV cache
+    already covers short repeats; a disk write costs more than their prefill).
+    """
+
+    def __init__(self, store: PrefixStore, fp: str, fp_info: dict, min_tokens: int = 256) -> None:
+        self.store = store
+        self.fp = fp
+        self.fp_info = fp_info
+        self.min_tokens = min_tokens
+        self.last_error: str | None = None
+
+    @classmethod
+    def for_runtime(cls, model_path: str, settings: Any, dir: str, budget_bytes: int = 4 << 30,
+                    min_tokens: int = 256) -> "PrefixCache":
+        from app.engine.gguf_info import file_sha256
+
+        fp, info = fingerprint(file_sha256(model_path), settings)
+        return cls(PrefixStore(dir, budget_bytes), fp, info, min_tokens)
+
+    # called by Runtime.prefill
+    def restore_longest(self, rt: Any, tokens: list[int], live: int, metrics: dict) -> int:
+        """Restore the longest stored prefix of ``tokens`` if it beats the ``live`` reuse. Returns the number of
+        tokens now valid in the KV cache (≤ len(tokens) − 1, a whole number of canonical chunks). On a bad
+        entry, clears the KV cache and returns 0."""
+        st = self.store.stats
+        st.lookups += 1
+        st.prompt_tokens += len(tokens)
+        self.last_error = None
+        if len(tokens) < self.min_tokens:
+            st.reused_tokens += live
+            return live
+        # Entries end on canonical chunk boundaries; the last prompt token is always evaluated.
+        found = self.store.find(self.fp, tokens[:-1], min_tokens=live + 1)
+        if found is None:
+            st.reused_tokens += live
+            if live:
+                st.hits += 1
+            return live
+        n, path = found
+        t0 = time.perf_counter()
+        try:
+            payload = self.store.read(self.fp, tokens, n, path)
+            self._set_state(rt, payload, tokens[:n])
+        except EntryError as exc:
+            self.last_error = str(exc)
+            metrics["cache_error"] = str(exc)
+            self._clear(rt)
+            return 0
+        use = n
+        metrics["restore_s"] = time.perf_counter() - t0
+        st.restores += 1
+        st.restore_s += metrics["restore_s"]
+        st.hits += 1
+        st.reused_tokens += use
+        return use
+
+    def maybe_save(self, rt: Any, tokens: list[int], metrics: dict) -> None:
+        """Save the KV state, which must hold exactly ``tokens`` (the prompt up to its last canonical chunk
+        boundary), if long enough and not stored yet."""
+        if len(tokens) < self.min_tokens or self.store.contains(self.fp, tokens):
+            return
+        t0 = time.perf_counter()
+        try:
+            payload = self._get_state(rt)
+            self.store.write(self.fp, tokens, payload)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("prefix cache: could not save an entry: %s", exc)
+            return
+        metrics["save_s"] = time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        s = self.store.stats
+        return {"lookups": s.lookups, "hits": s.hits, "prompt_tokens": s.prompt_tokens,
+                "reused_tokens": s.reused_tokens,
+                "hit_rate": (s.reused_tokens / s.prompt_tokens) if s.prompt_tokens else 0.0,
+                "request_hit_rate": (s.hits / s.lookups) if s.lookups else 0.0,
+                "restores": s.restores, "restore_s_total": s.restore_s, "saves": s.saves, "rejected": s.rejected,
+                "evicted": s.evicted, "skipped_too_large": s.skipped_too_large,
+                "bytes_on_disk": self.store.total_bytes(), "budget_bytes": self.store.budget,
+                "fingerprint": self.fp}
+
+    # llama.cpp state API
+    @staticmethod
+    def _get_state(rt: Any) -> bytes:
+        import llama_cpp
+
+        ctx = rt.llm._ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        return bytes(memoryview(buf)[:n])
+
+    @staticmethod
+    def _set_state(rt: Any, payload: bytes, tokens: list[int]) -> None:
+        import llama_cpp
+
+        llm = rt.llm
+        llm._ctx.kv_cache_clear()
+        llm.n_tokens = 0
+        buf = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
+        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(payload), 0) == 0:
+            raise EntryError("llama.cpp refused the state data")
+        llm.input_ids[:len(tokens)] = tokens
+        llm.n_tokens = len(tokens)
+
+    @staticmethod
+    def _clear(rt: Any) -> None:
+        rt.llm._ctx.kv_cache_clear()
+        rt.llm.n_tokens = 0

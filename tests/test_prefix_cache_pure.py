@@ -1,0 +1,96 @@
+"""Prefix-cache bookkeeping on made-up tokens (no model): hashing, entry checks, LRU within the budget."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from app.engine.prefix_cache import (BLOCK, EntryError, PrefixHasher, PrefixStore, block_hashes, decode_entry,
+                                     encode_entry)
+
+FP = "a" * 64
+FP2 = "b" * 64
+
+
+def test_block_hashes_chain_covers_parent():
+    a = list(range(BLOCK * 3))
+    b = [7] + a[1:]  # differs only in block 0
+    ha, hb = block_hashes(a), block_hashes(b)
+    assert len(ha) == 3
+    assert all(x != y for x, y in zip(ha, hb)), "a change in block 0 must change every later hash"
+    assert block_hashes(a[: BLOCK * 2]) == ha[:2]
+
+
+def test_prefix_hash_names_exact_prefix():
+    toks = list(range(200))
+    h = PrefixHasher(toks)
+    assert h.prefix_hash(100) == PrefixHasher(toks[:100]).prefix_hash(100)
+    assert h.prefix_hash(100) != h.prefix_hash(99)
+    assert PrefixHasher([1, 2, 3]).prefix_hash(3) != PrefixHasher([1, 2, 4]).prefix_hash(3)
+
+
+def test_entry_roundtrip_and_every_rejection():
+    toks = list(range(50))
+    payload = os.urandom(1000)
+    blob = encode_entry(FP, toks, payload)
+    assert decode_entry(blob, FP, toks + [99, 100]) == payload
+    cases = {
+        "empty": b"",
+        "truncated header": blob[:10],
+        "truncated payload": blob[: len(blob) // 2],
+        "bad magic": b"X" * len(blob),
+        "checksum": blob[:-1] + bytes([blob[-1] ^ 0xFF]),
+    }
+    for name, data in cases.items():
+        with pytest.raises(EntryError):
+            decode_entry(data, FP, toks)
+    with pytest.raises(EntryError, match="another engine configuration"):
+        decode_entry(blob, FP2, toks)
+    with pytest.raises(EntryError, match="token ids differ"):
+        decode_entry(blob, FP, [1] + toks[1:])
+
+
+def test_find_longest_prefix_never_similar(tmp_path):
+    st = PrefixStore(tmp_path, 10 << 20)
+    base = list(range(300))
+    st.write(FP, base[:100], b"x" * 10)
+    st.write(FP, base[:250], b"y" * 10)
+    n, _ = st.find(FP, base + [1, 2, 3])
+    assert n == 250
+    n, _ = st.find(FP, base[:200])
+    assert n == 100
+    assert st.find(FP, [5] + base[1:]) is None  # differs at token 0
+    assert st.find(FP2, base) is None  # other fingerprint
+
+
+def test_budget_never_exceeded_and_lru(tmp_path):
+    budget = 50_000
+    st = PrefixStore(tmp_path, budget)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000) for _ in range(64)] for _ in range(40)]
+    for i, p in enumerate(prompts):
+        st.write(FP, p, os.urandom(4000))
+        assert st.bytes_on_disk() <= budget
+        assert st.total_bytes() <= budget
+        st.find(FP, prompts[0])  # keep prompt 0 hot
+        if st.find(FP, prompts[0]):
+            st.read(FP, prompts[0], 64, st.find(FP, prompts[0])[1])
+    assert st.find(FP, prompts[0]) is not None, "a recently used entry survives eviction"
+    assert st.find(FP, prompts[1]) is None, "old, unused entries are evicted"
+    assert st.stats.evicted > 0
+    assert st.write(FP, [1, 2, 3], os.urandom(budget)) is None  # larger than the budget: not stored
+
+
+def test_bad_file_is_quarantined(tmp_path):
+    st = PrefixStore(tmp_path, 10 << 20)
+    toks = list(range(80))
+    path = st.write(FP, toks, b"z" * 100)
+    path.write_bytes(path.read_bytes()[:40])
+    n, p = st.find(FP, toks)
+    with pytest.raises(EntryError):
+        st.read(FP, toks, n, p)
+    assert not path.exists()
+    assert list((tmp_path / "quarantine").iterdir())
+    assert st.find(FP, toks) is None
