@@ -1,0 +1,82 @@
+"""``hearth serve``: the OpenAI-compatible API without the desktop app (same server as the app's port)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from app.cli._engine_args import add_load_args, make_engine
+from app.settings import DEFAULT_PORT
+
+EXPOSE_FLAG = "--i-know-this-exposes-my-machine"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API (default http://127.0.0.1:%d)" % DEFAULT_PORT,
+                       description="Serve Hearth's OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+                                   "/v1/embeddings, /v1/models, /health, /metrics). Loopback only unless "
+                                   f"{EXPOSE_FLAG} is given.")
+    p.add_argument("--host", default=None, help="address to bind (default from settings: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help=f"port (default from settings: {DEFAULT_PORT})")
+    p.add_argument("--api-key", default=os.environ.get("HEARTH_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $HEARTH_API_KEY, else none)")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="allow browser pages from ORIGIN, e.g. http://localhost:5173 (repeatable; CORS is off "
+                        "by default)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                   help="accept this Host header besides loopback names (repeatable; DNS-rebinding protection)")
+    p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait for the engine "
+                                                                  "(default from settings: 16); then 429")
+    p.add_argument("--embeddings", action="store_true", help="also serve /v1/embeddings with Hearth's "
+                                                             "embedding model")
+    p.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
+                   help="allow binding a non-loopback address (anyone who can reach it can use your machine's "
+                        "model; set --api-key)")
+    add_load_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from app.server import create_app, serve
+    from app.server.run import is_loopback
+    from app.settings import load_user_settings
+
+    base = load_user_settings().server
+    settings = replace(base, host=args.host or base.host, port=args.port if args.port is not None else base.port,
+                       api_key=args.api_key or base.api_key,
+                       cors_origins=args.cors_origin if args.cors_origin is not None else base.cors_origins,
+                       max_queue=args.max_queue if args.max_queue is not None else base.max_queue)
+    if not is_loopback(settings.host):
+        if not args.expose:
+            print(f"hearth: error: refusing to bind {settings.host}: it is not a loopback address. Add "
+                  f"{EXPOSE_FLAG} if you mean it (and set --api-key).", file=sys.stderr)
+            return 2
+        print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
+              f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
+    engine = make_engine(args)
+    engine.max_queue = settings.max_queue
+    embedder = _embedder() if args.embeddings else None
+    app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host)
+    print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1 "
+          f"(Ctrl+C stops)", file=sys.stderr)
+    try:
+        serve(app, settings.host, settings.port)
+    finally:
+        engine.close()
+        if embedder is not None:
+            embedder.close()
+    return 0
+
+
+def _embedder():
+    from app.errors import ModelLoadError
+    from app.retrieval.embed_model import ensure_embedding_model
+    from app.retrieval.embedder import Embedder
+
+    path = ensure_embedding_model()
+    if path is None:
+        raise ModelLoadError("no embedding model is installed (run `hearth setup`)")
+    return Embedder(path)

@@ -1,0 +1,160 @@
+"""``create_app``: the FastAPI application of Hearth's OpenAI-compatible port.
+
+Thin handlers: each resolves the engine and the model, turns the body into a ``Plan`` (``convert``) and hands
+it to ``Service``; the mapping code lives in ``convert`` / ``format`` / ``structured`` / ``errors``.
+
+``engine_provider`` is a callable returning the current chat ``Engine`` (or None while none is loaded): the
+desktop app may swap models while the server runs, and each request takes whichever engine is current when
+it arrives. An ``Engine``-like object can be passed directly too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import HearthError, ModelNotFound
+from app.server import convert, embeddings, security
+from app.server.errors import ApiError, NoModelLoaded, from_exception, from_http, from_validation
+from app.server.metrics import ServerMetrics
+from app.server.models import ModelCatalog, loaded_id
+from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from app.server.service import Service
+from app.settings import ServerSettings
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")
+
+
+class State:
+    """What the handlers share: the engine source, the embedder, the model catalog, metrics, the service."""
+
+    def __init__(self, engine_provider: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics) -> None:
+        self.provider: Callable[[], Any] = engine_provider if callable(engine_provider) else (lambda: engine_provider)
+        self.embedder, self.catalog, self.metrics = embedder, catalog, metrics
+        self.service = Service(metrics)
+
+    def engine(self) -> Any:
+        eng = self.provider()
+        if eng is None:
+            raise NoModelLoaded("no chat model is loaded yet; try again in a moment")
+        return eng
+
+
+def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, *, embedder: Any = None,
+               allow_hosts: Iterable[str] = (), catalog: Optional[ModelCatalog] = None,
+               metrics: Optional[ServerMetrics] = None) -> FastAPI:
+    """The ASGI app. ``settings``: host (for the Host check), api_key, cors_origins (``max_queue`` belongs to
+    the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback)."""
+    settings = settings or ServerSettings()
+    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics())
+    app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
+                  redoc_url=None)
+    app.state.hearth = st
+    _error_handlers(app, st.metrics)
+    _routes(app, st)
+    hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
+    security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
+                     on_error=lambda e: st.metrics.error(e.type, e.code))
+    app.add_middleware(RequestMetrics, metrics=st.metrics)
+    return app
+
+
+def _routes(app: FastAPI, st: State) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        eng = st.provider()
+        if eng is None:
+            return JSONResponse({"status": "no_model"}, status_code=503, headers={"Retry-After": "2"})
+        return JSONResponse({"status": "ok", "model": loaded_id(eng), "engine_alive": bool(eng.alive),
+                             "queue_depth": eng.queue_depth()})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(st.metrics.render(st.provider()), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        data = await run_in_threadpool(st.catalog.listing, st.provider(), st.embedder)
+        return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict:
+        data = await run_in_threadpool(st.catalog.listing, st.provider(), st.embedder)
+        for m in data:
+            if model_id == m["id"] or model_id == m["hearth"]["file"]:
+                return m
+        raise ModelNotFound(model_id, [m["id"] for m in data])
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        engine = st.engine()
+        model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
+        return await st.service.respond(convert.chat_plan(body, model), engine, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        engine = st.engine()
+        model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
+        return await st.service.respond(convert.completion_plan(body, model), engine, request)
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(body: EmbeddingRequest) -> dict:
+        model = st.catalog.check_embedding(body.model, st.provider(), st.embedder)
+        texts = embeddings.inputs(body)
+        vectors, tokens = await run_in_threadpool(embeddings.run, st.embedder, texts)
+        return embeddings.response(body, model, vectors, tokens)
+
+
+def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def answer(err: ApiError) -> JSONResponse:
+        metrics.error(err.type, err.code)
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(from_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(from_http(exc))
+
+    @app.exception_handler(HearthError)
+    async def _known(_req: Request, exc: HearthError) -> JSONResponse:
+        return answer(from_exception(exc))
+
+    @app.exception_handler(Exception)  # a bug: logged with its traceback, answered without it
+    async def _any(_req: Request, exc: Exception) -> JSONResponse:
+        return answer(from_exception(exc))
+
+
+class RequestMetrics:
+    """Outermost middleware: counts every answer by endpoint, method and status (401/403 included)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        status = 500
+
+        async def send_wrapper(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.request_started()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.request_done(endpoint, scope["method"], status)

@@ -1,0 +1,160 @@
+"""OpenAI request bodies → a ``Plan``: the engine requests to run, one per choice, and how to answer.
+
+Decisions held here (each documented in docs/server.md):
+
+- Parameters the client leaves out take ``DecodingParams``' defaults (Hearth's, not OpenAI's: temperature
+  0.8, top_k 40, top_p 0.95, min_p 0.05).
+- ``max_tokens`` / ``max_completion_tokens`` absent or null: until a stop or the end of the context (both
+  endpoints). 0 or negative: 400 naming the alias used. Larger than the context left: clamped by the service
+  (``app.server.service``), finish_reason "length".
+- ``n`` > 1 (at most ``MAX_N``): n generations one after another; with a seed, choice i uses seed + i
+  (mod 2³²) so the choices differ and each is reproducible.
+- ``developer`` messages are system messages; text content parts are joined with a newline; a template
+  without a system role merges it into the first user turn (``app.engine.templates``).
+- Refused with a 400 rather than silently ignored: tools / functions, tool messages, non-text content parts,
+  ``echo``, ``suffix``, ``best_of`` ≠ n, token-id prompts, ``top_logprobs`` without ``logprobs``,
+  ``stream_options`` without ``stream``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
+from app.errors import InvalidRequest
+from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
+from app.server.structured import grammar_for
+
+MAX_GENERATIONS = 16  # prompts × n in one /v1/completions request
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                    "frequency_penalty")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one HTTP request runs. ``requests``: one engine request per choice, in index order;
+    ``prompt_index``: which prompt each choice answers (usage counts each prompt once); ``logprobs``: None,
+    or how many alternatives to report per token (0: only the chosen token's logprob)."""
+
+    kind: str  # "chat" | "text"
+    model: str
+    requests: tuple[GenerateRequest, ...]
+    prompt_index: tuple[int, ...]
+    stream: bool
+    include_usage: bool
+    logprobs: Optional[int] = None
+
+
+def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
+    if body.tools or body.functions:
+        raise InvalidRequest("tools / function calling are not supported by Hearth's API", param="tools")
+    messages = _messages(body.messages)
+    max_tokens = _max_tokens(body, body.max_completion_tokens, "max_completion_tokens")
+    lp = _chat_logprobs(body)
+    dec = _decoding(body, max_tokens, grammar_for(body.response_format))
+    base = GenerateRequest(messages=messages, decoding=dec, want_logprobs=_want(lp))
+    return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp)
+
+
+def completion_plan(body: CompletionRequest, model: str) -> Plan:
+    prompts = _prompts(body.prompt)
+    if body.echo:
+        raise InvalidRequest("echo is not supported", param="echo")
+    if body.suffix:
+        raise InvalidRequest("suffix (insertion) is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise InvalidRequest("best_of is not supported (omit it or set it equal to n)", param="best_of")
+    if len(prompts) * body.n > MAX_GENERATIONS:
+        raise InvalidRequest(f"at most {MAX_GENERATIONS} completions per request (prompts × n), got "
+                             f"{len(prompts) * body.n}", param="n")
+    max_tokens = _max_tokens(body, None, None)
+    dec = _decoding(body, max_tokens, grammar_for(body.response_format))
+    lp = body.logprobs
+    reqs: list[GenerateRequest] = []
+    index: list[int] = []
+    for i, text in enumerate(prompts):
+        reqs.extend(_choices(GenerateRequest(prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
+        index.extend([i] * body.n)
+    return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp)
+
+
+# -- pieces ------------------------------------------------------------------------------------------------
+def _messages(raw: list[Any]) -> tuple[ChatMessage, ...]:
+    if not raw:
+        raise InvalidRequest("messages must contain at least one message", param="messages")
+    out = []
+    for i, m in enumerate(raw):
+        role = _ROLES.get(m.role)
+        if role is None:
+            raise InvalidRequest(f"messages[{i}].role {m.role!r} is not supported (system, developer, user, "
+                                 "assistant)", param=f"messages[{i}].role")
+        out.append(ChatMessage(role, _content(m.content, i)))
+    return tuple(out)
+
+
+def _content(content: Any, i: int) -> str:
+    param = f"messages[{i}].content"
+    if content is None:
+        raise InvalidRequest(f"{param} is required", param=param)
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"{param}[{j}]: only text content parts are supported, got type "
+                                 f"{part.get('type')!r}", param=f"{param}[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _prompts(prompt: Any) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    if not all(isinstance(p, str) for p in prompt):
+        raise InvalidRequest("token-id prompts are not supported; send text", param="prompt")
+    return list(prompt)
+
+
+def _max_tokens(body: _Sampling, alias: Optional[int], alias_name: Optional[str]) -> Optional[int]:
+    for name, value in (("max_tokens", body.max_tokens), (alias_name, alias)):
+        if name and value is not None and value < 1:
+            raise InvalidRequest(f"{name} must be at least 1, got {value}", param=name)
+    return alias if alias is not None else body.max_tokens
+
+
+def _decoding(body: _Sampling, max_tokens: Optional[int], grammar: Optional[str]) -> DecodingParams:
+    kw: dict[str, Any] = {k: getattr(body, k) for k in _SAMPLING_FIELDS if getattr(body, k) is not None}
+    return DecodingParams.make(**kw, max_tokens=max_tokens, stop=body.stop, seed=body.seed,
+                               logit_bias=body.logit_bias, grammar=grammar)
+
+
+def _choices(base: GenerateRequest, n: int) -> list[GenerateRequest]:
+    d = base.decoding
+    if n == 1 or d.seed is None:
+        return [base] * n
+    return [replace(base, decoding=replace(d, seed=(d.seed + i) % 2**32)) for i in range(n)]
+
+
+def _chat_logprobs(body: ChatCompletionRequest) -> Optional[int]:
+    if body.logprobs:
+        return body.top_logprobs or 0
+    if body.top_logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    return None
+
+
+def _want(lp: Optional[int]) -> int:
+    # The engine reports the chosen token's logprob only when it computes alternatives: ask for at least 1.
+    return 0 if lp is None else max(1, lp)
+
+
+def _include_usage(body: _Sampling) -> bool:
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+

@@ -1,0 +1,158 @@
+"""Exception *types* → OpenAI error JSON ``{"error": {"message", "type", "param", "code"}}`` and a status.
+
+The mapping is by type (STYLE.md §6), never by message text. Client input never yields a 500 with a
+traceback: request-validation errors become 400 ``invalid_request_error`` naming the parameter; anything
+unexpected is logged with its traceback and answered with a short 500 that points at the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from app.errors import (
+    Cancelled,
+    ContextLengthExceeded,
+    EngineCrashed,
+    HearthError,
+    InvalidRequest,
+    ModelLoadError,
+    ModelNotFound,
+    QueueFull,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ModelNotLoaded(HearthError):
+    """The request names a known model other than the loaded one. Hearth never switches models for an API
+    request (the desktop UI owns that choice): this is a 400 naming both."""
+
+    def __init__(self, requested: str, loaded: str) -> None:
+        super().__init__(f"model {requested!r} is installed but not loaded; the loaded model is {loaded!r}. "
+                         f"Use model {loaded!r}, or load {requested!r} in Hearth (or `hearth serve --model "
+                         f"{requested}`)")
+        self.requested, self.loaded = requested, loaded
+
+    def __reduce__(self):
+        return (self.__class__, (self.requested, self.loaded))
+
+
+class NoModelLoaded(HearthError):
+    """No chat engine is available right now (none chosen yet, or the UI is swapping models)."""
+
+
+class CannotEmbed(HearthError):
+    """/v1/embeddings was called but no embedding model is available (the chat model cannot embed)."""
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
+
+    status: int
+    type: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+    extra: dict[str, Any] | None = None
+
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param,
+                                "code": self.code}
+        if self.extra:
+            body.update(self.extra)
+        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+
+
+def _retry(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def from_exception(exc: BaseException) -> ApiError:
+    """The ``ApiError`` for a known exception type (the single place that decides status codes)."""
+    if isinstance(exc, ContextLengthExceeded):
+        return ApiError(400, "invalid_request_error", exc.message, "messages", "context_length_exceeded",
+                        extra={"prompt_tokens": exc.prompt_tokens, "n_ctx": exc.n_ctx})
+    if isinstance(exc, ModelNotFound):
+        return ApiError(404, "invalid_request_error", exc.message, "model", "model_not_found",
+                        extra={"available": exc.available})
+    if isinstance(exc, ModelNotLoaded):
+        return ApiError(400, "invalid_request_error", exc.message, "model", "model_not_loaded")
+    if isinstance(exc, CannotEmbed):
+        return ApiError(400, "invalid_request_error", exc.message, "model", "model_cannot_embed")
+    if isinstance(exc, InvalidRequest):
+        return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
+    if isinstance(exc, QueueFull):
+        return ApiError(429, "rate_limit_error", exc.message, None, "queue_full",
+                        headers=_retry(exc.retry_after_s))
+    if isinstance(exc, NoModelLoaded):
+        return ApiError(503, "server_error", exc.message, None, "no_model_loaded", headers=_retry(2))
+    if isinstance(exc, EngineCrashed):
+        return ApiError(503, "server_error", exc.message, None, "engine_crashed", headers=_retry(1))
+    if isinstance(exc, ModelLoadError):
+        return ApiError(503, "server_error", exc.message, None, "model_load_error", headers=_retry(5))
+    if isinstance(exc, Cancelled):
+        return ApiError(503, "server_error", exc.message, None, "cancelled", headers=_retry(1))
+    if isinstance(exc, HearthError):
+        return ApiError(500, "server_error", exc.message, None, "hearth_error")
+    log.error("unexpected error while serving a request", exc_info=exc)
+    return ApiError(500, "server_error", "unexpected server error; see Hearth's log for details", None,
+                    "internal_error")
+
+
+# Tags pydantic puts in ``loc`` for the union branch that failed (``str``, ``list[str]``,
+# ``function-after[...]``): they are no parameter names.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|literal\[.*|list\[.*|dict\[.*|function-.*|json-or-python\[.*|"
+                        r"tagged-union\[.*|chain\[.*|lax-.*|is-instance\[.*|constrained-.*)$", re.I)
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    out = ""
+    for p in loc:
+        if p == "body":
+            continue
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif isinstance(p, str) and not _UNION_TAG.match(p):
+            out += ("." if out else "") + p
+    return out or None
+
+
+def from_validation(exc: RequestValidationError) -> ApiError:
+    """A 400 naming the first bad parameter (``messages[0].content``, ``temperature``…)."""
+    errs = exc.errors()
+    if not errs:
+        return ApiError(400, "invalid_request_error", "invalid request", None, "invalid_request")
+    e = errs[0]
+    kind = e.get("type", "")
+    if kind == "json_invalid":
+        return ApiError(400, "invalid_request_error", "the request body is not valid JSON", None, "invalid_json")
+    param = _loc_to_param(tuple(e.get("loc", ())))
+    if param is None:
+        return ApiError(400, "invalid_request_error", "the request body must be a JSON object", None,
+                        "invalid_request")
+    msg = e.get("msg", "invalid value")
+    if kind == "missing":
+        text = f"missing required parameter: {param}"
+    else:
+        got = e.get("input")
+        shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
+        text = f"invalid value for {param}: {msg} (got {shown[:80]})"
+    return ApiError(400, "invalid_request_error", text, param,
+                    "missing_required_parameter" if kind == "missing" else "invalid_value")
+
+
+def from_http(exc: StarletteHTTPException) -> ApiError:
+    """Routing errors (404 unknown path, 405 wrong method) in OpenAI's shape."""
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return ApiError(exc.status_code, kind, str(exc.detail), None, code, headers=dict(exc.headers or {}) or None)

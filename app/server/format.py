@@ -1,0 +1,153 @@
+"""Engine results → OpenAI response bodies and server-sent-event chunks (pure functions, no I/O).
+
+SSE framing is exactly what the ``openai`` client parses: ``data: <json>\\n\\n`` (LF only), JSON without
+ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``. Each answer carries ``hearth`` metadata: the
+template used, the context size and the generation's metrics (TTFT, TPOT, decode speed, cached tokens…);
+in a stream it rides on each choice's last chunk. Clients ignore unknown fields.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from app.engine.types import Done
+from app.server.convert import Plan
+from app.server.vocab import PieceFn, token_text
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Choice:
+    """One finished choice: its ``Done``, the per-token logprob entries and whether max_tokens was clamped."""
+
+    done: Done
+    logprobs: list[Any] = field(default_factory=list)
+    clamped_to: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Identity shared by every chunk of one answer."""
+
+    plan: Plan
+    id: str
+    created: int
+
+    @classmethod
+    def new(cls, plan: Plan) -> "Frame":
+        prefix = "chatcmpl-" if plan.kind == "chat" else "cmpl-"
+        return cls(plan, prefix + uuid.uuid4().hex[:24], int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.plan.kind == "chat" else "text_completion"
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.plan.model,
+                "system_fingerprint": None}
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+def hearth_meta(choice: Choice) -> dict[str, Any]:
+    info = choice.done.info
+    meta = {"template": info.get("template"), "model_file": info.get("model"), "n_ctx": info.get("n_ctx"),
+            "metrics": choice.done.metrics.to_dict()}
+    if choice.clamped_to is not None:
+        meta["max_tokens_clamped_to"] = choice.clamped_to
+    return meta
+
+
+def usage(plan: Plan, choices: list[Choice]) -> dict[str, Any]:
+    """Each prompt's tokens counted once (n choices share a prompt), generated tokens summed."""
+    seen: dict[int, Choice] = {}
+    for idx, c in zip(plan.prompt_index, choices):
+        seen.setdefault(idx, c)
+    prompt = sum(c.done.metrics.prompt_tokens for c in seen.values())
+    cached = sum(c.done.metrics.cached_tokens for c in seen.values())
+    completion = sum(c.done.metrics.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+# -- whole answers ----------------------------------------------------------------------------------------
+def response(frame: Frame, choices: list[Choice], piece: Optional[PieceFn]) -> dict[str, Any]:
+    plan = frame.plan
+    out = []
+    for i, c in enumerate(choices):
+        lp = logprobs(plan, c.logprobs, piece) if plan.logprobs is not None and piece else None
+        if plan.kind == "chat":
+            out.append({"index": i, "message": {"role": "assistant", "content": c.done.text, "refusal": None},
+                        "logprobs": lp, "finish_reason": c.done.finish_reason})
+        else:
+            out.append({"index": i, "text": c.done.text, "logprobs": lp, "finish_reason": c.done.finish_reason})
+    body = {**frame.head(frame.object), "choices": out, "usage": usage(plan, choices)}
+    body["hearth"] = hearth_meta(choices[0]) if len(choices) == 1 else {"choices": [hearth_meta(c) for c in choices]}
+    return body
+
+
+# -- stream chunks ----------------------------------------------------------------------------------------
+def chunk(frame: Frame, index: int, *, text: Optional[str] = None, role: bool = False,
+          finish: Optional[str] = None, lp: Optional[dict] = None, hearth: Optional[dict] = None) -> bytes:
+    plan = frame.plan
+    if plan.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta = {"role": "assistant", "content": ""}
+        if text is not None:
+            delta["content"] = text
+        ch = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        obj = frame.head("chat.completion.chunk")
+    else:
+        ch = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        obj = frame.head("text_completion")
+    obj["choices"] = [ch]
+    if plan.include_usage:
+        obj["usage"] = None
+    if hearth is not None:
+        obj["hearth"] = hearth
+    return sse(obj)
+
+
+def usage_chunk(frame: Frame, choices: list[Choice]) -> bytes:
+    obj = frame.head("chat.completion.chunk" if frame.plan.kind == "chat" else "text_completion")
+    obj["choices"] = []
+    obj["usage"] = usage(frame.plan, choices)
+    return sse(obj)
+
+
+def error_event(error: dict[str, Any]) -> bytes:
+    """An error after the stream began: the ``openai`` client raises ``APIError`` on it."""
+    return sse({"error": error})
+
+
+# -- logprobs ---------------------------------------------------------------------------------------------
+def logprobs(plan: Plan, entries: list[Any], piece: PieceFn, offset: int = 0) -> dict[str, Any]:
+    """``entries``: the engine's ``(token_id, logprob, [(token_id, logprob), ...])`` per token."""
+    k = plan.logprobs or 0
+    if plan.kind == "chat":
+        return {"content": [_chat_token(e, piece, k) for e in entries], "refusal": None}
+    tokens, lps, tops, offsets = [], [], [], []
+    for tid, lp, alts in entries:
+        text = token_text(piece(tid))
+        tokens.append(text)
+        lps.append(lp)
+        tops.append({token_text(piece(t)): v for t, v in alts[:k]} if k else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops if k else None, "text_offset": offsets}
+
+
+def _chat_token(entry: Any, piece: PieceFn, k: int) -> dict[str, Any]:
+    tid, lp, alts = entry
+    b = piece(tid)
+    return {"token": token_text(b), "logprob": lp, "bytes": list(b),
+            "top_logprobs": [{"token": token_text(piece(t)), "logprob": v, "bytes": list(piece(t))}
+                             for t, v in alts[:k]]}

@@ -1,0 +1,99 @@
+"""Request bodies of the OpenAI API subset Hearth serves, as pydantic models.
+
+``extra="allow"`` where OpenAI itself accepts fields Hearth does not use (``user``, ``store``, ``metadata``,
+``service_tier``…): they are accepted and ignored, so clients that send them keep working. Fields whose
+silent omission would change the answer (tools, echo, suffix, images, audio) are checked in
+``app.server.convert`` and refused with a 400 naming them.
+
+Ranges follow the OpenAI reference (temperature 0-2, penalties ±2, n 1-8 here, top_logprobs 0-20, completions
+logprobs 0-5). ``max_tokens`` has no range in the schema on purpose: ``convert`` refuses 0 and negatives with
+a message naming whichever alias was used (``max_tokens`` / ``max_completion_tokens``).
+Values the schema accepts are validated again by ``DecodingParams.validate`` (e.g. seed within 32 bits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 8  # n > 1 runs n generations one after another; more than this is refused
+
+
+class _Allow(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Allow):
+    include_usage: Optional[bool] = None
+
+
+class JsonSchemaSpec(_Allow):
+    name: str = "response"
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Allow):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
+class ChatMessageIn(_Allow):
+    """One message. ``content``: a string or a list of content parts (only ``{"type": "text"}`` parts are
+    supported); ``name`` is accepted and ignored."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+
+
+class _Sampling(_Allow):
+    """Parameters shared by chat and text completions (plus llama.cpp extensions: top_k, min_p,
+    typical_p, repeat_penalty)."""
+
+    model: Optional[str] = Field(default=None, description="model id from /v1/models (default: the loaded one)")
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=0)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    typical_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=10.0)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    max_tokens: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None  # accepted, ignored
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessageIn] = Field(..., description="the conversation; at least one message")
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[Any]] = None
+    functions: Optional[list[Any]] = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(..., description="text or list of texts")
+    logprobs: Optional[int] = Field(default=None, ge=0, le=5)
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+    response_format: Optional[ResponseFormat] = None
+
+
+class EmbeddingRequest(_Allow):
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None

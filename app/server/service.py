@@ -1,0 +1,159 @@
+"""Run a ``Plan`` on the engine and answer it, streamed (SSE) or whole.
+
+- Errors raised before the first event (bad parameters, context overflow, a full queue, a grammar llama.cpp
+  refuses) become HTTP errors: a stream's headers are sent only once its first event is in, so a client
+  gets a real 400/429 rather than a 200 with an error inside. Later errors become an SSE ``error`` event.
+- max_tokens larger than the context left is clamped: the engine refuses it before prefill with
+  ``ContextLengthExceeded(prompt_tokens, n_ctx, max_tokens)``, and the request is re-queued once with
+  ``max_tokens = n_ctx - prompt_tokens`` (finish_reason "length" if it gets there; ``hearth.
+  max_tokens_clamped_to`` says so). A prompt that alone fills the context stays a 400 with both counts.
+- A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
+  another, each queued behind whatever the UI or other clients sent meanwhile (fair FIFO sharing).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from app.engine.types import Delta, Done, GenerateRequest
+from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
+from app.server import format as fmt
+from app.server.convert import Plan
+from app.server.errors import from_exception
+from app.server.metrics import ServerMetrics
+from app.server.pump import DisconnectWatcher, Pump
+from app.server.vocab import PieceFn, piece_fn
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    async def respond(self, plan: Plan, engine: Any, request: Request):
+        watcher = DisconnectWatcher(request.receive, self.metrics.cancelled_by_client)
+        # The first logprobs request loads the vocabulary (about a second): off the event loop.
+        piece = await run_in_threadpool(piece_fn, engine) if plan.logprobs is not None else None
+        frame = fmt.Frame.new(plan)
+        if not plan.stream:
+            try:
+                choices = [await self._collect(engine, req, watcher) for req in plan.requests]
+            finally:
+                watcher.close()
+            return JSONResponse(fmt.response(frame, choices, piece))
+        try:
+            first = await self._start(engine, plan.requests[0], watcher)
+        except BaseException:
+            watcher.close()
+            raise
+        events = self._events(frame, engine, watcher, first, piece)
+        return SSEResponse(events, watcher)
+
+    async def _start(self, engine: Any, req: GenerateRequest, watcher: DisconnectWatcher):
+        """Queue ``req``; return ``(pump, first_event, clamped_to)`` once the engine produced something."""
+        clamped = None
+        while True:
+            pump = Pump(engine.generate(req))
+            watcher.track(pump)
+            try:
+                return pump, await pump.next(), clamped
+            except ContextLengthExceeded as exc:
+                if clamped is not None or not exc.max_tokens or exc.prompt_tokens >= exc.n_ctx:
+                    raise
+                clamped = exc.n_ctx - exc.prompt_tokens
+                req = replace(req, decoding=replace(req.decoding, max_tokens=clamped))
+            except InvalidRequest as exc:
+                if exc.param == "grammar":  # the grammar came from response_format
+                    raise InvalidRequest(exc.message, param="response_format") from None
+                raise
+
+    async def _collect(self, engine: Any, req: GenerateRequest, watcher: DisconnectWatcher) -> fmt.Choice:
+        pump, ev, clamped = await self._start(engine, req, watcher)
+        lps: list[Any] = []
+        gate = LogprobGate()
+        while not isinstance(ev, Done):
+            lps.extend(gate.feed(ev))
+            ev = await pump.next()
+        self.metrics.generation(ev)
+        return fmt.Choice(ev, lps, clamped)
+
+    async def _events(self, frame: fmt.Frame, engine: Any, watcher: DisconnectWatcher, first: tuple,
+                      piece: PieceFn | None) -> AsyncIterator[bytes]:
+        plan = frame.plan
+        choices: list[fmt.Choice] = []
+        pump = first[0]
+        try:
+            for i, req in enumerate(plan.requests):
+                pump, ev, clamped = first if i == 0 else await self._start(engine, req, watcher)
+                if plan.kind == "chat":
+                    yield fmt.chunk(frame, i, role=True)
+                offset = 0
+                gate = LogprobGate()
+                while isinstance(ev, Delta):
+                    entries = gate.feed(ev)
+                    lp = fmt.logprobs(plan, entries, piece, offset) if piece is not None and entries else None
+                    if ev.text:
+                        yield fmt.chunk(frame, i, text=ev.text, lp=lp)
+                    offset += len(ev.text)
+                    ev = await pump.next()
+                choice = fmt.Choice(ev, [], clamped)
+                choices.append(choice)
+                self.metrics.generation(ev)
+                yield fmt.chunk(frame, i, finish=ev.finish_reason, hearth=fmt.hearth_meta(choice))
+            if plan.include_usage:
+                yield fmt.usage_chunk(frame, choices)
+            yield fmt.DONE_EVENT
+        except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
+            if watcher.gone and isinstance(exc, Cancelled):
+                return
+            err = from_exception(exc)
+            self.metrics.error(err.type, err.code)
+            yield fmt.error_event({"message": err.message, "type": err.type, "param": err.param,
+                                   "code": err.code})
+        finally:
+            pump.stop()  # no-op for a finished generation; cancels one left behind by a closed stream
+
+
+class LogprobGate:
+    """Logprob entries travel with the text they produced. The engine holds back text that may begin a stop
+    string (one event per token, with empty text); those tokens' entries wait here and go out with the
+    next text, and entries still waiting at the end belonged to the stop string and are dropped. Streamed
+    and whole answers therefore report the same entries."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def feed(self, ev: Delta) -> list[Any]:
+        self.pending.extend(ev.logprobs)
+        if not ev.text:
+            return []
+        out, self.pending = self.pending, []
+        return out
+
+
+class SSEResponse(StreamingResponse):
+    """A ``text/event-stream`` answer that always releases its generation: when the stream ends, fails or
+    the client leaves, the body generator is closed (its pump stopped) and the disconnect watcher ends."""
+
+    def __init__(self, events: AsyncIterator[bytes], watcher: DisconnectWatcher) -> None:
+        super().__init__(events, media_type="text/event-stream; charset=utf-8",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+        self._watcher = watcher
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.stream_response(send)
+        except OSError:  # the client went away mid-write
+            pass
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+            self._watcher.close()
