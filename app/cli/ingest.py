@@ -1,0 +1,99 @@
+"""``hearth ingest PATH...``: index files and folders into the default collection (documents.db).
+
+Per-file status lines go to stdout, a progress bar to stderr (when it is a terminal), then a summary. Exit
+status: 0 when every file was indexed or skipped, 1 when some failed (the others are indexed anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.retrieval.types import STATUS_UNCHANGED, FileStatus, IngestReport, Progress
+
+_BAR_WIDTH = 24
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ingest", help="index files and folders for search (txt, md, rst, code, PDF, DOCX, HTML)",
+                       description="Index files and folders into the default collection. Unchanged files are "
+                                   "skipped, modified ones re-indexed, deleted ones removed.")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (folders are walked)")
+    p.add_argument("--rescan", action="store_true", help="also walk every previously ingested path again")
+    p.add_argument("--no-embed", action="store_true", help="keyword index only (no embedding model)")
+    p.add_argument("--all", action="store_true", help="also list unchanged files")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only failures and the summary")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.errors import InvalidRequest
+    from app.retrieval.ingest import Ingester, open_default
+
+    if not args.paths and not args.rescan:
+        raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
+    store, embedder = open_default(with_embedder=not args.no_embed)
+    bar = _ProgressBar(enabled=not args.quiet and sys.stderr.isatty())
+    try:
+        ingester = Ingester(store, embedder)
+        report = IngestReport()
+        if args.paths:
+            _merge(report, ingester.ingest(args.paths, progress=bar.update))
+        if args.rescan:
+            _merge(report, ingester.rescan(progress=bar.update))
+        bar.finish()
+    finally:
+        if embedder is not None:
+            embedder.close()
+        store.close()
+    for status in report.files:
+        if args.all or (status.status != STATUS_UNCHANGED and not (args.quiet and status.ok)):
+            print(_line(status))
+    print(_summary(report, embedded=embedder is not None))
+    return 1 if report.failed else 0
+
+
+def _merge(into: IngestReport, other: IngestReport) -> None:
+    into.files.extend(other.files)
+    into.elapsed_s += other.elapsed_s
+
+
+def _line(s: FileStatus) -> str:
+    detail = f"{s.chunks} chunk{'s' if s.chunks != 1 else ''}" if s.status == "indexed" else (s.reason or "")
+    if s.status == "indexed" and s.reason:
+        detail += f"; {s.reason}"
+    return f"{s.status:<9} {s.path}" + (f"  ({detail})" if detail else "")
+
+
+def _summary(report: IngestReport, embedded: bool) -> str:
+    counts = ", ".join(f"{report.count(k)} {k}" for k in
+                       ("indexed", "unchanged", "renamed", "duplicate", "removed", "failed") if report.count(k))
+    secs = max(report.elapsed_s, 1e-9)
+    text = (f"{counts or 'nothing to do'}; {report.chunks} new chunks in {report.elapsed_s:.1f} s "
+            f"({report.chunks / secs:.1f} chunks/s)")
+    if not embedded:
+        text += "\nno embedding model: keyword search (BM25) only; `hearth setup` installs one"
+    return text
+
+
+class _ProgressBar:
+    """One line on stderr, redrawn after each file: bar, files done/total, chunks, throughput."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.drawn = False
+
+    def update(self, p: Progress) -> None:
+        if not self.enabled:
+            return
+        filled = int(_BAR_WIDTH * p.files_done / max(p.files_total, 1))
+        line = (f"\r[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {p.files_done}/{p.files_total} files  "
+                f"{p.chunks} chunks  {p.files_per_s:.1f} files/s  {p.chunks_per_s:.1f} chunks/s")
+        sys.stderr.write(line[:200])
+        sys.stderr.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -1,0 +1,271 @@
+"""Turn a file's bytes into text pages, or fail with a reason a person can act on.
+
+Every failure is an ``IngestError(path, reason)`` with a short reason ("password-protected", "no extractable
+text — scanned PDF?", "not text (binary content)", ...); the caller records it and goes on with the batch.
+
+Text encodings (plain text, Markdown, reST, source code, HTML): a BOM decides first (UTF-8, UTF-16 LE/BE,
+UTF-32 LE/BE); without one, UTF-16 when nearly every other byte is NUL (Windows tools write it); then strict
+UTF-8; then cp1252, the usual legacy encoding of Western European text. Content with NUL bytes or
+more than 1% control characters is rejected as binary. Line endings are normalised to ``\\n``; the extracted
+text (pages joined by ``PAGE_SEPARATOR``) is what evidence offsets refer to.
+
+Formats: PDF through pypdf (one page per PDF page, 1-based page numbers), DOCX through python-docx (paragraphs
+and tables in body order), HTML through the standard library's ``html.parser`` (script/style dropped, block
+elements become paragraph breaks).
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import logging
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from app.errors import IngestError
+
+log = logging.getLogger(__name__)
+
+PAGE_SEPARATOR = "\n\n"
+MAX_FILE_BYTES = 256 * 1024 * 1024  # larger files are refused (bytes)
+
+TEXT_SUFFIXES = frozenset(
+    ".txt .text .md .markdown .rst .adoc .org .tex .log .csv .tsv .json .jsonl .yaml .yml .toml .ini .cfg .conf "
+    ".xml .py .pyi .pyx .ipynb .js .mjs .ts .tsx .jsx .c .h .cc .cpp .cxx .hpp .hh .m .mm .java .kt .kts .scala "
+    ".go .rs .rb .php .pl .pm .lua .r .jl .swift .cs .fs .vb .sh .bash .zsh .fish .ps1 .bat .cmd .sql .css .scss "
+    ".less .vue .svelte .dart .ex .exs .erl .hs .ml .mli .clj .el .lisp .scm .nim .zig .v .sv .vhd .cmake .mk "
+    ".gradle .proto .graphql .tf .dockerfile .gitignore .properties .env .srt .vtt".split()
+)
+HTML_SUFFIXES = frozenset({".html", ".htm", ".xhtml"})
+PDF_SUFFIXES = frozenset({".pdf"})
+DOCX_SUFFIXES = frozenset({".docx"})
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | DOCX_SUFFIXES
+# Well-known text files that have no suffix.
+TEXT_NAMES = frozenset({"readme", "license", "licence", "copying", "authors", "changelog", "makefile",
+                        "dockerfile", "notice", "todo", "news", "install", "contributing"})
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """A document's text. ``kind``: text, html, pdf or docx. ``pages``: the text of each page (one page for
+    unpaged formats). ``paged``: whether page numbers mean something (PDF)."""
+
+    kind: str
+    pages: list[str]
+    paged: bool = False
+
+    @property
+    def text(self) -> str:
+        return PAGE_SEPARATOR.join(self.pages)
+
+
+def kind_of(path: Path) -> str | None:
+    """The extractor for a file name (``text``, ``html``, ``pdf``, ``docx``), or None when unsupported."""
+    suffix = path.suffix.lower()
+    if suffix in PDF_SUFFIXES:
+        return "pdf"
+    if suffix in DOCX_SUFFIXES:
+        return "docx"
+    if suffix in HTML_SUFFIXES:
+        return "html"
+    if suffix in TEXT_SUFFIXES or (not suffix and path.name.lower() in TEXT_NAMES):
+        return "text"
+    return None
+
+
+def extract(path: Path, data: bytes) -> Extracted:
+    """Extract the text of ``data`` (the bytes of the file at ``path``). Raises ``IngestError``."""
+    kind = kind_of(path)
+    if kind is None:
+        raise IngestError(str(path), f"unsupported type ({path.suffix.lower() or 'no extension'})")
+    if not data:
+        raise IngestError(str(path), "empty file (0 bytes)")
+    if kind == "pdf":
+        return _extract_pdf(path, data)
+    if kind == "docx":
+        return _extract_docx(path, data)
+    text = decode_text(path, data)
+    if kind == "html":
+        text = html_to_text(text)
+    if not text.strip():
+        raise IngestError(str(path), "no text (only whitespace)")
+    return Extracted(kind, [text])
+
+
+# ---------------------------------------------------------------------------------------------- text encodings
+
+_BOMS = (  # longest first: the UTF-32 LE BOM starts with the UTF-16 LE one
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+_MAX_CONTROL_RATIO = 0.01
+
+
+def decode_text(path: Path, data: bytes) -> str:
+    """Decode text bytes (see the module docstring for the order). Raises ``IngestError`` ("not text")."""
+    text = _decode(data)
+    if text is None or _looks_binary(text):
+        raise IngestError(str(path), "not text (binary content)")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _decode(data: bytes) -> str | None:
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data[len(bom):].decode(encoding)
+            except UnicodeDecodeError:
+                return None
+    bomless16 = _bomless_utf16(data)  # before UTF-8: ASCII in UTF-16 is valid UTF-8 full of NULs
+    if bomless16:
+        try:
+            return data.decode(bomless16)
+        except UnicodeDecodeError:
+            return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("cp1252")
+    except UnicodeDecodeError:  # 0x81, 0x8d, 0x8f, 0x90, 0x9d are undefined in cp1252
+        return None
+
+
+def _bomless_utf16(data: bytes) -> str | None:
+    """``utf-16-le``/``-be`` when the sample looks like UTF-16 text of a Latin script without a BOM (nearly
+    every odd/even byte is NUL), else None."""
+    sample = data[:4096]
+    if len(sample) < 4 or len(sample) % 2:
+        return None
+    even_nul = sample[0::2].count(0) / (len(sample) // 2)
+    odd_nul = sample[1::2].count(0) / (len(sample) // 2)
+    if odd_nul > 0.9 and even_nul < 0.1:
+        return "utf-16-le"
+    if even_nul > 0.9 and odd_nul < 0.1:
+        return "utf-16-be"
+    return None
+
+
+def _looks_binary(text: str) -> bool:
+    if "\x00" in text:
+        return True
+    sample = text[:65536]
+    return bool(sample) and len(_CONTROL.findall(sample)) / len(sample) > _MAX_CONTROL_RATIO
+
+
+# ------------------------------------------------------------------------------------------------------ PDF
+
+def _extract_pdf(path: Path, data: bytes) -> Extracted:
+    from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError, PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not _pdf_open_with_empty_password(reader):
+            raise IngestError(str(path), "password-protected")
+        pages = [_page_text(p) for p in reader.pages]
+    except IngestError:
+        raise
+    except FileNotDecryptedError as exc:
+        raise IngestError(str(path), "password-protected") from exc
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise IngestError(str(path), f"corrupt PDF ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # noqa: BLE001  (pypdf raises many kinds on malformed files; one bad file only)
+        if type(exc).__module__.startswith("pypdf"):
+            raise IngestError(str(path), f"corrupt PDF ({type(exc).__name__}: {exc})") from exc
+        raise
+    if not any(p.strip() for p in pages):
+        raise IngestError(str(path), "no extractable text — scanned PDF?")
+    return Extracted("pdf", pages, paged=True)
+
+
+def _pdf_open_with_empty_password(reader) -> bool:
+    """Many PDFs are encrypted only to set permissions, with an empty user password: those are readable."""
+    try:
+        return bool(reader.decrypt(""))
+    except Exception:  # noqa: BLE001  (unsupported algorithm or missing crypto backend: treat as protected)
+        return False
+
+
+def _page_text(page) -> str:
+    text = page.extract_text() or ""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# ----------------------------------------------------------------------------------------------------- DOCX
+
+def _extract_docx(path: Path, data: bytes) -> Extracted:
+    import docx
+
+    try:
+        document = docx.Document(io.BytesIO(data))
+        blocks = [_docx_block_text(b) for b in document.iter_inner_content()]
+    except Exception as exc:  # noqa: BLE001  (zipfile, lxml and python-docx all raise their own kinds)
+        raise IngestError(str(path), f"corrupt or not a DOCX file ({type(exc).__name__}: {exc})") from exc
+    text = "\n\n".join(b for b in blocks if b.strip())
+    if not text.strip():
+        raise IngestError(str(path), "no text in the document")
+    return Extracted("docx", [text])
+
+
+def _docx_block_text(block) -> str:
+    if hasattr(block, "rows"):  # a table: one line per row, cells separated by " | "
+        return "\n".join(" | ".join(c.text.strip() for c in row.cells) for row in block.rows)
+    return block.text
+
+
+# ----------------------------------------------------------------------------------------------------- HTML
+
+_BLOCK_TAGS = frozenset(
+    "p div br hr li ul ol dl dt dd h1 h2 h3 h4 h5 h6 pre blockquote table tr td th section article header "
+    "footer nav aside main figure figcaption title address details summary".split()
+)
+_SKIP_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
+
+
+class _TextParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+        self._pre = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _SKIP_TAGS:
+            self._skip += 1
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n\n")
+        if tag == "pre":
+            self._pre += 1
+
+    def handle_endtag(self, tag):
+        if tag in _SKIP_TAGS:
+            self._skip = max(0, self._skip - 1)
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n\n")
+        if tag == "pre":
+            self._pre = max(0, self._pre - 1)
+
+    def handle_data(self, data):
+        if self._skip:
+            return
+        self.parts.append(data if self._pre else re.sub(r"\s+", " ", data))
+
+
+def html_to_text(html: str) -> str:
+    """Visible text of an HTML document: paragraphs separated by a blank line, whitespace collapsed."""
+    parser = _TextParser()
+    parser.feed(html)
+    parser.close()
+    text = "".join(parser.parts)
+    lines = [line.strip() for line in text.split("\n")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()

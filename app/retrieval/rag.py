@@ -1,0 +1,140 @@
+"""Evidence in the prompt, citations out of the answer: pure functions, no model, no store.
+
+``format_evidence_block(evidence)`` renders retrieved passages as a prompt block that asks the model to cite
+evidence IDs as ``[E:<id>]``. The context builder places it after the stable part of the prompt (system prompt,
+summaries, history), right before the user's message, so the token prefix of the stable part (and so the prefix
+cache) is the same on the next turn.
+
+``parse_citations(answer, evidence)`` finds the ``[E:...]`` markers in an answer and returns structured
+citations: evidence ID, path, page, and the quoted span. When the sentence that carries a marker quotes text in
+quotation marks that occurs in the passage, the span is that quote (with its exact offsets in the document);
+otherwise it is the whole passage. Markers may hold several IDs (``[E:a1, E:b2]`` or ``[E:a1; b2]``); a unique
+prefix of at least 8 hex digits is accepted, since small models shorten IDs. IDs that match no given evidence
+are returned by ``cited_ids`` but produce no citation (a model inventing an ID must not look like a source).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from app.retrieval.types import Evidence
+
+_MARKER = re.compile(r"\[\s*E\s*:\s*([0-9a-f]{4,64}(?:\s*[,;]\s*(?:E\s*:\s*)?[0-9a-f]{4,64})*)\s*\]",
+                     re.IGNORECASE)
+_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{4,64}(?![0-9a-f])", re.IGNORECASE)
+_QUOTE = re.compile(r"[\"“”«»„]([^\"“”«»„]{8,})[\"“”«»„]")
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+MIN_PREFIX = 8
+
+INSTRUCTIONS = (
+    "Answer from the evidence below. After each statement that uses a passage, cite it by its ID in square "
+    "brackets, exactly as written, e.g. [E:{example}]. Quote the exact words you rely on in double quotes. "
+    "If the evidence does not contain the answer, say so; do not cite passages you did not use."
+)
+
+
+def format_evidence_block(evidence: Iterable[Evidence], max_chars: int | None = None) -> str:
+    """A prompt block: instructions, then each passage under a header ``[E:<id>] <path> (page N)``.
+
+    ``max_chars``: stop adding passages once the block would exceed this many characters (the context
+    builder budgets in tokens; this is a coarse guard). The passages are given best first and kept verbatim."""
+    items = list(evidence)
+    example = items[0].evidence_id if items else "0123456789ab"
+    head = INSTRUCTIONS.format(example=example) + "\n\nEvidence:"
+    entries: list[str] = []
+    size = len(head)
+    for e in items:
+        where = e.path + (f" (page {e.page})" if e.page is not None else "")
+        entry = f"[E:{e.evidence_id}] {where}\n{e.text.strip()}"
+        if max_chars is not None and entries and size + len(entry) + 2 > max_chars:
+            break
+        entries.append(entry)
+        size += len(entry) + 2
+    return head + "\n\n" + "\n\n".join(entries) + "\n"
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One cited passage. ``quote``: the cited span's text; ``char_start``/``char_end``: its offsets in the
+    document's extracted text; ``marker_start``/``marker_end``: where the ``[E:...]`` marker is in the
+    answer (str indices); ``quoted``: True when ``quote`` is a quotation found in the answer, False when it
+    is the whole passage."""
+
+    evidence_id: str
+    path: str
+    page: int | None
+    quote: str
+    char_start: int
+    char_end: int
+    marker_start: int
+    marker_end: int
+    quoted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cited_ids(answer: str) -> list[str]:
+    """Every ID written in an ``[E:...]`` marker, lower-cased, in order of first appearance."""
+    out: list[str] = []
+    for m in _MARKER.finditer(answer):
+        for raw in _ID.findall(m.group(1)):
+            if raw.lower() not in out:
+                out.append(raw.lower())
+    return out
+
+
+def parse_citations(answer: str, evidence: Iterable[Evidence] | Mapping[str, Evidence]) -> list[Citation]:
+    """Citations of ``answer`` that resolve to the given evidence, in answer order, one per (marker, ID)."""
+    pool = list(evidence.values()) if isinstance(evidence, Mapping) else list(evidence)
+    out: list[Citation] = []
+    for m in _MARKER.finditer(answer):
+        sentence = _sentence_before(answer, m.start())
+        for raw in _ID.findall(m.group(1)):
+            ev = _lookup(raw.lower(), pool)
+            if ev is not None:
+                out.append(_citation(ev, sentence, m.start(), m.end()))
+    return out
+
+
+def _lookup(ident: str, pool: list[Evidence]) -> Evidence | None:
+    exact = [e for e in pool if e.evidence_id.lower() == ident]
+    if exact:
+        return exact[0]
+    if len(ident) >= MIN_PREFIX:
+        matches = [e for e in pool if e.evidence_id.lower().startswith(ident)]
+        if len(matches) == 1:
+            return matches[0]
+    return None
+
+
+def _sentence_before(answer: str, pos: int) -> str:
+    """The sentence a marker at ``pos`` belongs to: back to the previous sentence end or marker (a marker may
+    stand just before or just after its sentence's final punctuation)."""
+    head = answer[:pos].rstrip(" \t.!?")
+    cut = max((m.end() for m in _SENTENCE_END.finditer(head)), default=0)
+    prev_marker = max((m.end() for m in _MARKER.finditer(head)), default=0)
+    return head[max(cut, prev_marker):]
+
+
+def _citation(ev: Evidence, sentence: str, m_start: int, m_end: int) -> Citation:
+    for q in _QUOTE.findall(sentence):
+        idx = _find_loose(ev.text, q.strip())
+        if idx is not None:
+            a, b = idx
+            return Citation(ev.evidence_id, ev.path, ev.page, ev.text[a:b], ev.char_start + a, ev.char_start + b,
+                            m_start, m_end, True)
+    return Citation(ev.evidence_id, ev.path, ev.page, ev.text, ev.char_start, ev.char_end, m_start, m_end, False)
+
+
+def _find_loose(text: str, quote: str) -> tuple[int, int] | None:
+    """Span of ``quote`` in ``text``, ignoring case and differences in whitespace; None when absent."""
+    words = quote.split()
+    if not words:
+        return None
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    m = re.search(pattern, text, flags=re.IGNORECASE)
+    return (m.start(), m.end()) if m else None

@@ -1,0 +1,502 @@
+"""The documents store (``documents.db``): documents, chunks (evidence), an FTS5 index and embeddings.
+
+SQLite through sqlite-utils, schema by named forward-only migrations (``sqlite_utils.Migrations``, as in
+simonw/llm ``llm/embeddings_migrations.py``): each runs once, in a transaction, in order; never edit an applied
+one, add ``m00N_...`` instead. WAL mode, so searches read while an ingest writes; a 10 s busy timeout for a
+second writer (the CLI while the app runs).
+
+Each document is written in one transaction (``write_document``): its row, its chunks, their FTS rows (by
+triggers) and their embeddings appear together or not at all, so a killed ingest leaves every finished file
+intact and the next run continues with the rest.
+
+Evidence IDs are ``sha256("<document sha256>:<ordinal>")[:12]`` (48 bits: for 50,000 chunks the chance of any
+collision is ~4e-6; 8 hex digits would give ~25%). They depend on content and position only, so a renamed
+file keeps its IDs and an unchanged file re-indexed gets the same ones. Two files with the same content would
+share IDs; the ingester indexes such content once and records the other path as a duplicate.
+
+Search helpers: ``bm25()`` ranks with FTS5's ``bm25()`` (Robertson/Sparck Jones BM25, k1=1.2, b=0.75) over a
+Porter-stemmed, diacritics-folding ``unicode61`` index; ``vector_search()`` ranks by cosine similarity with
+numpy over an in-memory float32 matrix of one model's vectors, rebuilt only when ``meta.embeddings_version``
+(bumped by every write to embeddings, in any process) changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import sqlite_utils
+from sqlite_utils import Migrations
+
+from app import paths
+from app.errors import StoreError
+from app.retrieval.types import Evidence
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_ID_HEX = 12
+MAX_BM25_POSTINGS = 8000  # chunks scored per BM25 query before common words are left out (see ``bm25``)
+FTS_TOKENIZE = "porter unicode61 remove_diacritics 2"
+
+migrations = Migrations("hearth.retrieval")
+
+
+@migrations()
+def m001_create_documents(db: sqlite_utils.Database) -> None:
+    db.execute("""
+        CREATE TABLE documents (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL UNIQUE,      -- absolute path, resolved
+            sha256 TEXT,                    -- of the file's bytes; NULL when not read (unsupported type)
+            size INTEGER,                   -- bytes
+            mtime_ns INTEGER,               -- st_mtime_ns when indexed
+            type TEXT,                      -- text, html, pdf, docx, or the unsupported suffix
+            status TEXT NOT NULL,           -- indexed, failed, duplicate
+            error TEXT,                     -- reason when failed / duplicate
+            page_count INTEGER,
+            chunk_count INTEGER NOT NULL DEFAULT 0,
+            tokenizer TEXT,                 -- token counter used for chunking
+            indexed_at REAL                 -- unix time (s)
+        )""")
+    db.execute("CREATE INDEX documents_sha256 ON documents(sha256)")
+
+
+@migrations()
+def m002_create_chunks(db: sqlite_utils.Database) -> None:
+    db.execute("""
+        CREATE TABLE chunks (
+            id INTEGER PRIMARY KEY,
+            evidence_id TEXT NOT NULL UNIQUE,
+            document_id INTEGER NOT NULL REFERENCES documents(id),
+            ordinal INTEGER NOT NULL,       -- 0-based position in the document
+            text TEXT NOT NULL,             -- verbatim passage
+            text_sha256 TEXT NOT NULL,      -- lets a re-index reuse the embedding of an unchanged passage
+            page INTEGER,                   -- 1-based page (PDF), NULL otherwise
+            char_start INTEGER NOT NULL,    -- span in the extracted text (str indices)
+            char_end INTEGER NOT NULL,
+            token_count INTEGER NOT NULL    -- embedding-model tokens, special tokens excluded
+        )""")
+    db.execute("CREATE INDEX chunks_document ON chunks(document_id, ordinal)")
+    db.execute("CREATE INDEX chunks_text_sha256 ON chunks(text_sha256)")
+
+
+@migrations()
+def m003_create_chunks_fts(db: sqlite_utils.Database) -> None:
+    # External-content FTS5 kept in step by triggers (the shape sqlite-utils' enable_fts creates; written out
+    # because enable_fts uses executescript, which would commit the migration's transaction half-way).
+    db.execute(f"CREATE VIRTUAL TABLE chunks_fts USING fts5(text, content='chunks', content_rowid='id', "
+               f"tokenize='{FTS_TOKENIZE}')")
+    db.execute("CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN "
+               "INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END")
+    db.execute("CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN "
+               "INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END")
+    db.execute("CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN "
+               "INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); "
+               "INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END")
+
+
+@migrations()
+def m004_create_embeddings(db: sqlite_utils.Database) -> None:
+    db.execute("""
+        CREATE TABLE embeddings (
+            chunk_id INTEGER NOT NULL REFERENCES chunks(id),
+            model TEXT NOT NULL,            -- embedding model id (Embedder.model_id)
+            vector BLOB NOT NULL,           -- float32, little-endian, L2-normalised
+            PRIMARY KEY (chunk_id, model)
+        )""")
+    db.execute("CREATE INDEX embeddings_model ON embeddings(model)")
+
+
+@migrations()
+def m005_create_meta(db: sqlite_utils.Database) -> None:
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    db.execute("INSERT INTO meta(key, value) VALUES ('embeddings_version', 0)")
+
+
+@migrations()
+def m006_create_roots(db: sqlite_utils.Database) -> None:
+    db.execute("""
+        CREATE TABLE roots (
+            path TEXT PRIMARY KEY,          -- a file or folder given to `ingest`: what `rescan` walks again
+            added_at REAL NOT NULL          -- unix time (s)
+        )""")
+
+
+def evidence_id(document_sha256: str, ordinal: int) -> str:
+    """The stable evidence ID of chunk ``ordinal`` (0-based) of the document with this content hash."""
+    return hashlib.sha256(f"{document_sha256}:{ordinal}".encode()).hexdigest()[:EVIDENCE_ID_HEX]
+
+
+@dataclass(frozen=True)
+class DocumentRow:
+    id: int
+    path: str
+    sha256: str | None
+    size: int | None
+    mtime_ns: int | None
+    type: str | None
+    status: str
+    error: str | None
+    page_count: int | None
+    chunk_count: int
+    tokenizer: str | None = None
+    indexed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class NewChunk:
+    """A chunk to write: ``page`` 1-based or None; offsets in the document's extracted text."""
+
+    text: str
+    page: int | None
+    char_start: int
+    char_end: int
+    token_count: int
+
+
+class DocumentStore:
+    """The documents database. Open one per thread (sqlite3 connections are not shared across threads).
+
+    ``path``: the SQLite file (default: ``paths.documents_db()``)."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path else paths.documents_db()
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False)
+            self.db = sqlite_utils.Database(conn)
+            self.db.enable_wal()
+            self.db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL: a crash loses no committed doc
+            migrations.apply(self.db)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the documents database {self.path}: {exc}") from exc
+        self._matrix_lock = threading.Lock()
+        self._matrix: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}  # model -> (version, ids, matrix)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> DocumentStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------- documents
+
+    def document(self, path: str) -> DocumentRow | None:
+        rows = self._documents("path = ?", [path])
+        return rows[0] if rows else None
+
+    def documents(self, where: str | None = None, params: list | None = None) -> list[DocumentRow]:
+        return self._documents(where, params or [])
+
+    def documents_under(self, root: str) -> list[DocumentRow]:
+        """Documents whose path is ``root`` or inside the folder ``root``."""
+        prefix = root if root.endswith(os.sep) else root + os.sep
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return self._documents("path = ? OR path LIKE ? ESCAPE '\\'", [root, escaped + "%"])
+
+    def documents_with_hash(self, sha256: str) -> list[DocumentRow]:
+        return self._documents("sha256 = ?", [sha256])
+
+    def _documents(self, where: str | None, params: list) -> list[DocumentRow]:
+        sql = "SELECT * FROM documents" + (f" WHERE {where}" if where else "") + " ORDER BY path"
+        return [DocumentRow(**dict(r)) for r in self._query(sql, params)]
+
+    def write_document(self, path: str, *, sha256: str, size: int, mtime_ns: int, type: str,
+                       page_count: int | None, chunks: list[NewChunk], vectors: np.ndarray | None = None,
+                       model: str | None = None, tokenizer: str | None = None) -> int:
+        """Replace whatever is stored for ``path`` by this document and its chunks (and their vectors for
+        ``model``), in one transaction. Returns the document id."""
+        if vectors is not None and (model is None or len(vectors) != len(chunks)):
+            raise ValueError("vectors need a model id and one row per chunk")
+        with self._atomic():
+            self._delete_path(path)
+            doc_id = self.db["documents"].insert({
+                "path": path, "sha256": sha256, "size": size, "mtime_ns": mtime_ns, "type": type,
+                "status": "indexed", "error": None, "page_count": page_count, "chunk_count": len(chunks),
+                "tokenizer": tokenizer, "indexed_at": time.time()}).last_pk
+            rows = [{"evidence_id": evidence_id(sha256, i), "document_id": doc_id, "ordinal": i, "text": c.text,
+                     "text_sha256": _sha(c.text), "page": c.page, "char_start": c.char_start,
+                     "char_end": c.char_end, "token_count": c.token_count} for i, c in enumerate(chunks)]
+            self.db["chunks"].insert_all(rows, batch_size=500)
+            if vectors is not None and len(chunks):
+                ids = [r[0] for r in self._query("SELECT id FROM chunks WHERE document_id = ? ORDER BY ordinal",
+                                                 [doc_id])]
+                self._insert_vectors(model, ids, vectors)
+        return int(doc_id)
+
+    def record_status(self, path: str, *, status: str, error: str | None, sha256: str | None = None,
+                      size: int | None = None, mtime_ns: int | None = None, type: str | None = None) -> None:
+        """Record a document that is not indexed (failed / duplicate): its old chunks, if any, are removed,
+        since they no longer describe the file."""
+        with self._atomic():
+            self._delete_path(path)
+            self.db["documents"].insert({
+                "path": path, "sha256": sha256, "size": size, "mtime_ns": mtime_ns, "type": type,
+                "status": status, "error": error, "page_count": None, "chunk_count": 0, "tokenizer": None,
+                "indexed_at": time.time()})
+
+    def move_document(self, doc_id: int, new_path: str, mtime_ns: int | None = None) -> None:
+        """A rename: the document and its chunks (and evidence IDs) now live at ``new_path``."""
+        with self._atomic():
+            self._delete_path(new_path)
+            self.db.execute("UPDATE documents SET path = ?, mtime_ns = COALESCE(?, mtime_ns) WHERE id = ?",
+                            [new_path, mtime_ns, doc_id])
+
+    def touch(self, doc_id: int, mtime_ns: int) -> None:
+        """Same content, new mtime: remember it so the next scan skips the file without hashing it."""
+        with self._atomic():
+            self.db.execute("UPDATE documents SET mtime_ns = ? WHERE id = ?", [mtime_ns, doc_id])
+
+    def delete_document(self, doc_id: int) -> None:
+        with self._atomic():
+            self._delete_ids([doc_id])
+
+    def _delete_path(self, path: str) -> None:
+        ids = [r[0] for r in self._query("SELECT id FROM documents WHERE path = ?", [path])]
+        self._delete_ids(ids)
+
+    def _delete_ids(self, doc_ids: list[int]) -> None:
+        for doc_id in doc_ids:
+            n = self.db.execute("DELETE FROM embeddings WHERE chunk_id IN "
+                                "(SELECT id FROM chunks WHERE document_id = ?)", [doc_id]).rowcount
+            self.db.execute("DELETE FROM chunks WHERE document_id = ?", [doc_id])
+            self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
+            if n:
+                self._bump_embeddings_version()
+
+    # -------------------------------------------------------------------------------------------- roots
+
+    def add_root(self, path: str) -> None:
+        """Remember a file or folder given to ``ingest``, so that ``rescan()`` walks it again."""
+        with self._atomic():
+            self.db.execute("INSERT OR IGNORE INTO roots(path, added_at) VALUES (?, ?)", [path, time.time()])
+
+    def remove_root(self, path: str) -> None:
+        with self._atomic():
+            self.db.execute("DELETE FROM roots WHERE path = ?", [path])
+
+    def roots(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT path FROM roots ORDER BY path")]
+
+    # --------------------------------------------------------------------------------------- embeddings
+
+    def vectors_for_texts(self, model: str, texts: list[str]) -> dict[str, bytes]:
+        """Stored vectors (raw float32 bytes) of passages with exactly these texts, by text sha256: a
+        modified document re-uses the vectors of its unchanged passages."""
+        shas = sorted({_sha(t) for t in texts})
+        out: dict[str, bytes] = {}
+        for i in range(0, len(shas), 500):
+            part = shas[i:i + 500]
+            marks = ",".join("?" * len(part))
+            for sha, blob in self._query(
+                    f"SELECT c.text_sha256, e.vector FROM chunks c JOIN embeddings e ON e.chunk_id = c.id "
+                    f"WHERE e.model = ? AND c.text_sha256 IN ({marks})", [model, *part]):
+                out[sha] = blob
+        return out
+
+    def chunks_without_vectors(self, model: str, limit: int = 256) -> list[tuple[int, str]]:
+        """``(chunk id, text)`` of chunks that have no vector for ``model`` yet."""
+        return [(r[0], r[1]) for r in self._query(
+            "SELECT c.id, c.text FROM chunks c WHERE NOT EXISTS "
+            "(SELECT 1 FROM embeddings e WHERE e.chunk_id = c.id AND e.model = ?) ORDER BY c.id LIMIT ?",
+            [model, limit])]
+
+    def add_vectors(self, model: str, chunk_ids: list[int], vectors: np.ndarray) -> None:
+        with self._atomic():
+            self._insert_vectors(model, chunk_ids, vectors)
+
+    def _insert_vectors(self, model: str, chunk_ids: list[int], vectors: np.ndarray) -> None:
+        vectors = np.asarray(vectors, dtype=np.float32)
+        self.db.conn.executemany(
+            "INSERT OR REPLACE INTO embeddings(chunk_id, model, vector) VALUES (?, ?, ?)",
+            [(int(cid), model, v.tobytes()) for cid, v in zip(chunk_ids, vectors)])
+        self._bump_embeddings_version()
+
+    def _bump_embeddings_version(self) -> None:
+        self.db.execute("UPDATE meta SET value = value + 1 WHERE key = 'embeddings_version'")
+
+    def has_vectors(self, model: str) -> bool:
+        return bool(self._query("SELECT 1 FROM embeddings WHERE model = ? LIMIT 1", [model]))
+
+    def vector_count(self, model: str) -> int:
+        return self._query("SELECT COUNT(*) FROM embeddings WHERE model = ?", [model])[0][0]
+
+    # ------------------------------------------------------------------------------------------- search
+
+    def bm25(self, query: str, limit: int, max_postings: int = MAX_BM25_POSTINGS) -> list[tuple[int, float]]:
+        """``(chunk id, score)`` best first; score = ``-bm25(chunks_fts)`` (larger is better). The query is
+        free text: its words are OR-ed (each quoted, so FTS5 syntax in it is inert).
+
+        Latency bound: FTS5 scores every chunk that matches any word (~1.4 ms per 1,000 on the dev CPU), so
+        when the words together match more than ``max_postings`` chunks, the most frequent words are left out
+        (rarest first, at least one kept). They are the words with the lowest IDF, i.e. the least weight in
+        BM25; collections under ``max_postings`` chunks always get the exact ranking."""
+        words = query_terms(query)
+        if len(words) > 1 and max_postings:
+            words = self._prune_common(words, max_postings)
+        if not words:
+            return []
+        rows = self._query("SELECT rowid, -bm25(chunks_fts) AS s FROM chunks_fts WHERE chunks_fts MATCH ? "
+                           "ORDER BY bm25(chunks_fts) LIMIT ?", [_or_match(words), limit])
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    def _prune_common(self, words: list[str], max_postings: int) -> list[str]:
+        counts = {w: self._query("SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?",
+                                 [_or_match([w])])[0][0] for w in words}
+        if sum(counts.values()) <= max_postings:
+            return words
+        kept, total = [], 0
+        for w in sorted(words, key=lambda w: counts[w]):
+            if kept and total + counts[w] > max_postings:
+                break
+            kept.append(w)
+            total += counts[w]
+        return [w for w in words if w in kept]
+
+    def vector_search(self, model: str, query_vector: np.ndarray, limit: int) -> list[tuple[int, float]]:
+        """``(chunk id, cosine similarity)`` best first, over every stored vector of ``model``."""
+        ids, matrix = self._vector_matrix(model)
+        if not len(ids):
+            return []
+        with _single_blas_thread():
+            scores = matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        k = min(limit, len(ids))
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top])]
+        return [(int(ids[i]), float(scores[i])) for i in top]
+
+    def _vector_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+        version = self._query("SELECT value FROM meta WHERE key = 'embeddings_version'")[0][0]
+        with self._matrix_lock:
+            cached = self._matrix.get(model)
+            if cached and cached[0] == version:
+                return cached[1], cached[2]
+            rows = self._query("SELECT chunk_id, vector FROM embeddings WHERE model = ? ORDER BY chunk_id",
+                               [model])
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            matrix = (np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
+                      if rows else np.zeros((0, 0), dtype=np.float32))
+            self._matrix[model] = (version, ids, matrix)
+            return ids, matrix
+
+    def evidence(self, scored: list[tuple[int, float]]) -> list[Evidence]:
+        """Evidence for ``(chunk id, score)`` pairs, in the given order (unknown ids are dropped)."""
+        if not scored:
+            return []
+        marks = ",".join("?" * len(scored))
+        rows = {r["id"]: r for r in self._query(
+            f"SELECT c.id, c.evidence_id, d.path, c.page, c.text, c.char_start, c.char_end FROM chunks c "
+            f"JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks})", [cid for cid, _ in scored])}
+        return [Evidence(evidence_id=r["evidence_id"], path=r["path"], page=r["page"], score=score,
+                         text=r["text"], char_start=r["char_start"], char_end=r["char_end"])
+                for cid, score in scored if (r := rows.get(cid)) is not None]
+
+    def resolve(self, evidence_ids: list[str]) -> dict[str, Evidence]:
+        """Evidence by ID (score 0.0); IDs of deleted or changed content are absent."""
+        if not evidence_ids:
+            return {}
+        marks = ",".join("?" * len(evidence_ids))
+        ids = [(r[0], 0.0) for r in self._query(f"SELECT id FROM chunks WHERE evidence_id IN ({marks})",
+                                                list(evidence_ids))]
+        return {e.evidence_id: e for e in self.evidence(ids)}
+
+    def stats(self) -> dict[str, int]:
+        q = self._query
+        return {"documents": q("SELECT COUNT(*) FROM documents WHERE status = 'indexed'")[0][0],
+                "failed": q("SELECT COUNT(*) FROM documents WHERE status = 'failed'")[0][0],
+                "chunks": q("SELECT COUNT(*) FROM chunks")[0][0],
+                "embeddings": q("SELECT COUNT(*) FROM embeddings")[0][0]}
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _query(self, sql: str, params: list | None = None) -> list[sqlite3.Row]:
+        try:
+            cur = self.db.conn.execute(sql, params or [])
+            cur.row_factory = sqlite3.Row
+            return cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"documents database error: {exc}") from exc
+
+    def _atomic(self):
+        return _Atomic(self.db)
+
+
+class _Atomic:
+    """``db.atomic()`` that turns SQLite errors into ``StoreError`` (after the rollback)."""
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self._cm = db.atomic()
+
+    def __enter__(self):
+        try:
+            return self._cm.__enter__()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"documents database error: {exc}") from exc
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            return self._cm.__exit__(exc_type, exc, tb)
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"documents database error: {err}") from err
+
+
+_BLAS = None
+
+
+def _single_blas_thread():
+    """Run a matrix-vector product on one BLAS thread. It is memory-bound (50,000 x 384 float32 = 77 MB per
+    query); measured on the dev machine with other work running, OpenBLAS's default 2 threads took 8.0 ms
+    (P50), one thread 3.2-5.1 ms: a second thread only waits for a busy core. Needs ``threadpoolctl``;
+    without it, a no-op."""
+    global _BLAS
+    if _BLAS is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS = ThreadpoolController()
+        except ImportError:
+            _BLAS = False
+    if _BLAS is False:
+        return contextlib.nullcontext()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Very common English words dropped from keyword queries when other words remain: they add nothing to the
+# ranking (BM25 gives them ~0 weight) but cost time on large indexes (long posting lists).
+STOPWORDS = frozenset(
+    "a an and are as at be by for from has have how i in is it its of on or that the this to was were what "
+    "when where which who why will with do does did can you your".split()
+)
+
+
+def query_terms(text: str) -> list[str]:
+    """The words of a free-text query, lower-cased, unique, in order; stopwords dropped when others remain."""
+    words = [w.lower() for w in _WORD.findall(text)]
+    kept = [w for w in words if w not in STOPWORDS] or words
+    return list(dict.fromkeys(kept))
+
+
+def _or_match(words: list[str]) -> str:
+    return " OR ".join(f'"{w}"' for w in words)
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 MATCH expression for free text: its words (``query_terms``), each double-quoted, OR-ed.
+    Empty when the text has no word characters."""
+    return _or_match(query_terms(text))

