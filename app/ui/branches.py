@@ -1,0 +1,51 @@
+"""Which messages the chat shows: one branch of the conversation tree (app.memory keeps every edit and
+regeneration as a sibling branch), as ``ChatRow`` values. No Qt; reads the ``Store`` only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.ui.models import ChatRow
+
+
+def descend(store: Any, message_id: str) -> str:
+    """The newest leaf under ``message_id`` (following the latest reply at each step)."""
+    while True:
+        kids = store.children(message_id)
+        if not kids:
+            return message_id
+        message_id = kids[-1].id
+
+
+def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatRow]:
+    """The rows from the first message down to ``tip`` (None: the conversation's current tip)."""
+    if tip is None:
+        tip = store.get_conversation(conversation_id).current_message_id
+    if tip is None:
+        return []
+    rows = []
+    for m in store.path_to(tip):
+        sibs = store.children(m.parent_id, conversation_id)
+        ids = tuple(s.id for s in sibs) or (m.id,)
+        pos = ids.index(m.id) + 1 if m.id in ids else 1
+        cites = [c.to_dict() for c in store.citations_for(m.id)]
+        rows.append(ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
+                            cites))
+    return rows
+
+
+def sibling_tip(store: Any, row: ChatRow, step: int) -> str | None:
+    """The tip to show after moving ``step`` (-1 / +1) among ``row``'s siblings, or None at either end."""
+    pos = row.siblings[0] - 1 + step
+    if not 0 <= pos < len(row.sibling_ids):
+        return None
+    return descend(store, row.sibling_ids[pos])
+
+
+def last_answer_stats(rows: list[ChatRow], store: Any) -> tuple[dict, dict]:
+    """(metrics, context breakdown) stored with the last answer on the branch, for the status strip."""
+    for r in reversed(rows):
+        if r.role == "assistant" and r.id:
+            meta = store.get_message(r.id).meta
+            return dict(meta.get("metrics") or {}), dict(meta.get("context") or {})
+    return {}, {}

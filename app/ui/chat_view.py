@@ -1,0 +1,299 @@
+"""The chat view: message bubbles bound to a ``ChatModel``, and the composer.
+
+Each message is a ``MessageWidget`` with a ``MarkdownView`` (a ``QTextBrowser`` sized to its document; Qt's own
+Markdown renderer, plus a "Copy code" link under each code block, see ``app.ui.markdown``). The view listens to
+the model: a reset rebuilds the bubbles, an insert adds one, a change marks the row dirty, and dirty rows are
+re-rendered by a timer every ``RENDER_INTERVAL_MS`` — so a fast stream costs one Markdown layout per tick, not
+per token (the throttle idea of qutebrowser's ``misc/throttle.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QModelIndex, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+from app.ui.markdown import copy_index, with_copy_links
+from app.ui.models import ChatModel, ChatRow
+
+RENDER_INTERVAL_MS = 50
+
+
+class MarkdownView(QTextBrowser):
+    """Read-only rich text that grows to fit its content (no inner scroll bar)."""
+
+    link_activated = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.blocks: list[str] = []
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.viewport().setAutoFillBackground(False)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.anchorClicked.connect(self._anchor)
+
+    def set_content(self, text: str, markdown: bool = True) -> None:
+        if markdown:
+            md, self.blocks = with_copy_links(text)
+            self.setMarkdown(md)
+        else:
+            self.setPlainText(text)
+        self._fit()
+
+    def _fit(self, *_: Any) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        self.setFixedHeight(int(self.document().size().height()) + 4)
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self._fit()
+
+    def _anchor(self, url: QUrl) -> None:
+        n = copy_index(url.toString())
+        if n is not None and n < len(self.blocks):
+            QGuiApplication.clipboard().setText(self.blocks[n])
+        else:
+            self.link_activated.emit(url.toString())
+
+
+class MessageWidget(QFrame):
+    """One message: who, the text, thinking (collapsed), citations, and its actions."""
+
+    action = Signal(str, object)  # (action name, ChatRow): copy, edit, regenerate, prev, next, cite:<n>
+
+    def __init__(self, row: ChatRow, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.row = row
+        self.setObjectName("assistantMessage" if row.role == "assistant" else "userMessage")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        lay.addLayout(self._header())
+        self.thinking = QToolButton(text="Thinking ▸", checkable=True, autoRaise=True)
+        self.reasoning = MarkdownView()
+        self.reasoning.setVisible(False)
+        self.thinking.toggled.connect(self._toggle_thinking)
+        self.body = MarkdownView()
+        self.body.link_activated.connect(lambda url: self.action.emit(url, self.row))
+        self.citations = QLabel(wordWrap=True, textFormat=Qt.TextFormat.RichText)
+        self.citations.linkActivated.connect(lambda url: self.action.emit(url, self.row))
+        for w in (self.thinking, self.reasoning, self.body, self.citations):
+            lay.addWidget(w)
+        lay.addLayout(self._actions())
+        self.render()
+
+    def _header(self) -> QHBoxLayout:
+        h = QHBoxLayout()
+        who = QLabel("<b>You</b>" if self.row.role == "user" else "<b>Hearth</b>")
+        self.status = QLabel()
+        self.status.setObjectName("messageStatus")
+        self.prev_btn = QToolButton(text="‹", autoRaise=True, toolTip="Previous branch")
+        self.branch = QLabel()
+        self.next_btn = QToolButton(text="›", autoRaise=True, toolTip="Next branch")
+        self.prev_btn.clicked.connect(lambda: self.action.emit("prev", self.row))
+        self.next_btn.clicked.connect(lambda: self.action.emit("next", self.row))
+        for w in (who, self.status):
+            h.addWidget(w)
+        h.addStretch(1)
+        for w in (self.prev_btn, self.branch, self.next_btn):
+            h.addWidget(w)
+        return h
+
+    def _actions(self) -> QHBoxLayout:
+        h = QHBoxLayout()
+        h.addStretch(1)
+        names = ["copy"] + (["edit"] if self.row.role == "user" else ["regenerate"])
+        self.buttons = {}
+        for name in names:
+            b = QToolButton(text=name.capitalize(), autoRaise=True)
+            b.clicked.connect(lambda _=False, n=name: self._act(n))
+            h.addWidget(b)
+            self.buttons[name] = b
+        return h
+
+    def _act(self, name: str) -> None:
+        if name == "copy":
+            QGuiApplication.clipboard().setText(self.row.content)
+        self.action.emit(name, self.row)
+
+    def _toggle_thinking(self, on: bool) -> None:
+        self.reasoning.setVisible(on)
+        self.thinking.setText("Thinking ▾" if on else "Thinking ▸")
+
+    def set_row(self, row: ChatRow) -> None:
+        self.row = row
+        self.render()
+
+    def render(self) -> None:
+        r = self.row
+        self.body.set_content(r.content or ("…" if r.streaming else ""), markdown=r.role == "assistant")
+        self.thinking.setVisible(bool(r.reasoning))
+        if r.reasoning:
+            self.reasoning.set_content(r.reasoning)
+        self.status.setText(_status_text(r))
+        pos, count = r.siblings
+        for w in (self.prev_btn, self.branch, self.next_btn):
+            w.setVisible(count > 1)
+        self.branch.setText(f"{pos}/{count}")
+        self.citations.setText(citations_html(r))
+        self.citations.setVisible(bool(r.citations or r.retrieved))
+        for b in self.buttons.values():
+            b.setEnabled(not r.streaming and r.id is not None)
+
+
+def _status_text(r: ChatRow) -> str:
+    if r.streaming:
+        return "<i>writing…</i>"
+    if r.status == "error":
+        return "<i>stopped</i>" if r.content else "<i>no answer</i>"
+    if r.status == "incomplete":
+        return "<i>interrupted</i>"
+    return ""
+
+
+def citations_html(r: ChatRow) -> str:
+    """The citation list under an answer: cited passages, else the passages the model was given."""
+    items, title = (r.citations, "Sources") if r.citations else (r.retrieved, "Passages given to the model "
+                                                                           "(not cited)")
+    if not items:
+        return ""
+    parts = []
+    for n, c in enumerate(items):
+        name = str(c.get("path", "")).replace("\\", "/").rsplit("/", 1)[-1]
+        page = f", page {c['page']}" if c.get("page") else ""
+        quote = " ".join(str(c.get("quote") or c.get("text") or "").split())
+        quote = quote if len(quote) <= 90 else quote[:89] + "…"
+        parts.append(f'<a href="cite:{n}">[{n + 1}] {name}{page}</a> — “{_esc(quote)}”')
+    return f"<small><b>{title}</b><br>" + "<br>".join(parts) + "</small>"
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class Composer(QPlainTextEdit):
+    """The message box: Enter sends, Shift+Enter starts a new line."""
+
+    submit = Signal()
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:  # noqa: N802 - Qt API
+        enter = e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not (e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            self.submit.emit()
+            return
+        super().keyPressEvent(e)
+
+
+class ChatView(QWidget):
+    """Bubbles for the rows of ``model`` plus the composer. Emits ``send(text)``, ``stop()`` and
+    ``message_action(name, ChatRow)``."""
+
+    send = Signal(str)
+    stop = Signal()
+    message_action = Signal(str, object)
+
+    def __init__(self, model: ChatModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.widgets: list[MessageWidget] = []
+        self._dirty: set[int] = set()
+        self._timer = QTimer(self, interval=RENDER_INTERVAL_MS, singleShot=True)
+        self._timer.timeout.connect(self._render_dirty)
+        self._end_timer = QTimer(self, interval=0, singleShot=True)
+        self._end_timer.timeout.connect(self._jump_to_end)
+        self._build()
+        model.modelReset.connect(self._rebuild)
+        model.rowsInserted.connect(self._inserted)
+        model.dataChanged.connect(self._changed)
+
+    def _build(self) -> None:
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.container = QWidget()
+        self.column = QVBoxLayout(self.container)
+        self.column.addStretch(1)
+        self.scroll.setWidget(self.container)
+        lay.addWidget(self.scroll, 1)
+        self.edit_bar = QLabel(visible=False)
+        lay.addWidget(self.edit_bar)
+        row = QHBoxLayout()
+        self.composer = Composer(placeholderText="Message Hearth (Enter sends, Shift+Enter new line)")
+        self.composer.setFixedHeight(72)
+        self.composer.submit.connect(self._submit)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.clicked.connect(self._submit)
+        self.stop_btn = QPushButton("Stop", enabled=False, toolTip="Stop the answer (Esc)")
+        self.stop_btn.clicked.connect(self.stop.emit)
+        row.addWidget(self.composer, 1)
+        row.addWidget(self.send_btn)
+        row.addWidget(self.stop_btn)
+        lay.addLayout(row)
+
+    def _submit(self) -> None:
+        text = self.composer.toPlainText().strip()
+        if text and self.send_btn.isEnabled():
+            self.send.emit(text)
+
+    def set_busy(self, busy: bool) -> None:
+        self.send_btn.setEnabled(not busy)
+        self.stop_btn.setEnabled(busy)
+
+    def set_editing(self, text: str | None) -> None:
+        """Show (or hide, with None) the "editing a message" note and put the text in the composer."""
+        self.edit_bar.setVisible(text is not None)
+        if text is not None:
+            self.edit_bar.setText("<i>Editing a message: sending makes a new branch (Esc cancels)</i>")
+            self.composer.setPlainText(text)
+            self.composer.setFocus()
+
+    # -- model → widgets ----------------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        for w in self.widgets:
+            self.column.removeWidget(w)
+            w.deleteLater()
+        self.widgets = []
+        self._dirty.clear()
+        for i in range(self.model.rowCount()):
+            self._add(i)
+        self._scroll_to_end()
+
+    def _inserted(self, _parent: QModelIndex, first: int, last: int) -> None:
+        for i in range(first, last + 1):
+            self._add(i)
+        self._scroll_to_end()
+
+    def _add(self, i: int) -> None:
+        w = MessageWidget(self.model.item(i), self.container)
+        w.action.connect(self.message_action.emit)
+        self.column.insertWidget(self.column.count() - 1, w)
+        self.widgets.insert(i, w)
+
+    def _changed(self, top: QModelIndex, bottom: QModelIndex, *_: Any) -> None:
+        self._dirty.update(range(top.row(), bottom.row() + 1))
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _render_dirty(self) -> None:
+        bar = self.scroll.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 40
+        for i in sorted(self._dirty):
+            if i < len(self.widgets):
+                self.widgets[i].set_row(self.model.item(i))
+        self._dirty.clear()
+        if at_end:
+            self._scroll_to_end()
+
+    def _scroll_to_end(self) -> None:
+        self._end_timer.start()  # after the layout has taken the new sizes
+
+    def _jump_to_end(self) -> None:
+        bar = self.scroll.verticalScrollBar()
+        bar.setValue(bar.maximum())

@@ -1,0 +1,102 @@
+"""``AppContext``: what one window works with — user settings, the conversation store, the worker pool and
+the controllers. Built once per window; ``close()`` stops everything in order (chat, downloads, ingest, port,
+engine, then the pool) so that no worker thread or child process outlives the window."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from PySide6.QtCore import QObject
+
+from app.engine.registry import resolve_model
+from app.settings import UserSettings, load_user_settings, save_user_settings
+from app.ui.chat_ctl import ChatController
+from app.ui.docs_ctl import DocumentsController
+from app.ui.download_ctl import DownloadController
+from app.ui.engine_ctl import EngineController, LoadJob, prefix_cache_options
+from app.ui.hub import HubClient
+from app.ui.server_ctl import ServerController
+from app.ui.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class AppContext(QObject):
+    """``hub``: a ``HubClient`` to use (tests inject one with a fake API)."""
+
+    def __init__(self, hub: HubClient | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        from app.memory.store import Store
+
+        self.settings: UserSettings = load_user_settings()
+        self.store = Store()
+        self.pool = WorkerPool(max_threads=6, parent=self)
+        self.engine = EngineController(self.pool, self)
+        self.docs = DocumentsController(self.pool, self)
+        self.chat = ChatController(self.pool, self.store, self.engine, lambda: self.settings,
+                                   retrieve=self._retrieve, parent=self)
+        self.server = ServerController(self.pool, self.engine.current, self)
+        self.downloads = DownloadController(self.pool, hub, self)
+        self.engine.about_to_change.connect(self.chat.stop)
+
+    # -- settings -----------------------------------------------------------------------------------------
+    def save_settings(self, settings: UserSettings) -> None:
+        """Persist (atomically) and remember ``settings``."""
+        save_user_settings(settings)
+        self.settings = settings
+
+    def job_for(self, path: str, model_id: str) -> LoadJob:
+        s = self.settings
+        return LoadJob(path, s.load_for(model_id), prefix_cache_options(s.prefix_cache, s.cache_budget_mb))
+
+    def load_model(self, path: str, model_id: str, remember: bool = True) -> None:
+        if remember:
+            self.save_settings(replace(self.settings, model=None if model_id == _bundled_id() else path))
+        self.engine.load(self.job_for(path, model_id))
+
+    def startup_job(self) -> LoadJob | None:
+        """The model chosen last time (the bundled one by default), or None when it cannot be found."""
+        try:
+            path = resolve_model(self.settings.model)
+        except Exception as exc:  # noqa: BLE001 - a missing model must not stop the app from opening
+            log.warning("cannot find the model chosen last time (%s): %s", self.settings.model, exc)
+            return None
+        return self.job_for(str(path), path.stem)
+
+    # -- retrieval for a chat turn (runs on the chat worker) ----------------------------------------------
+    def conversation_documents(self, conversation_id: str) -> list[str] | None:
+        conv = self.store.get_conversation(conversation_id)
+        docs = conv.settings.get("documents")
+        return None if docs is None else list(docs)
+
+    def set_conversation_documents(self, conversation_id: str, paths: list[str] | None) -> None:
+        conv = self.store.get_conversation(conversation_id)
+        settings = {k: v for k, v in conv.settings.items() if k != "documents"}
+        if paths is not None:
+            settings["documents"] = list(paths)
+        self.store.update_conversation(conversation_id, settings=settings)
+
+    def _retrieve(self, conversation_id: str, query: str) -> list:
+        try:
+            return self.docs.retrieve(query, self.conversation_documents(conversation_id))
+        except Exception:  # noqa: BLE001 - a broken index must not stop the chat
+            log.exception("document search failed; answering without documents")
+            return []
+
+    def close(self) -> None:
+        self.chat.stop()
+        self.downloads.cancel()
+        self.server.shutdown()
+        self.engine.shutdown()
+        if not self.pool.shutdown(20000):
+            log.warning("workers still running at exit")
+        self.docs.shutdown()
+        self.store.close()
+
+
+def _bundled_id() -> str:
+    from app.engine.registry import BUNDLED_MODEL_ID
+
+    return BUNDLED_MODEL_ID

@@ -1,0 +1,155 @@
+"""``EngineController``: the one owner of the chat ``Engine`` in the desktop app.
+
+Loading is two steps, both on a worker: ``inspect_model`` first (a bad file fails here with its specific
+``ModelLoadError`` and the model already loaded stays loaded, so chat goes on), then the old engine is closed
+and the new one loaded. If llama.cpp itself refuses a file that passed inspection, the previous model is
+loaded again. ``abort_load()`` during a load kills the engine child (``Engine.close()``), which frees its
+memory at once. The HTTP port asks ``current()`` per request, so it always uses whatever is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app import paths
+from app.engine.types import LoadSettings
+from app.ui.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """What to load: the file, its load settings and the prefix-cache options (None: off)."""
+
+    path: str
+    settings: LoadSettings
+    cache: dict | None = None
+
+
+def prefix_cache_options(enabled: bool, budget_mb: float) -> dict | None:
+    if not enabled:
+        return None
+    return {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget_mb * 1024 * 1024)}
+
+
+class EngineController(QObject):
+    """Signals: ``state_changed(state)`` with idle / loading / ready / failed; ``loaded(info)``;
+    ``load_failed(exc)``; ``unloaded()``; ``about_to_change()`` before the engine goes away (stop chat)."""
+
+    state_changed = Signal(str)
+    loaded = Signal(dict)
+    load_failed = Signal(object)
+    unloaded = Signal()
+    about_to_change = Signal()
+
+    def __init__(self, pool: WorkerPool, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.pool = pool
+        self.engine: Any = None
+        self.job: LoadJob | None = None  # the job of ``engine``
+        self.state = "idle"
+        self._pending: Any = None  # the engine being loaded
+        self._aborted = False
+
+    def current(self) -> Any:
+        """The loaded engine, or None (thread-safe read for the HTTP port)."""
+        return self.engine
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.state_changed.emit(state)
+
+    # -- load ---------------------------------------------------------------------------------------------
+    def load(self, job: LoadJob) -> None:
+        """Inspect, then (if the file is usable) replace the loaded model by ``job``'s."""
+        if self.state == "loading":
+            return
+        self._aborted = False
+        self._set_state("loading")
+        self.pool.run(_inspect, job.path, on_return=lambda _info: self._swap(job), on_error=self._failed)
+
+    def _swap(self, job: LoadJob) -> None:
+        from app.engine.engine import Engine
+
+        self.about_to_change.emit()
+        old, previous = self.engine, self.job
+        self.engine = None
+        self.unloaded.emit()
+        self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
+        self.pool.run(_close_then_load, old, self._pending,
+                      on_return=lambda info: self._ready(job, info),
+                      on_error=lambda exc: self._failed(exc, previous if not self._aborted else None))
+
+    def _ready(self, job: LoadJob, info: dict) -> None:
+        engine, self._pending = self._pending, None
+        if self._aborted:  # aborted just as it finished
+            self.pool.run(engine.close)
+            self._set_state("idle")
+            return
+        self.engine, self.job = engine, job
+        self._set_state("ready")
+        self.loaded.emit(info)
+
+    def _failed(self, exc: BaseException, previous: LoadJob | None = None) -> None:
+        self._pending = None
+        if self._aborted:
+            self._set_state("idle")
+            return
+        self._set_state("failed" if self.engine is None else "ready")
+        self.load_failed.emit(exc)
+        if previous is not None and self.engine is None:
+            log.warning("loading failed (%s); loading the previous model again", exc)
+            self.load(previous)
+
+    def abort_load(self) -> None:
+        """Stop a load in progress: the engine child is killed and its memory freed."""
+        if self.state != "loading":
+            return
+        self._aborted = True
+        pending = self._pending
+        if pending is not None:
+            pending.close()  # kills the loading child; the worker's load() then fails and returns
+
+    # -- unload / reload ----------------------------------------------------------------------------------
+    def unload(self) -> None:
+        if self.engine is None:
+            return
+        self.about_to_change.emit()
+        engine, self.engine, self.job = self.engine, None, None
+        self._set_state("idle")
+        self.unloaded.emit()
+        self.pool.run(engine.close)
+
+    def reload(self, settings: LoadSettings, cache: dict | None) -> None:
+        """Apply new load settings: load the same model again with them."""
+        if self.job is not None:
+            self.load(LoadJob(self.job.path, settings, cache))
+
+    def shutdown(self) -> None:
+        """Close the engine (at exit). Blocks briefly: the window is going away."""
+        self.abort_load()
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+
+def _inspect(path: str) -> Any:
+    from app.engine.gguf_info import inspect_model
+
+    if not Path(path).exists():
+        from app.errors import ModelLoadError
+
+        raise ModelLoadError(f"{path}: no such file", path=path)
+    return inspect_model(path, require_chat=True)
+
+
+def _close_then_load(old: Any, new: Any) -> dict:
+    if old is not None:
+        old.close()
+    return new.load()

@@ -1,0 +1,331 @@
+"""The main window: conversations | chat | Models · Documents · Port, and the status strip.
+
+It wires widgets to controllers and keeps the one piece of state the widgets share: which conversation and
+branch is shown. Every slow step is a controller call that returns at once; results come back as signals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
+                               QSplitter, QTabWidget, QTextBrowser, QVBoxLayout, QWidget)
+
+from app.errors import Cancelled, HearthError
+from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
+from app.ui.chat_view import ChatView
+from app.ui.documents_panel import DocumentsPanel
+from app.ui.model_panel import ModelPanel
+from app.ui.models import ChatModel, ChatRow
+from app.ui.port_panel import PortPanel
+from app.ui.settings_dialog import SettingsDialog
+from app.ui.sidebar import Sidebar
+from app.ui.status_strip import StatusStrip
+
+log = logging.getLogger(__name__)
+
+BASE_MODEL_NOTE = ("<b>{name}</b> is a small <i>base</i> model for trying things out: its answers are short and "
+                   "often wrong. For real chat, <a href='models'>download an instruction-tuned model</a> "
+                   "(recommended for this machine in the Models tab).")
+
+
+class MainWindow(QMainWindow):
+    """``autoload``: load the last model at start (tests and benchmarks may load explicitly)."""
+
+    def __init__(self, ctx: Any, autoload: bool = True) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.conversation_id: str | None = None
+        self.editing: ChatRow | None = None
+        self.last_evidence: list = []
+        self.chat_model = ChatModel(self)
+        self.setWindowTitle("Hearth")
+        self.resize(1280, 800)
+        self.setAcceptDrops(True)
+        self._build()
+        self._actions()
+        self._wire()
+        self.sidebar.refresh()
+        self.models.refresh()
+        self.documents.refresh()
+        self.ctx.pool.run(_machine_memory, on_return=lambda mem: self.models.show_recommendations(*mem))
+        if ctx.settings.server.enabled:
+            ctx.server.apply(ctx.settings.server)
+        if autoload:
+            self.load_startup_model()
+
+    # -- layout -------------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.sidebar = Sidebar(self.ctx.store)
+        self.chat = ChatView(self.chat_model)
+        self.banner = QLabel(wordWrap=True, visible=False, textFormat=Qt.TextFormat.RichText)
+        self.banner.setObjectName("baseModelBanner")
+        self.banner.setFrameShape(QFrame.Shape.StyledPanel)
+        self.banner.linkActivated.connect(lambda _l: self.tabs.setCurrentWidget(self.models))
+        self.error = QLabel(wordWrap=True, visible=False, styleSheet="color:#c62828")
+        self.error.setObjectName("chatError")
+        center = QWidget()
+        col = QVBoxLayout(center)
+        col.setContentsMargins(0, 0, 0, 0)
+        for w in (self.banner, self.chat, self.error):
+            col.addWidget(w, 1 if w is self.chat else 0)
+        self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
+        self.tabs = QTabWidget()
+        for w, name in ((self.models, "Models"), (self.documents, "Documents"), (self.port, "Port")):
+            self.tabs.addTab(w, name)
+        split = QSplitter()
+        for w in (self.sidebar, center, self.tabs):
+            split.addWidget(w)
+        split.setSizes([240, 640, 400])
+        self.status = StatusStrip()
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(split, 1)
+        lay.addWidget(self.status)
+        self.setCentralWidget(body)
+
+    def _actions(self) -> None:
+        bar = self.addToolBar("Main")
+        bar.setMovable(False)
+        for text, key, slot in (("New chat", "Ctrl+N", self.new_chat), ("Search", "Ctrl+F", self.sidebar.focus_search),
+                                ("Settings…", "Ctrl+,", self.open_settings)):
+            act = QAction(text, self, shortcut=QKeySequence(key))
+            act.triggered.connect(slot)
+            bar.addAction(act)
+            self.addAction(act)
+        self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.escape)
+
+    def _wire(self) -> None:
+        chat, eng = self.ctx.chat, self.ctx.engine
+        self.chat.send.connect(self.send)
+        self.chat.stop.connect(chat.stop)
+        self.chat.message_action.connect(self.message_action)
+        self.sidebar.new_chat.connect(self.new_chat)
+        self.sidebar.selected.connect(self.open_conversation)
+        self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
+        chat.busy_changed.connect(self.chat.set_busy)
+        chat.delta.connect(self.chat_model.append_text)
+        chat.evidence.connect(self._evidence)
+        chat.finished.connect(self._turn_finished)
+        chat.failed.connect(self._turn_failed)
+        eng.state_changed.connect(self._engine_state)
+        eng.loaded.connect(self._engine_loaded)
+        eng.load_failed.connect(lambda exc: self.status.show_model(f"Load failed: {exc}"))
+        self.documents.selection_changed.connect(self._documents_chosen)
+
+    # -- model --------------------------------------------------------------------------------------------
+    def load_startup_model(self) -> None:
+        job = self.ctx.startup_job()
+        if job is not None:
+            self.ctx.engine.load(job)
+        else:
+            self.status.show_model("No model: choose one in the Models tab")
+
+    def _engine_state(self, state: str) -> None:
+        job = self.ctx.engine.job
+        text = {"loading": "Loading model… (Esc aborts)", "idle": "No model loaded",
+                "failed": "No model loaded (the last load failed)"}.get(state)
+        if text:
+            self.status.show_model(text)
+        self.chat.send_btn.setEnabled(state == "ready" and not self.ctx.chat.busy)
+        if state == "ready" and job:
+            self.status.show_model(f"Model: {job.path.rsplit('/', 1)[-1]}")
+
+    def _engine_loaded(self, info: dict) -> None:
+        from app.engine.registry import BUNDLED_MODEL_ID
+
+        name = str(info.get("model", "")).removesuffix(".gguf")
+        self.status.show_model(f"Model: {name} · n_ctx {info.get('n_ctx')} · template {info.get('template')} · "
+                               f"loaded in {info.get('load_s', 0):.1f} s")
+        self.banner.setText(BASE_MODEL_NOTE.format(name=name))
+        self.banner.setVisible(name == BUNDLED_MODEL_ID or info.get("template") == "transcript")
+        self.models.model.set_loaded(info.get("model_path"))
+        self.chat.send_btn.setEnabled(not self.ctx.chat.busy)
+
+    def open_settings(self) -> None:
+        job = self.ctx.engine.job
+        model_id = job.path.rsplit("/", 1)[-1].removesuffix(".gguf") if job else None
+        dlg = SettingsDialog(self.ctx.settings, model_id, self)
+        if dlg.exec() != QDialog.DialogCode.Accepted:
+            return
+        self.apply_settings(dlg.new_settings, model_id)
+
+    def apply_settings(self, new: Any, model_id: str | None) -> None:
+        """Save ``new``; reload the model when its load settings or cache options changed."""
+        old = self.ctx.settings
+        self.ctx.save_settings(new)
+        reload = (new.load_for(model_id) != old.load_for(model_id) or new.prefix_cache != old.prefix_cache
+                  or new.cache_budget_mb != old.cache_budget_mb)
+        job = self.ctx.engine.job
+        if reload and job is not None:
+            self.ctx.engine.load(self.ctx.job_for(job.path, model_id or ""))
+
+    # -- conversations ------------------------------------------------------------------------------------
+    def new_chat(self) -> None:
+        self.conversation_id = None
+        self.set_editing(None)
+        self.chat_model.set_rows([])
+        self.status.show_answer({}, {})
+        self.sidebar.select(None)
+        self.documents.show_selection(None)
+        self.chat.composer.setFocus()
+
+    def open_conversation(self, cid: str, message_id: str = "") -> None:
+        if self.ctx.chat.busy:
+            return
+        self.conversation_id = cid
+        self.set_editing(None)
+        tip = descend(self.ctx.store, message_id) if message_id else None
+        self.show_branch(tip)
+        self.documents.show_selection(self.ctx.conversation_documents(cid))
+
+    def show_branch(self, tip: str | None = None) -> None:
+        if self.conversation_id is None:
+            return
+        if tip is not None:
+            self.ctx.store.set_current(self.conversation_id, tip)
+        rows = branch_rows(self.ctx.store, self.conversation_id, tip)
+        self.chat_model.set_rows(rows)
+        self.status.show_answer(*last_answer_stats(rows, self.ctx.store))
+
+    # -- a turn -------------------------------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        if self.ctx.engine.current() is None or self.ctx.chat.busy:
+            return
+        if self.conversation_id is None:
+            self.conversation_id = self.ctx.store.create_conversation(model="", settings={})
+            self._documents_chosen(self.documents.model.selected_paths())
+        edit, parent = self.editing, None
+        if edit is not None:
+            parent = edit.parent_id
+            rows = self.chat_model.items()
+            self.chat_model.set_rows(rows[:rows.index(edit)] if edit in rows else rows)
+        self.set_editing(None)
+        self.chat.composer.clear()
+        self.error.setVisible(False)
+        self.chat_model.append(ChatRow(None, "user", text))
+        self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
+        self.ctx.chat.send(self.conversation_id, text, parent_id=parent, edit=edit is not None)
+
+    def regenerate(self, row: ChatRow) -> None:
+        if row.parent_id is None or self.conversation_id is None or self.ctx.chat.busy:
+            return
+        rows = self.chat_model.items()
+        self.chat_model.set_rows(rows[:rows.index(row)] if row in rows else rows)
+        self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
+        self.ctx.chat.regenerate(self.conversation_id, row.parent_id)
+
+    def _evidence(self, evidence: list) -> None:
+        self.last_evidence = evidence
+        self.chat_model.update_last(retrieved=[e.to_dict() for e in evidence])
+
+    def _turn_finished(self, out: dict) -> None:
+        self.show_branch()
+        result = out["result"]
+        if out["evidence"] and not out["citations"]:
+            self.chat_model.update_last(retrieved=[e.to_dict() for e in out["evidence"]])
+        self.status.show_answer(result.metrics, result.context)
+        self.sidebar.refresh()
+        self.sidebar.select(self.conversation_id)
+
+    def _turn_failed(self, exc: BaseException) -> None:
+        self.show_branch()
+        self.sidebar.refresh()
+        self.sidebar.select(self.conversation_id)
+        if isinstance(exc, Cancelled):
+            return
+        text = str(exc) if isinstance(exc, HearthError) else f"unexpected error: {type(exc).__name__}: {exc}"
+        self.error.setText(f"The answer failed: {text}")
+        self.error.setVisible(True)
+
+    # -- message actions ----------------------------------------------------------------------------------
+    def message_action(self, name: str, row: ChatRow) -> None:
+        if name == "edit":
+            self.set_editing(row)
+        elif name == "regenerate":
+            self.regenerate(row)
+        elif name in ("prev", "next"):
+            tip = sibling_tip(self.ctx.store, row, -1 if name == "prev" else 1)
+            if tip is not None and not self.ctx.chat.busy:
+                self.show_branch(tip)
+        elif name.startswith("cite:"):
+            items = row.citations or row.retrieved
+            n = int(name.split(":", 1)[1])
+            if n < len(items):
+                PassageDialog(items[n], self).open()
+
+    def set_editing(self, row: ChatRow | None) -> None:
+        self.editing = row
+        self.chat.set_editing(row.content if row is not None else None)
+
+    def escape(self) -> None:
+        """Esc: cancel an edit, else stop the answer, else abort a model load."""
+        if self.editing is not None:
+            self.set_editing(None)
+            self.chat.composer.clear()
+        elif self.ctx.chat.busy:
+            self.ctx.chat.stop()
+        elif self.ctx.engine.state == "loading":
+            self.ctx.engine.abort_load()
+
+    # -- documents ----------------------------------------------------------------------------------------
+    def _documents_chosen(self, paths: list[str] | None) -> None:
+        if self.conversation_id is not None:
+            self.ctx.set_conversation_documents(self.conversation_id, paths)
+
+    def dragEnterEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+
+    def dropEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        paths = [u.toLocalFile() for u in e.mimeData().urls() if u.isLocalFile()]
+        gguf = [p for p in paths if p.lower().endswith(".gguf")]
+        if gguf:
+            self.models.add_files(gguf)
+            self.tabs.setCurrentWidget(self.models)
+        rest = [p for p in paths if p not in gguf]
+        if rest:
+            self.documents.ingest(rest)
+            self.tabs.setCurrentWidget(self.documents)
+        e.acceptProposedAction()
+
+    def closeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        self.ctx.close()
+        super().closeEvent(e)
+
+
+class PassageDialog(QDialog):
+    """A cited passage, with a button to open its document (at its page, for viewers that honour #page=)."""
+
+    def __init__(self, cite: dict, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        path, page = str(cite.get("path", "")), cite.get("page")
+        self.setWindowTitle(path.replace("\\", "/").rsplit("/", 1)[-1] + (f" — page {page}" if page else ""))
+        lay = QVBoxLayout(self)
+        text = QTextBrowser()
+        text.setPlainText(str(cite.get("quote") or cite.get("text") or ""))
+        lay.addWidget(QLabel(path))
+        lay.addWidget(text)
+        row = QHBoxLayout()
+        open_btn = QPushButton("Open document")
+        url = QUrl.fromLocalFile(path)
+        if page:
+            url.setFragment(f"page={page}")
+        open_btn.clicked.connect(lambda: QDesktopServices.openUrl(url))
+        close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        close.rejected.connect(self.reject)
+        row.addWidget(open_btn)
+        row.addStretch(1)
+        row.addWidget(close)
+        lay.addLayout(row)
+        self.resize(560, 360)
+
+
+def _machine_memory() -> tuple[int | None, int | None]:
+    from app.engine.memory_estimate import available_vram_bytes, detect_available_ram
+
+    return detect_available_ram(), available_vram_bytes()

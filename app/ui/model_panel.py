@@ -1,0 +1,282 @@
+"""The model manager: installed models (bundled + models folder + dropped files, linked in place), their
+metadata and memory estimate before loading, load / unload / abort with progress, the curated recommendations
+for this machine, and Hugging Face search + download (progress, cancel, resume). Listing (which reads every GGUF
+header) and estimating run on workers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
+                               QListWidgetItem, QProgressBar, QPushButton, QVBoxLayout, QWidget)
+
+from app.ui.formatting import human_bytes
+from app.ui.model_files import link_model
+from app.ui.models import ItemRole, ModelListModel
+from app.ui.recommend import Recommendation, load_catalog, recommend
+
+log = logging.getLogger(__name__)
+VERDICT_COLOURS = {"fits": "#2e7d32", "tight": "#ef6c00", "won't fit": "#c62828", "unknown": "#777777"}
+
+
+def list_models_job() -> list:
+    from app.engine.registry import list_models
+
+    return list_models()
+
+
+def estimate_job(entry: Any, settings: Any) -> Any:
+    from app.engine.memory_estimate import available_vram_bytes, estimate_memory
+
+    return estimate_memory(entry.info, settings, available_vram_bytes=available_vram_bytes())
+
+
+def details_html(entry: Any, est: Any = None) -> str:
+    """Metadata and the memory verdict of one model, as rich text."""
+    if entry.error:
+        return f"<b>{entry.id}</b><br><span style='color:#c62828'>{_esc(entry.error)}</span>"
+    i = entry.info
+    kind = "small base model for trying things out" if entry.bundled else (
+        "chat (instruction-tuned)" if i.chat_template else "no chat template (base model?)")
+    lines = [f"<b>{entry.id}</b> — {kind}",
+             f"{i.architecture} · {i.parameter_count / 1e6:,.0f} M parameters · {i.quantization} · "
+             f"{human_bytes(i.size_bytes)} · trained context {i.context_length or '?'} tokens"]
+    if est is not None:
+        colour = VERDICT_COLOURS.get(est.verdict, "#777")
+        avail = human_bytes(est.available_ram_bytes) if est.available_ram_bytes else "unknown"
+        lines.append(f"Memory at n_ctx {est.n_ctx}: {human_bytes(est.total_bytes)} (weights "
+                     f"{human_bytes(est.weights_bytes)}, KV {human_bytes(est.kv_bytes)}, compute "
+                     f"{human_bytes(est.compute_bytes)}); available RAM {avail} → "
+                     f"<b style='color:{colour}'>{est.verdict}</b>")
+    return "<br>".join(lines)
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class ModelPanel(QWidget):
+    """Emits ``status(text)`` for the status strip."""
+
+    status = Signal(str)
+
+    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.model = ModelListModel(self)
+        self.estimate: Any = None
+        lay = QVBoxLayout(self)
+        lay.addWidget(self._installed_box(), 3)
+        lay.addWidget(self._recommended_box(), 2)
+        lay.addWidget(self._hub_box(), 2)
+        self.setAcceptDrops(True)
+        self._wire()
+
+    # -- building -------------------------------------------------------------------------------------
+    def _installed_box(self) -> QGroupBox:
+        box = QGroupBox("Installed models (drop a .gguf file here to add it)")
+        lay = QVBoxLayout(box)
+        self.view = QListView()
+        self.view.setModel(self.model)
+        self.view.selectionModel().currentChanged.connect(lambda cur, _prev: self._selected(cur.row()))
+        self.details = QLabel("Select a model to see its details.", wordWrap=True,
+                              textFormat=Qt.TextFormat.RichText)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.load_bar = QProgressBar(visible=False, textVisible=False, maximumHeight=8)
+        self.load_bar.setRange(0, 0)
+        self.error = QLabel(wordWrap=True, visible=False, styleSheet="color:#c62828")
+        self.error.setObjectName("modelError")
+        row = QHBoxLayout()
+        self.add_btn, self.refresh_btn = QPushButton("Add file…"), QPushButton("Refresh")
+        self.load_btn, self.unload_btn = QPushButton("Load"), QPushButton("Unload")
+        self.abort_btn = QPushButton("Abort", visible=False)
+        for b in (self.add_btn, self.refresh_btn, self.load_btn, self.unload_btn, self.abort_btn):
+            row.addWidget(b)
+        for w in (self.view, self.details, self.load_bar, self.error):
+            lay.addWidget(w)
+        lay.addLayout(row)
+        return box
+
+    def _recommended_box(self) -> QGroupBox:
+        box = QGroupBox("Recommended chat models for this machine (instruction-tuned, one click to download)")
+        lay = QVBoxLayout(box)
+        self.recommended = QListWidget()
+        self.rec_btn = QPushButton("Download selected")
+        lay.addWidget(self.recommended)
+        lay.addWidget(self.rec_btn)
+        return box
+
+    def _hub_box(self) -> QGroupBox:
+        box = QGroupBox("Hugging Face")
+        lay = QVBoxLayout(box)
+        row = QHBoxLayout()
+        self.query = QLineEdit(placeholderText="Search GGUF models, e.g. qwen2.5 instruct")
+        self.search_btn = QPushButton("Search")
+        row.addWidget(self.query, 1)
+        row.addWidget(self.search_btn)
+        self.results, self.files = QListWidget(), QListWidget()
+        lists = QHBoxLayout()
+        lists.addWidget(self.results)
+        lists.addWidget(self.files)
+        prog = QHBoxLayout()
+        self.dl_bar = QProgressBar(visible=False)
+        self.dl_label = QLabel()
+        self.dl_btn, self.cancel_btn = QPushButton("Download file"), QPushButton("Cancel", visible=False)
+        for w in (self.dl_bar, self.dl_label, self.dl_btn, self.cancel_btn):
+            prog.addWidget(w)
+        lay.addLayout(row)
+        lay.addLayout(lists)
+        lay.addLayout(prog)
+        return box
+
+    def _wire(self) -> None:
+        eng, dl = self.ctx.engine, self.ctx.downloads
+        self.add_btn.clicked.connect(self._add_dialog)
+        self.refresh_btn.clicked.connect(self.refresh)
+        self.load_btn.clicked.connect(self.load_selected)
+        self.unload_btn.clicked.connect(eng.unload)
+        self.abort_btn.clicked.connect(eng.abort_load)
+        eng.state_changed.connect(self._engine_state)
+        eng.load_failed.connect(self.show_error)
+        eng.loaded.connect(lambda _info: self.model.set_loaded(eng.job.path if eng.job else None))
+        self.rec_btn.clicked.connect(self._download_recommended)
+        self.search_btn.clicked.connect(lambda: dl.search(self.query.text()))
+        self.query.returnPressed.connect(lambda: dl.search(self.query.text()))
+        self.results.currentTextChanged.connect(lambda repo: repo and dl.list_files(repo.split("  ")[0]))
+        self.dl_btn.clicked.connect(self._download_file)
+        self.cancel_btn.clicked.connect(dl.cancel)
+        dl.results.connect(self._show_results)
+        dl.files.connect(self._show_files)
+        dl.progress.connect(self._progress)
+        dl.busy_changed.connect(self._download_busy)
+        dl.downloaded.connect(self._downloaded)
+        dl.failed.connect(lambda exc: self.dl_label.setText(str(exc)))
+
+    # -- installed models ---------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        self.ctx.pool.run(list_models_job, on_return=self._entries)
+
+    def _entries(self, entries: list) -> None:
+        self.model.set_entries(entries)
+        job = self.ctx.engine.job
+        self.model.set_loaded(job.path if job else None)
+
+    def _selected(self, row: int) -> None:
+        entry = self.model.item(row)
+        if entry is None:
+            return
+        self.details.setText(details_html(entry))
+        if entry.info is not None:
+            settings = self.ctx.settings.load_for(entry.id)
+            self.ctx.pool.run(estimate_job, entry, settings,
+                              on_return=lambda est, e=entry: self._estimated(e, est))
+
+    def _estimated(self, entry: Any, est: Any) -> None:
+        if self.model.item(self.view.currentIndex().row()) is entry:
+            self.estimate = est
+            self.details.setText(details_html(entry, est))
+
+    def select_path(self, path: str) -> None:
+        row = self.model.row_of_path(path)
+        if row >= 0:
+            self.view.setCurrentIndex(self.model.index(row))
+
+    def load_selected(self) -> None:
+        entry = self.view.currentIndex().data(ItemRole)
+        if entry is not None:
+            self.error.setVisible(False)
+            self.ctx.load_model(entry.path, entry.id)
+
+    def show_error(self, exc: BaseException) -> None:
+        self.error.setText(f"Could not load the model: {exc}")
+        self.error.setVisible(True)
+
+    def _engine_state(self, state: str) -> None:
+        loading = state == "loading"
+        self.load_bar.setVisible(loading)
+        self.abort_btn.setVisible(loading)
+        self.load_btn.setEnabled(not loading)
+        if state == "idle":
+            self.model.set_loaded(None)
+
+    def add_files(self, paths: list[str]) -> list[str]:
+        """Link ``.gguf`` files into the models folder; returns the links made. Errors show in the panel."""
+        made = []
+        for p in paths:
+            try:
+                made.append(str(link_model(p)))
+            except Exception as exc:  # noqa: BLE001 - one line for the person
+                self.error.setText(str(exc))
+                self.error.setVisible(True)
+        self.refresh()
+        return made
+
+    def _add_dialog(self) -> None:
+        files, _ = QFileDialog.getOpenFileNames(self, "Add GGUF models", "", "GGUF models (*.gguf)")
+        if files:
+            self.add_files(files)
+
+    def dragEnterEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        if any(u.toLocalFile().lower().endswith(".gguf") for u in e.mimeData().urls()):
+            e.acceptProposedAction()
+
+    def dropEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        self.add_files([u.toLocalFile() for u in e.mimeData().urls() if u.toLocalFile().lower().endswith(".gguf")])
+        e.acceptProposedAction()
+
+    # -- recommendations and downloads ------------------------------------------------------------------
+    def show_recommendations(self, ram: int | None, vram: int | None) -> None:
+        self.recommended.clear()
+        for r in recommend(load_catalog(), ram, vram):
+            item = QListWidgetItem(f"{r.name} · {human_bytes(r.size_bytes)} · {r.verdict} — {r.blurb}")
+            item.setData(Qt.ItemDataRole.UserRole, r)
+            self.recommended.addItem(item)
+        if self.recommended.count():
+            self.recommended.setCurrentRow(0)
+
+    def _download_recommended(self) -> None:
+        item = self.recommended.currentItem()
+        if item is not None:
+            r: Recommendation = item.data(Qt.ItemDataRole.UserRole)
+            self.ctx.downloads.download(r.repo, r.file)
+
+    def _show_results(self, hits: list) -> None:
+        self.results.clear()
+        self.files.clear()
+        for h in hits:
+            self.results.addItem(f"{h.repo}  ({h.downloads:,} downloads)")
+        if not hits:
+            self.dl_label.setText("No GGUF repositories found.")
+
+    def _show_files(self, files: list) -> None:
+        self.files.clear()
+        for f in files:
+            item = QListWidgetItem(f"{f.path}  {human_bytes(f.size_bytes) if f.size_bytes else ''}")
+            item.setData(Qt.ItemDataRole.UserRole, f)
+            self.files.addItem(item)
+
+    def _download_file(self) -> None:
+        item = self.files.currentItem()
+        if item is not None:
+            f = item.data(Qt.ItemDataRole.UserRole)
+            self.ctx.downloads.download(f.repo, f.path)
+
+    def _progress(self, done: int, total: int) -> None:
+        if total:
+            self.dl_bar.setRange(0, 1000)
+            self.dl_bar.setValue(int(1000 * done / total))
+        self.dl_label.setText(f"{human_bytes(done)} / {human_bytes(total) if total else '?'}")
+
+    def _download_busy(self, busy: bool) -> None:
+        self.dl_bar.setVisible(busy)
+        self.cancel_btn.setVisible(busy)
+        self.dl_btn.setEnabled(not busy)
+        self.rec_btn.setEnabled(not busy)
+        if busy and self.ctx.downloads.current:
+            self.dl_label.setText(f"Downloading {self.ctx.downloads.current[1]}…")
+
+    def _downloaded(self, path: str) -> None:
+        self.dl_label.setText(f"Downloaded {path}")
+        self.refresh()

@@ -1,0 +1,112 @@
+"""``ServerController``: the local OpenAI-compatible port inside the desktop app.
+
+``app.server.create_app`` with the engine controller's ``current`` as the engine provider (a model swap in the
+window is picked up by the next request), run by ``app.server.run.ServerThread``. Starting (binding, uvicorn
+start-up) and stopping run on a worker; a settings change while it runs restarts it. The live request count is
+read from the app's ``ServerMetrics`` by a 1 s timer in the panel. If ``app.server`` is not in this build,
+``available`` is False and the panel says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app.settings import ServerSettings
+from app.ui.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+def server_available() -> bool:
+    try:
+        from app.server.run import ServerThread  # noqa: F401
+        from app.server import create_app  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def new_api_key() -> str:
+    return "hearth-" + secrets.token_urlsafe(24)
+
+
+def base_url(s: ServerSettings) -> str:
+    host = f"[{s.host}]" if ":" in s.host else s.host
+    return f"http://{host}:{s.port}/v1"
+
+
+def curl_example(s: ServerSettings, model: str = "") -> str:
+    auth = f' \\\n  -H "Authorization: Bearer {s.api_key}"' if s.api_key else ""
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "Hello!"}]}' % (model or "default")
+    return f"curl {base_url(s)}/chat/completions{auth} \\\n  -H 'Content-Type: application/json' \\\n  -d '{body}'"
+
+
+class ServerController(QObject):
+    """Signals: ``running_changed(bool, url)``, ``failed(exc)``."""
+
+    running_changed = Signal(bool, str)
+    failed = Signal(object)
+
+    def __init__(self, pool: WorkerPool, engine_provider: Any, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.pool, self.provider = pool, engine_provider
+        self.available = server_available()
+        self.thread: Any = None
+        self.metrics: Any = None
+        self._busy = False
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None
+
+    def requests_served(self) -> tuple[int, int]:
+        """(requests answered, requests in flight) since the port started."""
+        m = self.metrics
+        if m is None:
+            return 0, 0
+        return sum(m.requests.values()), m.in_flight
+
+    def apply(self, s: ServerSettings) -> None:
+        """Start, stop or restart so that the port matches ``s``."""
+        if not self.available or self._busy:
+            return
+        self._busy = True
+        old, self.thread = self.thread, None
+        self.pool.run(self._restart, old, s if s.enabled else None, on_return=self._started,
+                      on_error=self._failed)
+
+    def _restart(self, old: Any, s: ServerSettings | None) -> Any:
+        if old is not None:
+            old.stop()
+        if s is None:
+            return None
+        from app.server import create_app
+        from app.server.metrics import ServerMetrics
+        from app.server.run import ServerThread
+
+        metrics = ServerMetrics()
+        app = create_app(self.provider, s, metrics=metrics)
+        return ServerThread(app, s.host, s.port).start(), metrics
+
+    def _started(self, started: Any) -> None:
+        self._busy = False
+        if started is None:
+            self.metrics = None
+            self.running_changed.emit(False, "")
+            return
+        self.thread, self.metrics = started
+        self.running_changed.emit(True, self.thread.url)
+
+    def _failed(self, exc: BaseException) -> None:
+        self._busy = False
+        self.running_changed.emit(False, "")
+        self.failed.emit(exc)
+
+    def shutdown(self) -> None:
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.stop()

@@ -1,0 +1,279 @@
+"""Tier 1-2 tests of the desktop app's parts without a window and without a model: pure helpers (Markdown,
+formatting, recommendations, Hub client with a fake API, linking files), the item models, branches over a real
+store, the workers, and the settings dialog's mapping."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.errors import HearthError
+from app.ui.formatting import context_tooltip, context_usage, date_group, human_bytes, status_texts
+from app.ui.hub import DownloadCancelled, HubClient
+from app.ui.markdown import code_blocks, copy_index, with_copy_links
+from app.ui.model_files import link_model
+from app.ui.models import ChatModel, ChatRow, ConversationListModel, DocRow, DocumentListModel, IdRole, KindRole
+from app.ui.recommend import Recommendation, load_catalog, recommend
+
+
+# ---------------------------------------------------------------------------------------------- pure
+def test_markdown_copy_links_only_for_closed_blocks():
+    md = "Intro\n\n```python\nprint(1)\n```\n\n~~~\nB\n~~~\n\n```\nstill streaming"
+    out, blocks = with_copy_links(md)
+    assert blocks == ["print(1)", "B"]
+    assert out.count("hearth-copy:") == 2 and "still streaming" in out
+    assert copy_index("hearth-copy:1") == 1 and copy_index("https://x") is None
+    assert code_blocks("no code") == []
+
+
+def test_formatting():
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(None) == "?"
+    today = date(2026, 3, 10)
+    iso = lambda d: datetime(d.year, d.month, d.day, 12, tzinfo=timezone.utc).isoformat()  # noqa: E731
+    assert date_group(iso(today), today) == "Today"
+    assert date_group(iso(today - timedelta(days=1)), today) == "Yesterday"
+    assert date_group(iso(today - timedelta(days=5)), today) == "Previous 7 days"
+    assert date_group(iso(today - timedelta(days=90)), today) == "Older"
+    texts = status_texts({"ttft_s": 0.25, "decode_tps": 31.25, "prompt_tokens": 100, "cached_tokens": 80,
+                          "cache_source": "memory"})
+    assert texts == {"ttft": "TTFT 250 ms", "decode": "decode 31.2 tok/s",
+                     "reused": "reused 80/100 prompt tokens (memory)"}
+    bd = {"system": 10, "summaries": 0, "history": 30, "evidence": 50, "user": 10, "reserved": 256, "free": 700,
+          "n_ctx": 1024}
+    assert context_usage(bd, 20) == (120, 1024)
+    tip = context_tooltip(bd, 20)
+    assert "Context: 120 / 1024 tokens" in tip and "Document evidence: 50" in tip
+
+
+def test_recommendations_sized_to_memory():
+    catalog = load_catalog()
+    assert len(catalog) >= 5 and all(r.repo and r.file.endswith(".gguf") for r in catalog)
+    small = recommend(catalog, ram_bytes=2_000_000_000)
+    assert small[0].verdict == "fits" and small[0].min_memory_bytes <= 1_600_000_000
+    big_cpu = recommend(catalog, ram_bytes=64 << 30)
+    assert all(r.size_bytes <= 5_000_000_000 for r in big_cpu)  # no GPU: nothing too slow for a CPU
+    gpu = recommend(catalog, ram_bytes=8 << 30, vram_bytes=24 << 30)
+    assert gpu[0].min_memory_bytes > big_cpu[0].min_memory_bytes
+    none_fit = recommend(catalog, ram_bytes=100 << 20)
+    assert none_fit and none_fit[0].verdict == "won't fit"
+
+
+class FakeApi:
+    def list_models(self, **kw):
+        assert kw["filter"] == "gguf"
+        return [SimpleNamespace(id="org/tiny-GGUF", downloads=10)]
+
+    def list_repo_tree(self, repo, recursive=False):
+        return [SimpleNamespace(path="tiny-Q4_K_M.gguf", size=100), SimpleNamespace(path="mmproj-f16.gguf", size=5),
+                SimpleNamespace(path="README.md", size=1)]
+
+
+def fake_download(payload: bytes, cancel_after: int | None = None):
+    """An ``hf_hub_download`` stand-in that streams ``payload`` through ``tqdm_class`` in 10-byte steps,
+    resuming from a ``.incomplete`` file like huggingface_hub does."""
+
+    def download(repo_id, filename, local_dir, tqdm_class):
+        part = Path(local_dir) / ".cache" / (filename + ".incomplete")
+        part.parent.mkdir(parents=True, exist_ok=True)
+        have = part.stat().st_size if part.exists() else 0
+        bar = tqdm_class(total=len(payload), initial=have, unit="B")
+        with open(part, "ab") as f:
+            for i in range(have, len(payload), 10):
+                if cancel_after is not None and i >= cancel_after:
+                    download.cancel.set()
+                chunk = payload[i:i + 10]
+                bar.update(len(chunk))  # raises DownloadCancelled once cancel is set
+                f.write(chunk)
+        bar.close()
+        final = Path(local_dir) / filename
+        part.replace(final)
+        return str(final)
+
+    return download
+
+
+def test_hub_search_files_and_resumable_download(tmp_path):
+    payload = bytes(range(256)) * 4
+    cancel = threading.Event()
+    dl = fake_download(payload, cancel_after=500)
+    dl.cancel = cancel
+    hub = HubClient(api=FakeApi(), download=dl)
+    assert [m.repo for m in hub.search("tiny")] == ["org/tiny-GGUF"]
+    assert [f.path for f in hub.files("org/tiny-GGUF")] == ["tiny-Q4_K_M.gguf"]
+    seen: list[tuple[int, int | None]] = []
+    with pytest.raises(DownloadCancelled):
+        hub.download("org/tiny-GGUF", "tiny-Q4_K_M.gguf", lambda d, t: seen.append((d, t)), cancel, tmp_path)
+    assert seen[-1][0] == 500 and not (tmp_path / "tiny-Q4_K_M.gguf").exists()
+    cancel.clear()
+    dl2 = fake_download(payload)
+    resumed: list[tuple[int, int | None]] = []
+    path = HubClient(api=FakeApi(), download=dl2).download("org/tiny-GGUF", "tiny-Q4_K_M.gguf",
+                                                            lambda d, t: resumed.append((d, t)), cancel, tmp_path)
+    assert path.read_bytes() == payload
+    assert resumed[0][0] == 510 and resumed[-1] == (len(payload), len(payload))  # resumed, not restarted
+
+
+def test_hub_errors_are_one_line():
+    class Down:
+        def list_models(self, **kw):
+            raise ConnectionError("offline")
+
+    with pytest.raises(HearthError, match="search failed: ConnectionError: offline"):
+        HubClient(api=Down()).search("x")
+
+
+def test_link_model_links_in_place(tmp_path):
+    src = tmp_path / "elsewhere" / "m.gguf"
+    src.parent.mkdir()
+    src.write_bytes(b"GGUF")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    link = link_model(src, folder)
+    assert link.is_symlink() and link.resolve() == src.resolve()
+    assert link_model(src, folder) == link  # the same file twice: one link
+    other = tmp_path / "m.gguf"
+    other.write_bytes(b"GGUF2")
+    assert link_model(other, folder).name == "m-2.gguf"
+    with pytest.raises(HearthError, match="not a .gguf"):
+        link_model(tmp_path / "x.txt", folder)
+
+
+# ---------------------------------------------------------------------------------------------- models
+def test_conversation_model_groups_by_date_and_shows_hits():
+    now = datetime.now(timezone.utc)
+    conv = lambda i, days: SimpleNamespace(id=f"c{i}", title=f"chat {i}", message_count=2,  # noqa: E731
+                                           updated=(now - timedelta(days=days)).isoformat())
+    m = ConversationListModel()
+    m.set_conversations([conv(1, 0), conv(2, 0), conv(3, 40)])
+    texts = [m.index(i).data() for i in range(m.rowCount())]
+    assert texts == ["Today", "chat 1", "chat 2", "Older", "chat 3"]
+    assert m.flags(m.index(0)) == Qt.ItemFlag.NoItemFlags and m.index(1).data(IdRole) == "c1"
+    assert m.row_of("c3") == 4
+    hit = SimpleNamespace(conversation_id="c2", conversation_title="chat 2", message_id="m9", role="user",
+                          snippet="the [launch] code")
+    m.set_hits("launch", [hit])
+    assert m.rowCount() == 2 and m.index(1).data(KindRole) == "hit" and "[launch]" in m.index(1).data()
+
+
+def test_document_model_status_and_per_conversation_choice():
+    m = DocumentListModel()
+    m.set_documents([DocRow("/d/b.txt", "indexed", chunks=3), DocRow("/d/a.pdf", "failed", "password-protected")])
+    assert m.index(0).data().startswith("a.pdf — failed (password-protected)")
+    assert m.index(0).data(Qt.ItemDataRole.CheckStateRole) is None  # only indexed documents are choosable
+    assert m.index(1).data(Qt.ItemDataRole.CheckStateRole) == Qt.CheckState.Checked  # None = all
+    changes = []
+    m.selection_changed.connect(lambda: changes.append(m.selected_paths()))
+    m.setData(m.index(1), Qt.CheckState.Unchecked, Qt.ItemDataRole.CheckStateRole)
+    assert changes == [[]]
+    m.update_status(DocRow("/d/c.md", "indexed", chunks=1))
+    m.update_status(DocRow("/d/b.txt", "removed"))
+    assert [m.item(i).path for i in range(m.rowCount())] == ["/d/a.pdf", "/d/c.md"]
+
+
+def test_chat_model_streams_into_last_row():
+    m = ChatModel()
+    changed = []
+    m.dataChanged.connect(lambda a, b, *_: changed.append(a.row()))
+    m.append(ChatRow(None, "user", "hi"))
+    m.append(ChatRow(None, "assistant", "", streaming=True))
+    m.append_text("Hel")
+    m.append_text("lo")
+    assert m.item(1).content == "Hello" and changed == [1, 1]
+
+
+# ---------------------------------------------------------------------------------------------- branches
+def test_branches_follow_edits_and_regenerations():
+    from app.memory.store import Store
+    from app.ui.branches import branch_rows, descend, sibling_tip
+
+    s = Store(":memory:")
+    cid = s.create_conversation("t")
+    u1 = s.append_message(cid, "user", "first")
+    a1 = s.append_message(cid, "assistant", "answer one", u1)
+    a2 = s.append_message(cid, "assistant", "answer two", u1)
+    s.add_citations(a2, [{"evidence_id": "e1", "path": "/d/x.txt", "page": None, "quote": "q"}])
+    rows = branch_rows(s, cid, None)
+    assert [r.content for r in rows] == ["first", "answer two"]
+    assert rows[1].siblings == (2, 2) and rows[1].citations[0]["evidence_id"] == "e1"
+    tip = sibling_tip(s, rows[1], -1)
+    assert tip == a1 and sibling_tip(s, rows[1], +1) is None
+    assert descend(s, u1) == a2
+    s.close()
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def test_generator_worker_streams_returns_and_quits(qtbot):
+    from app.ui.workers import GeneratorWorker, WorkerPool
+
+    pool = WorkerPool()
+    got, result = [], []
+
+    def numbers(n):
+        for i in range(n):
+            yield i
+        return "done"
+
+    w = GeneratorWorker(numbers, 5)
+    with qtbot.waitSignal(w.signals.finished, timeout=5000):
+        pool.start(w, on_yield=got.append, on_return=result.append)
+    assert got == [0, 1, 2, 3, 4] and result == ["done"]
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.set()
+
+    w2 = GeneratorWorker(endless)
+    with qtbot.waitSignal(w2.signals.finished, timeout=5000):
+        pool.start(w2, on_yield=lambda _x: w2.quit())
+    assert closed.is_set() and pool.shutdown(5000) and pool.active == 0
+
+
+def test_settings_dialog_round_trip_and_per_model_override(qtbot):
+    from app.settings import UserSettings
+    from app.ui.settings_dialog import SettingsDialog
+
+    base = UserSettings()
+    dlg = SettingsDialog(base, "my-model")
+    qtbot.addWidget(dlg)
+    dlg.n_ctx.setValue(8192)
+    dlg.temperature.setValue(0.3)
+    dlg.seed.setValue(-1)
+    dlg.system_prompt.setPlainText("Be brief.")
+    out = dlg.result_settings()
+    assert out.load.n_ctx == 8192 and out.decoding.temperature == 0.3 and out.decoding.seed is None
+    assert out.system_prompt == "Be brief." and out.per_model == {}
+    dlg.per_model.setChecked(True)
+    dlg.n_gpu_layers.setValue(-1)
+    out2 = dlg.result_settings()
+    assert out2.load == base.load and out2.per_model["my-model"] == {"n_ctx": 8192, "n_gpu_layers": -1}
+    assert out2.load_for("my-model").n_ctx == 8192 and out2.load_for("other").n_ctx == base.load.n_ctx
+    dlg.type_v.setCurrentText("q8_0")
+    dlg.flash_attn.setChecked(False)
+    dlg.accept()  # invalid: a quantized V cache needs flash attention → stays open, names the field
+    assert "type_v" in dlg.error.text() and dlg.result() != dlg.DialogCode.Accepted
+
+
+def test_server_texts():
+    from app.settings import ServerSettings
+    from app.ui.server_ctl import base_url, curl_example, new_api_key
+
+    s = replace(ServerSettings(), port=9000, api_key="k1")
+    assert base_url(s) == "http://127.0.0.1:9000/v1"
+    assert 'Authorization: Bearer k1' in curl_example(s, "m") and '"model": "m"' in curl_example(s, "m")
+    assert new_api_key() != new_api_key()
+
+
+def test_recommendation_is_a_value():
+    r = Recommendation("id", "n", "r", "f.gguf", 1, 2, "b", "l")
+    assert r.verdict == "unknown"

@@ -1,0 +1,182 @@
+"""The real window (offscreen) with the real bundled model: streaming, Stop, a truncated GGUF, a dropped
+document, settings across a restart. Kept few and lean: the model is small and each test loads it once
+(about a second). Every test ends with no worker thread running and no engine process left."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+
+from app import paths
+from app.engine.types import DecodingParams, LoadSettings
+from app.settings import UserSettings, load_user_settings, save_user_settings
+
+pytestmark = pytest.mark.model
+LOAD_MS = 60_000
+ANSWER_MS = 120_000
+
+
+@pytest.fixture
+def home_with_model(bundled_model: Path) -> Path:
+    """HEARTH_HOME with the bundled model linked in (not assembled again) and greedy, short answers."""
+    link = paths.bundled_model_path()
+    if not link.exists():
+        link.symlink_to(bundled_model)
+    save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
+                                    decoding=DecodingParams(temperature=0.0, max_tokens=48)))
+    return paths.home()
+
+
+def open_window(qtbot):
+    from app.ui.context import AppContext
+    from app.ui.main_window import MainWindow
+
+    ctx = AppContext()
+    w = MainWindow(ctx)
+    w.show()
+    qtbot.waitUntil(lambda: ctx.engine.state == "ready", timeout=LOAD_MS)
+    return w
+
+
+def close_window(w) -> None:
+    ctx = w.ctx
+    w.close()
+    assert ctx.pool.pool.activeThreadCount() == 0 and ctx.pool.active == 0
+    assert not [p for p in multiprocessing.active_children() if p.name in ("hearth-engine", "hearth-embedder")]
+    assert not [t for t in threading.enumerate() if t.name == "hearth-http"]
+
+
+@pytest.fixture
+def window(qtbot, home_with_model):
+    w = open_window(qtbot)
+    yield w
+    close_window(w)
+
+
+def ask(qtbot, w, text: str) -> None:
+    """Type ``text`` and press Enter, as a person would."""
+    w.chat.composer.setFocus()
+    qtbot.keyClicks(w.chat.composer, text)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_Return)
+
+
+def drop(widget, files: list[Path]) -> None:
+    """Drag ``files`` onto ``widget`` and drop them (Qt delivers a drop only after an accepted drag-enter)."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(f)) for f in files])
+    action, button, mods = Qt.DropAction.CopyAction, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    enter = QDragEnterEvent(QPoint(10, 10), action, mime, button, mods)
+    QApplication.sendEvent(widget, enter)
+    assert enter.isAccepted()
+    QApplication.sendEvent(widget, QDropEvent(QPointF(10, 10), action, mime, button, mods))
+
+
+def test_send_streams_the_answer(qtbot, window):
+    w, deltas = window, []
+    w.ctx.chat.delta.connect(deltas.append)
+    ask(qtbot, w, "What is the capital of France?")
+    assert w.ctx.chat.busy and w.chat_model.item(1).streaming
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    rows = w.chat_model.items()
+    assert [r.role for r in rows] == ["user", "assistant"] and rows[1].status == "complete"
+    assert len(deltas) >= 2 and "".join(deltas).strip() == rows[1].content.strip()
+    assert "Paris" in rows[1].content
+    assert "Paris" in w.chat.widgets[1].body.toPlainText()  # rendered in the bubble
+    assert w.status.ttft.text().startswith("TTFT ") and "ms" in w.status.ttft.text()
+    assert w.status.context.value() > 0 and "Your message" in w.status.context.toolTip()
+    stored = w.ctx.store.list_conversations()
+    assert len(stored) == 1 and stored[0].title.startswith("What is the capital")
+
+
+def test_stop_mid_answer_then_chat_again(qtbot, window):
+    w = window
+    w.ctx.settings = replace(w.ctx.settings, decoding=replace(w.ctx.settings.decoding, max_tokens=400))
+    first: list[str] = []
+    w.ctx.chat.delta.connect(first.append)
+    ask(qtbot, w, "Count from 1 to 300, separated by commas: 1, 2, 3,")
+    qtbot.waitUntil(lambda: len(first) >= 3, timeout=ANSWER_MS)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_Escape)  # Esc stops
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=10_000)
+    answer = w.chat_model.items()[-1]
+    assert answer.status == "error" and answer.content  # kept, marked stopped
+    assert "stopped" in w.chat.widgets[-1].status.text()
+    assert w.ctx.engine.engine.stats.cancelled >= 1
+    ask(qtbot, w, "What is the capital of France?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    assert w.chat_model.items()[-1].status == "complete" and "Paris" in w.chat_model.items()[-1].content
+
+
+def test_truncated_gguf_shows_its_error_and_chat_still_works(qtbot, window, bundled_model, tmp_path):
+    w = window
+    broken = tmp_path / "broken-model.gguf"
+    with open(bundled_model, "rb") as src:
+        broken.write_bytes(src.read(5_000_000))
+    drop(w.models, [broken])  # a dropped file is linked into the models folder, not copied
+    link = paths.models_dir() / "broken-model.gguf"
+    assert link.is_symlink()
+    qtbot.waitUntil(lambda: w.models.model.row_of_path(str(link)) >= 0, timeout=10_000)
+    w.models.select_path(str(link))
+    assert "truncated" in w.models.details.text()  # shown before loading
+    w.models.load_btn.click()
+    qtbot.waitUntil(lambda: w.models.error.isVisible(), timeout=LOAD_MS)
+    assert "truncated" in w.models.error.text() and "broken-model.gguf" in w.models.error.text()
+    assert w.ctx.engine.state == "ready" and Path(w.ctx.engine.job.path).name == bundled_model.name
+    ask(qtbot, w, "What is the capital of France?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    assert "Paris" in w.chat_model.items()[-1].content
+
+
+def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
+    w = window
+    if not w.ctx.docs.available:
+        pytest.skip("app.retrieval is not in this build")
+    doc = tmp_path / "ferries.txt"
+    doc.write_text("Ferry timetable.\n\nThe ferry to Lindholm island leaves at 7:45 every morning from pier 4.\n")
+    drop(w.documents, [doc])
+    qtbot.waitUntil(lambda: w.documents.model.row_of(str(doc)) >= 0 and not w.ctx.docs.busy, timeout=60_000)
+    row = w.documents.model.item(w.documents.model.row_of(str(doc)))
+    assert row.status == "indexed" and row.chunks >= 1
+    assert "indexed" in w.documents.model.index(w.documents.model.row_of(str(doc))).data()
+    ask(qtbot, w, "When does the ferry to Lindholm leave?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    answer = w.chat_model.items()[-1]
+    assert answer.citations or answer.retrieved  # the passage went to the model and is listed under the answer
+    assert "ferries.txt" in w.chat.widgets[-1].citations.text()
+
+
+def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_model):
+    w = open_window(qtbot)
+    from PySide6.QtWidgets import QApplication as App
+
+    def fill_dialog():
+        dlg = App.activeModalWidget()
+        dlg.n_ctx.setValue(1024)
+        dlg.temperature.setValue(0.5)
+        dlg.system_prompt.setPlainText("Answer in one word.")
+        dlg.accept()
+
+    QTimer.singleShot(200, fill_dialog)
+    w.open_settings()
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and w.ctx.engine.engine is not None
+                    and w.ctx.engine.engine.settings.n_ctx == 1024, timeout=LOAD_MS)  # applied = reloaded
+    close_window(w)
+    saved = load_user_settings()
+    assert saved.load.n_ctx == 1024 and saved.decoding.temperature == 0.5
+    w2 = open_window(qtbot)  # "relaunch"
+    try:
+        assert w2.ctx.engine.engine.settings.n_ctx == 1024
+        from app.ui.settings_dialog import SettingsDialog
+
+        dlg = SettingsDialog(w2.ctx.settings, None, w2)
+        assert dlg.n_ctx.value() == 1024 and dlg.temperature.value() == 0.5
+        assert dlg.system_prompt.toPlainText() == "Answer in one word."
+    finally:
+        close_window(w2)
