@@ -236,7 +236,8 @@ def test_generator_worker_streams_returns_and_quits(qtbot):
     w2 = GeneratorWorker(endless)
     with qtbot.waitSignal(w2.signals.finished, timeout=5000):
         pool.start(w2, on_yield=lambda _x: w2.quit())
-    assert closed.is_set() and pool.shutdown(5000) and pool.active == 0
+    qtbot.waitUntil(lambda: pool.active == 0, timeout=5000)
+    assert closed.is_set() and pool.shutdown(5000)
 
 
 def test_settings_dialog_round_trip_and_per_model_override(qtbot):
