@@ -28,6 +28,7 @@ class AppContext(QObject):
 
     def __init__(self, hub: HubClient | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        _preload()
         from app.memory.store import Store
 
         self.settings: UserSettings = load_user_settings()
@@ -94,6 +95,21 @@ class AppContext(QObject):
             log.warning("workers still running at exit")
         self.docs.shutdown()
         self.store.close()
+
+
+def _preload() -> None:
+    """Import the modules workers and slots need now, at start-up: a first import later (tens of ms, holding
+    the GIL) would stall the GUI thread in the middle of a model load or the first answer."""
+    import app.engine.engine  # noqa: F401
+    import app.memory.chat_session  # noqa: F401
+    import app.ui.chat_view  # noqa: F401
+
+    if DocumentsController is not None:
+        try:
+            import app.retrieval.rag  # noqa: F401
+            import app.retrieval.search  # noqa: F401
+        except ImportError:
+            pass
 
 
 def _bundled_id() -> str:

@@ -75,16 +75,25 @@ class EngineController(QObject):
         self.pool.run(_inspect, job.path, on_return=lambda _info: self._swap(job), on_error=self._failed)
 
     def _swap(self, job: LoadJob) -> None:
-        from app.engine.engine import Engine
-
         self.about_to_change.emit()
         old, previous = self.engine, self.job
         self.engine = None
         self.unloaded.emit()
-        self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
-        self.pool.run(_close_then_load, old, self._pending,
-                      on_return=lambda info: self._ready(job, info),
+        self.pool.run(self._close_then_load, old, job, on_return=lambda info: self._ready(job, info),
                       on_error=lambda exc: self._failed(exc, previous if not self._aborted else None))
+
+    def _close_then_load(self, old: Any, job: LoadJob) -> dict:
+        """On the worker: close the old engine, then create and load the new one (``_pending`` while it loads,
+        so that ``abort_load`` can kill it)."""
+        from app.engine.engine import Engine
+        from app.errors import Cancelled
+
+        if old is not None:
+            old.close()
+        self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
+        if self._aborted:
+            raise Cancelled("the load was aborted")
+        return self._pending.load()
 
     def _ready(self, job: LoadJob, info: dict) -> None:
         engine, self._pending = self._pending, None
@@ -148,8 +157,3 @@ def _inspect(path: str) -> Any:
         raise ModelLoadError(f"{path}: no such file", path=path)
     return inspect_model(path, require_chat=True)
 
-
-def _close_then_load(old: Any, new: Any) -> dict:
-    if old is not None:
-        old.close()
-    return new.load()
