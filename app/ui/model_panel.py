@@ -102,7 +102,7 @@ class ModelPanel(QWidget):
     def _recommended_box(self) -> QGroupBox:
         box = QGroupBox("Recommended chat models for this machine (instruction-tuned, one click to download)")
         lay = QVBoxLayout(box)
-        self.recommended = QListWidget()
+        self.recommended = QListWidget(wordWrap=True)
         self.rec_btn = QPushButton("Download selected")
         lay.addWidget(self.recommended)
         lay.addWidget(self.rec_btn)

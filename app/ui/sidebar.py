@@ -36,6 +36,7 @@ class Sidebar(QWidget):
         self.search.textChanged.connect(lambda _t: self._debounce.start())
         self.view = QListView()
         self.view.setModel(self.model)
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._menu)
         self.view.clicked.connect(self._clicked)

@@ -18,8 +18,8 @@ class StatusStrip(QWidget):
         lay.setContentsMargins(6, 2, 6, 2)
         self.model = QLabel("No model loaded")
         self.ttft, self.decode, self.reused = QLabel(), QLabel(), QLabel()
-        self.context = QProgressBar(textVisible=True, maximumWidth=220)
-        self.context.setFormat("context %v / %m")
+        self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
+        self.context.setFormat("context %v / %m tokens")
         lay.addWidget(self.model, 1)
         for w in (self.ttft, self.decode, self.reused, self.context):
             lay.addWidget(w)
