@@ -180,3 +180,30 @@ def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_mode
         assert dlg.system_prompt.toPlainText() == "Answer in one word."
     finally:
         close_window(w2)
+
+
+def test_port_panel_serves_the_loaded_model(qtbot, window):
+    import socket
+
+    import httpx
+
+    w = window
+    if not w.ctx.server.available:
+        pytest.skip("app.server is not in this build")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    w.port.port.setValue(port)
+    w.port._set_key("test-key-123")
+    w.port.enabled.setChecked(True)  # applies: saved and started on a worker
+    qtbot.waitUntil(lambda: w.ctx.server.running, timeout=20_000)
+    assert w.port.url.text() == f"http://127.0.0.1:{port}/v1" and "Bearer test-key-123" in w.port.curl.toPlainText()
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8,
+            "temperature": 0}
+    answers: list = []
+    w.ctx.pool.run(lambda: httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60,
+                                      headers={"Authorization": "Bearer test-key-123"}), on_return=answers.append)
+    qtbot.waitUntil(lambda: bool(answers), timeout=ANSWER_MS)
+    assert answers[0].status_code == 200 and "Paris" in answers[0].json()["choices"][0]["message"]["content"]
+    qtbot.waitUntil(lambda: w.port.requests.text().startswith("1 request"), timeout=5_000)
+    assert load_user_settings().server.enabled and load_user_settings().server.api_key == "test-key-123"
