@@ -33,6 +33,7 @@ class ServerSettings:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
+    allow_hosts: list[str] = field(default_factory=list)  # extra Host names accepted (DNS-rebinding guard)
     max_queue: int = 16
 
 

@@ -1,78 +1,120 @@
-"""``hearth chat``: terminal chat with streaming (for machines without a display).
+"""``hearth chat``: chat in the terminal, every turn stored (``app.memory``).
 
-Interactive: type a message, Enter sends; ``/new`` starts over, ``/quit`` (or Ctrl+D) leaves; Ctrl+C stops
-the answer being written.
+Interactive (default): type a message, Enter sends; ``/new`` starts a new conversation, ``/quit`` (or Ctrl+D)
+leaves; Ctrl+C stops the answer being written (the partial answer is kept, marked as stopped).
+One message, non-interactive: ``--new --message TEXT`` or ``--conversation ID --message TEXT``; ``--json``
+prints ``{"conversation_id", "message_id", "text", "finish_reason", "metrics", "context"}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from app.cli._engine_args import add_decoding_args, add_load_args, decoding, make_engine
-from app.engine.types import ChatMessage, Delta, Done, GenerateRequest
-from app.errors import Cancelled, HearthError
+from app.engine.types import Delta, Done
+from app.errors import Cancelled, HearthError, InvalidRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="chat in the terminal (streams answers)")
+    p = sub.add_parser("chat", help="chat in the terminal (streams answers; conversations are stored)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--new", action="store_true", help="start a new conversation")
+    g.add_argument("--conversation", "-c", default=None, help="continue conversation ID (or a unique prefix)")
+    p.add_argument("--message", default=None, help="send one message, print the answer and exit")
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--json", action="store_true", help="with --message: print the answer as JSON")
     add_load_args(p)
     add_decoding_args(p)
     p.set_defaults(func=run_terminal_chat)
 
 
-def run_terminal_chat(args: argparse.Namespace) -> int:
-    for name, default in (("max_tokens", 256), ("system", None), ("prefix_cache", True)):
+def _defaults(args: argparse.Namespace) -> None:
+    for name, default in (("max_tokens", 256), ("system", None), ("prefix_cache", True), ("new", False),
+                          ("conversation", None), ("message", None), ("json", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
-    dec = decoding(args)
-    history: list[ChatMessage] = [ChatMessage("system", args.system)] if args.system else []
+
+
+def run_terminal_chat(args: argparse.Namespace) -> int:
+    from app.chat_service import open_chat_session
+    from app.memory import Store
+    from app.settings import load_user_settings
+
+    _defaults(args)
+    if args.json and args.message is None:
+        raise InvalidRequest("--json needs --message (one message, non-interactive)", param="json")
+    store = Store()
+    system = args.system if args.system is not None else load_user_settings().system_prompt
     with make_engine(args) as eng:
-        print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · "
-              "/new to start over, /quit to leave", file=sys.stderr)
-        if eng.info.get("template") == "transcript":
-            print("(this is a small base model for trying things out: answers are short and often wrong)",
-                  file=sys.stderr)
-        while True:
-            try:
-                line = input("you> ")
-            except EOFError:
-                print()
-                return 0
-            if not line.strip():
-                continue
-            if line.strip() in ("/quit", "/exit"):
-                return 0
-            if line.strip() == "/new":
-                history = history[:1] if args.system else []
-                continue
-            history.append(ChatMessage("user", line))
-            answer = _stream_answer(eng, GenerateRequest(messages=tuple(history), decoding=dec))
-            if answer is not None:
-                history.append(ChatMessage("assistant", answer))
-            else:
-                history.pop()
+        session = open_chat_session(eng, store, decoding=decoding(args), system_prompt=system or "")
+        cid = _conversation(store, session, args)
+        if args.message is not None:
+            return _one_message(session, cid, args)
+        return _interactive(eng, store, session, cid)
 
 
-def _stream_answer(eng, req: GenerateRequest) -> str | None:
-    gen = eng.generate(req)
+def _conversation(store, session, args) -> str:
+    if args.conversation:
+        return store.resolve_conversation_id(args.conversation)
+    return session.new_conversation()
+
+
+def _one_message(session, cid: str, args) -> int:
+    on_delta = None if args.json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+    result = session.send(cid, args.message, on_delta=on_delta)
+    if args.json:
+        print(json.dumps({"conversation_id": result.conversation_id, "message_id": result.message_id,
+                          "text": result.text, "finish_reason": result.finish_reason, "metrics": result.metrics,
+                          "context": result.context, "summaries_added": result.summaries_added},
+                         ensure_ascii=False))
+    else:
+        print()
+    return 0
+
+
+def _interactive(eng, store, session, cid: str) -> int:
+    print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · conversation "
+          f"{cid[:12]} · /new to start over, /quit to leave", file=sys.stderr)
+    if eng.info.get("template") == "transcript":
+        print("(a small base model for trying things out: answers are short and often wrong)", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            print()
+            return 0
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/quit", "/exit"):
+            return 0
+        if cmd == "/new":
+            cid = session.new_conversation()
+            print(f"  [new conversation {cid[:12]}]", file=sys.stderr)
+            continue
+        _stream_turn(session, cid, line)
+
+
+def _stream_turn(session, cid: str, text: str) -> None:
     sys.stdout.write("hearth> ")
+    events = session.stream(cid, text)
     try:
-        for ev in gen:
+        for ev in events:
             if isinstance(ev, Delta):
                 sys.stdout.write(ev.text)
                 sys.stdout.flush()
-            elif isinstance(ev, Done):
-                m = ev.metrics
-                print(f"\n  [{ev.finish_reason} · TTFT {m.ttft_s * 1000:.0f} ms · {m.decode_tps:.1f} tok/s · "
-                      f"{m.cached_tokens}/{m.prompt_tokens} prompt tokens reused]", file=sys.stderr)
-                return ev.text
+            elif not isinstance(ev, Done) and hasattr(ev, "context"):
+                m, c = ev.metrics, ev.context
+                print(f"\n  [{ev.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · "
+                      f"{m.get('decode_tps', 0):.1f} tok/s · {m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} "
+                      f"prompt tokens reused · context {c.get('n_ctx', 0) - c.get('free', 0)}/{c.get('n_ctx', 0)}]",
+                      file=sys.stderr)
     except KeyboardInterrupt:
-        gen.close()
+        events.close()
         print("\n  [stopped]", file=sys.stderr)
     except Cancelled:
         print("\n  [stopped]", file=sys.stderr)
     except HearthError as exc:
         print(f"\n  error: {exc}", file=sys.stderr)
-    return None

@@ -42,6 +42,7 @@ def _child_main(conn, cancel_event, model_path: str, settings: LoadSettings, met
                 cache_cfg: dict | None) -> None:
     """Engine process entry point: load, then serve commands from ``conn`` until ``close``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the parent, which cancels
+    _exit_with_parent()
     from app.engine.runtime import Runtime
 
     try:
@@ -92,9 +93,26 @@ def _child_main(conn, cancel_event, model_path: str, settings: LoadSettings, met
                 conn.send(("error", HearthError(f"unknown engine command {op!r}")))
         except HearthError as exc:
             conn.send(("error", exc))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            return  # the parent is gone
         except Exception as exc:  # noqa: BLE001 - a bug: report it, keep serving
             log.exception("engine command %s failed", op)
             conn.send(("error", HearthError(f"unexpected engine error: {type(exc).__name__}: {exc}")))
+
+
+def _exit_with_parent() -> None:
+    """If the parent dies (even by SIGKILL), end this process within a second instead of running on."""
+    import os
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -173,6 +191,7 @@ class Engine:
         self._waiting = 0
         self._current: Generation | None = None
         self._closed = False
+        self._loading = None  # the child process while ``load`` waits for it (``close`` kills it: abort)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> dict:
@@ -188,12 +207,16 @@ class Engine:
                             args=(child, self._cancel, self.model_path, self.settings, meta, self.cache_cfg))
         proc.start()
         child.close()
+        self._loading = proc
         try:
             msg = parent.recv()
-        except EOFError:
+        except (EOFError, OSError):
             proc.join(5)
-            raise ModelLoadError(f"the engine process died while loading the model ({_exit_text(proc)})",
+            why = "the load was aborted" if self._closed else _exit_text(proc)
+            raise ModelLoadError(f"the engine process died while loading the model ({why})",
                                  path=self.model_path) from None
+        finally:
+            self._loading = None
         if msg[0] == "load_error":
             proc.join(5)
             raise msg[1]
@@ -208,6 +231,9 @@ class Engine:
     def close(self) -> None:
         """Stop the engine process (waits up to 5 s, then kills it)."""
         self._closed = True
+        loading = self._loading
+        if loading is not None and loading.is_alive():  # abort a load in progress (another thread waits)
+            loading.kill()
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
         if proc is None:
@@ -312,7 +338,7 @@ class Engine:
         def __enter__(self):
             e = self.e
             with e._cond:
-                if e._waiting >= e.max_queue + 1:
+                if e._waiting >= e.max_queue:
                     raise QueueFull(f"{e._waiting} requests are already waiting for the engine", 2.0)
                 ticket = next(e._tickets)
                 e._waiting += 1

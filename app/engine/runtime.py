@@ -61,6 +61,7 @@ class Runtime:
             )
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the model: {exc}", path=model_path) from None
+        self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
         self.n_vocab = self.llm.n_vocab()
@@ -75,6 +76,14 @@ class Runtime:
         self.template_name = choose_template_name(_MetaView(self.meta, md, model_path))
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
         self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
+
+    def _warm_up(self) -> None:
+        """Evaluate one token and forget it, so that thread start-up and first touches of the weights are
+        paid by the load, not by the first request's TTFT."""
+        bos = self.llm.token_bos()
+        self.llm.eval([bos if bos >= 0 else 0])
+        self.llm._ctx.kv_cache_clear()
+        self.llm.n_tokens = 0
 
     # -- tokens ---------------------------------------------------------------------------------------
     def _piece(self, token: int, special: bool = False) -> str:

@@ -87,7 +87,7 @@ def _transcript(messages: Sequence[Any]) -> RenderedPrompt:
         elif m.role == "assistant":
             parts.append(f"Assistant: {m.content.strip()}\n\n")
     parts.append("Assistant:")
-    return RenderedPrompt("".join(parts), "transcript", True, ("\nUser:", "User:"))
+    return RenderedPrompt("".join(parts), "transcript", True, ("\n\nUser:", "\nUser:", "User:"))
 
 
 def _gemma(messages: Sequence[Any]) -> RenderedPrompt:
