@@ -149,7 +149,7 @@ def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
     qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
     answer = w.chat_model.items()[-1]
     assert answer.citations or answer.retrieved  # the passage went to the model and is listed under the answer
-    assert "ferries.txt" in w.chat.widgets[-1].citations.text()
+    qtbot.waitUntil(lambda: "ferries.txt" in w.chat.widgets[-1].citations.text(), timeout=2_000)  # rendered
 
 
 def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_model):

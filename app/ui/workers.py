@@ -135,4 +135,7 @@ class WorkerPool(QObject):
         """Ask every worker to quit and wait for the pool; True when all threads are idle."""
         for w in list(self._active):
             w.quit()
-        return self.pool.waitForDone(timeout_ms)
+        done = self.pool.waitForDone(timeout_ms)
+        if done:  # their queued ``finished`` may not have been delivered yet; none is running
+            self._active.clear()
+        return done
