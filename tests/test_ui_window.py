@@ -5,7 +5,6 @@ document, settings across a restart. Kept few and lean: the model is small and e
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 from dataclasses import replace
 from pathlib import Path

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
 from PySide6.QtCore import QObject
 
@@ -104,12 +103,11 @@ def _preload() -> None:
     import app.memory.chat_session  # noqa: F401
     import app.ui.chat_view  # noqa: F401
 
-    if DocumentsController is not None:
-        try:
-            import app.retrieval.rag  # noqa: F401
-            import app.retrieval.search  # noqa: F401
-        except ImportError:
-            pass
+    try:
+        import app.retrieval.rag  # noqa: F401
+        import app.retrieval.search  # noqa: F401
+    except ImportError:  # a build without retrieval: the documents panel says so
+        pass
 
 
 def _bundled_id() -> str:

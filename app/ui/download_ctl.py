@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 

@@ -7,7 +7,6 @@ is atomic (``app.settings.save_user_settings``). The window reloads the model wh
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)

@@ -31,7 +31,6 @@ def spin(app, cond, timeout_s: float = 120) -> None:
 
 
 def main() -> int:
-    from dataclasses import replace
 
     from PySide6.QtWidgets import QApplication
 
