@@ -5,6 +5,9 @@ window is picked up by the next request), run by ``app.server.run.ServerThread``
 start-up) and stopping run on a worker; a settings change while it runs restarts it. The live request count is
 read from the app's ``ServerMetrics`` by a 1 s timer in the panel. If ``app.server`` is not in this build,
 ``available`` is False and the panel says so.
+
+Dependency direction: STYLE.md has ``ui`` and ``server`` as sibling adapters; the desktop process still hosts the
+port (ARCHITECTURE.md), so this one module imports ``app.server`` (lazily); ``app.server`` never imports ``ui``.
 """
 
 from __future__ import annotations
