@@ -278,3 +278,33 @@ def test_server_texts():
 def test_recommendation_is_a_value():
     r = Recommendation("id", "n", "r", "f.gguf", 1, 2, "b", "l")
     assert r.verdict == "unknown"
+
+
+def test_sidebar_rename_delete_search(qtbot, tmp_path):
+    from app.memory.store import Store
+    from app.ui.sidebar import Sidebar
+
+    store = Store(tmp_path / "h.db")
+    a = store.create_conversation("Trip planning")
+    store.append_message(a, "user", "Which ferry goes to Lindholm?")
+    b = store.create_conversation("Recipes")
+    store.append_message(b, "user", "How long do I boil an egg?")
+    bar = Sidebar(store)
+    qtbot.addWidget(bar)
+    bar.refresh()
+    assert [bar.model.index(i).data() for i in range(bar.model.rowCount())] == ["Today", "Recipes", "Trip planning"]
+    bar.rename(b, "Cooking")
+    assert bar.model.index(1).data() == "Cooking"
+    picked = []
+    bar.selected.connect(lambda cid, mid: picked.append((cid, mid)))
+    bar.search.setText("ferry")
+    qtbot.waitUntil(lambda: bar.model.rowCount() == 2, timeout=2000)  # header + one hit, after the debounce
+    bar.view.clicked.emit(bar.model.index(1))
+    assert picked and picked[0][0] == a and picked[0][1]
+    bar.search.clear()
+    deleted = []
+    bar.deleted.connect(deleted.append)
+    bar.delete(b, confirm=False)
+    qtbot.waitUntil(lambda: bar.model.rowCount() == 2, timeout=2000)
+    assert deleted == [b] and bar.model.index(1).data() == "Trip planning"
+    store.close()

@@ -206,3 +206,28 @@ def test_port_panel_serves_the_loaded_model(qtbot, window):
     assert answers[0].status_code == 200 and "Paris" in answers[0].json()["choices"][0]["message"]["content"]
     qtbot.waitUntil(lambda: w.port.requests.text().startswith("1 request"), timeout=5_000)
     assert load_user_settings().server.enabled and load_user_settings().server.api_key == "test-key-123"
+
+
+def test_edit_makes_a_branch_and_keys_work(qtbot, window):
+    w = window
+    ask(qtbot, w, "What is the capital of France?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    user_row = w.chat_model.item(0)
+    w.chat.widgets[0].buttons["edit"].click()  # Edit: the text goes back into the box
+    assert w.chat.composer.toPlainText() == user_row.content and w.chat.edit_bar.isVisible()
+    w.chat.composer.clear()
+    ask(qtbot, w, "What is the capital of Italy?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    rows = w.chat_model.items()
+    assert len(rows) == 2 and rows[0].content.endswith("Italy?") and rows[0].siblings == (2, 2)
+    assert "Rome" in rows[1].content
+    w.chat.widgets[0].prev_btn.click()  # back to the first branch, nothing was overwritten
+    rows = w.chat_model.items()
+    assert rows[0].content.endswith("France?") and rows[0].siblings == (1, 2) and "Paris" in rows[1].content
+    w.chat.widgets[1].buttons["regenerate"].click()
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    assert w.chat_model.items()[-1].status == "complete"
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)  # Ctrl+N: new chat
+    assert w.conversation_id is None and w.chat_model.rowCount() == 0
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)  # Ctrl+F: search
+    assert w.sidebar.search.hasFocus()
