@@ -231,3 +231,16 @@ def test_edit_makes_a_branch_and_keys_work(qtbot, window):
     assert w.conversation_id is None and w.chat_model.rowCount() == 0
     qtbot.keyClick(w.chat.composer, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)  # Ctrl+F: search
     assert w.sidebar.search.hasFocus()
+
+
+def test_esc_during_a_load_aborts_it_and_frees_the_process(qtbot, window):
+    w = window
+    job = w.ctx.engine.job
+    w.ctx.engine.unload()
+    qtbot.waitUntil(lambda: w.ctx.pool.active == 0, timeout=10_000)
+    w.ctx.engine.load(job)
+    qtbot.waitUntil(lambda: w.ctx.engine._pending is not None, timeout=10_000)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "idle" and w.ctx.pool.active == 0, timeout=10_000)
+    assert w.ctx.engine.engine is None and not w.models.error.isVisible()  # an abort is not an error
+    assert not [p for p in multiprocessing.active_children() if p.name == "hearth-engine"]
