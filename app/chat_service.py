@@ -60,3 +60,63 @@ def open_chat_session(engine: Any, store: Any, *, decoding: DecodingParams, syst
                                                     if k in ("type_k", "type_v", "flash_attn")}},
                        summary_options={"temperature": 0.0}, message_overhead=overhead,
                        count_messages=engine_count_messages(engine))
+
+
+class DocumentContext:
+    """Evidence from the document index for chat turns (RAG), and citations parsed from the answers.
+
+    ``k``: passages per turn. The evidence block goes after the stable part of the prompt (system prompt,
+    summaries, history; see ``app.memory.context``), so the prefix cache still hits on the next turn.
+    ``notice`` says when search is degraded (no embedding model: keyword search only).
+    """
+
+    def __init__(self, k: int = 4, *, store: Any = None, embedder: Any = None) -> None:
+        from app.retrieval.search import Retriever
+
+        if store is None:
+            from app.retrieval.ingest import open_default
+
+            store, embedder = open_default()
+        self.store, self.embedder, self.k = store, embedder, k
+        self.retriever = Retriever(store, embedder)
+        self.notice: str | None = None
+
+    def evidence_for(self, query: str) -> tuple[str | None, list[Any]]:
+        """(prompt block or None when nothing matched, the evidence list)."""
+        from app.retrieval.rag import format_evidence_block
+
+        results = self.retriever.search(query, self.k)
+        self.notice = results.notice
+        items = list(results)
+        return (format_evidence_block(items) if items else None), items
+
+    @staticmethod
+    def citations(answer: str, evidence: list[Any]) -> list[dict]:
+        """Structured citations (evidence_id, path, page, quote) for the IDs the answer cites."""
+        from app.retrieval.rag import parse_citations
+
+        return [{"evidence_id": c.evidence_id, "path": c.path, "page": c.page, "quote": c.quote}
+                for c in parse_citations(answer, evidence)]
+
+    def close(self) -> None:
+        self.retriever.close()
+        if self.embedder is not None:
+            self.embedder.close()
+        self.store.close()
+
+
+def send_with_documents(session: Any, docs: DocumentContext | None, conversation_id: str, text: str,
+                        **kw: Any) -> tuple[Any, list[dict], list[dict]]:
+    """One turn with evidence: returns (TurnResult, citations stored with the answer, evidence given).
+
+    The model is asked to cite ``[E:<id>]``; only IDs it actually cites become citations (small models often
+    cite nothing: then the evidence list still says what the model was given)."""
+    if docs is None:
+        return session.send(conversation_id, text, **kw), [], []
+    block, evidence = docs.evidence_for(text)
+    result = session.send(conversation_id, text, evidence=block, **kw)
+    cites = docs.citations(result.text, evidence)
+    if cites:
+        session.store.add_citations(result.message_id, cites)
+    given = [{"evidence_id": e.evidence_id, "path": e.path, "page": e.page, "text": e.text} for e in evidence]
+    return result, cites, given

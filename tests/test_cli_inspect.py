@@ -106,7 +106,8 @@ def test_inspect_bundled_json(linked_bundled: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.model
 def test_inspect_bundled_text_by_id(linked_bundled: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", BUNDLED_MODEL_ID, "--no-swa-full", "--type-k", "q4_0", "--type-v", "q4_0"]) == 0
+    assert main(["inspect", BUNDLED_MODEL_ID, "--no-swa-full", "--type-k", "q4_0", "--type-v", "q4_0",
+                 "--n-ubatch", "512"]) == 0
     out = capsys.readouterr().out
     assert "gemma3" in out and "Q4_K_M" in out and "15/18 layers" in out and "5,184 bytes/token" in out
     assert "SWA layers 1024 cells" in out

@@ -104,11 +104,15 @@ def test_metrics_are_complete_and_sane(engine):
 
 def test_live_prefix_is_reused(engine):
     long = "Notes on rivers. " * 150
-    engine.complete(raw(long + "The Nile", max_tokens=2))
-    done = engine.complete(raw(long + "The Amazon", max_tokens=2))
-    # whole prefill chunks (n_batch = 256 here) are reused from the live KV cache
-    assert done.metrics.cached_tokens == (done.metrics.prompt_tokens - 1) // 256 * 256 >= 512
-    assert done.metrics.cache_source == "memory"
+    first = engine.complete(raw(long + "The Nile", max_tokens=2))
+    # Same length, only the last token differs: everything before it was laid out for this length.
+    same_len = engine.complete(raw(long + "The Amazon", max_tokens=2))
+    assert same_len.metrics.prompt_tokens == first.metrics.prompt_tokens
+    assert same_len.metrics.cached_tokens == same_len.metrics.prompt_tokens - 1
+    assert same_len.metrics.cache_source == "memory"
+    # Longer prompt: only whole prefill chunks (n_batch = 256 here) are reused.
+    longer = engine.complete(raw(long + "The Amazon river basin is", max_tokens=2))
+    assert longer.metrics.cached_tokens == (first.metrics.prompt_tokens - 1) // 256 * 256 == 512
 
 
 def test_cancel_mid_decode(engine):

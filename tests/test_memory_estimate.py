@@ -67,14 +67,14 @@ def test_kv_swa_full_matches_llama_cpp() -> None:
 
 
 def test_kv_window_only_matches_llama_cpp() -> None:
-    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=4096, swa_full=False), available_ram_bytes=8 * GiB)
+    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=4096, swa_full=False, n_ubatch=512), available_ram_bytes=8 * GiB)
     assert (est.kv_cells, est.swa_cells) == (4096, 1024)  # GGML_PAD(min(4096, 512 + 512), 256)
     assert est.kv_bytes == 12 * MiB + 15 * MiB
     assert any("swa_full=False" in n for n in est.notes)
 
 
 def test_n_ctx_is_padded_to_256() -> None:
-    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=1000, swa_full=False), available_ram_bytes=8 * GiB)
+    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=1000, swa_full=False, n_ubatch=512), available_ram_bytes=8 * GiB)
     assert (est.kv_cells, est.swa_cells) == (1024, 1024)
     assert est.kv_bytes == 3 * MiB + 15 * MiB
 

@@ -379,8 +379,8 @@ def _stream(url: str, content: str, max_tokens: int = 200):
 
 
 def test_queue_full_is_429_with_retry_after():
-    # max_queue=0: one request runs, one waits (the engine lets max_queue + 1 wait), the next is refused.
-    eng = FakeEngine(max_queue=0, token_delay_s=0.01, reply=lambda r: "x" * 60)
+    # max_queue=1: one request runs, one waits, the next is refused.
+    eng = FakeEngine(max_queue=1, token_delay_s=0.01, reply=lambda r: "x" * 60)
     results: list = []
     with ServerThread(create_app(eng, ServerSettings(), catalog=CATALOG)) as srv:
         def run(tag):

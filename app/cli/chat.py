@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--message", default=None, help="send one message, print the answer and exit")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--json", action="store_true", help="with --message: print the answer as JSON")
+    p.add_argument("--docs", action="store_true", help="answer from the indexed documents (see `hearth ingest`), "
+                   "citing passages as [E:id]")
+    p.add_argument("--k", type=int, default=4, help="with --docs: passages given to the model per turn")
     add_load_args(p)
     add_decoding_args(p)
     p.set_defaults(func=run_terminal_chat)
@@ -32,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _defaults(args: argparse.Namespace) -> None:
     for name, default in (("max_tokens", 256), ("system", None), ("prefix_cache", True), ("new", False),
-                          ("conversation", None), ("message", None), ("json", False)):
+                          ("conversation", None), ("message", None), ("json", False), ("docs", False), ("k", 4)):
         if not hasattr(args, name):
             setattr(args, name, default)
 
@@ -47,12 +50,21 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         raise InvalidRequest("--json needs --message (one message, non-interactive)", param="json")
     store = Store()
     system = args.system if args.system is not None else load_user_settings().system_prompt
-    with make_engine(args) as eng:
-        session = open_chat_session(eng, store, decoding=decoding(args), system_prompt=system or "")
-        cid = _conversation(store, session, args)
-        if args.message is not None:
-            return _one_message(session, cid, args)
-        return _interactive(eng, store, session, cid)
+    docs = None
+    if args.docs:
+        from app.chat_service import DocumentContext
+
+        docs = DocumentContext(args.k)
+    try:
+        with make_engine(args) as eng:
+            session = open_chat_session(eng, store, decoding=decoding(args), system_prompt=system or "")
+            cid = _conversation(store, session, args)
+            if args.message is not None:
+                return _one_message(session, docs, cid, args)
+            return _interactive(eng, store, session, docs, cid)
+    finally:
+        if docs is not None:
+            docs.close()
 
 
 def _conversation(store, session, args) -> str:
@@ -61,20 +73,34 @@ def _conversation(store, session, args) -> str:
     return session.new_conversation()
 
 
-def _one_message(session, cid: str, args) -> int:
+def _one_message(session, docs, cid: str, args) -> int:
+    from app.chat_service import send_with_documents
+
     on_delta = None if args.json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
-    result = session.send(cid, args.message, on_delta=on_delta)
+    result, cites, given = send_with_documents(session, docs, cid, args.message, on_delta=on_delta)
     if args.json:
-        print(json.dumps({"conversation_id": result.conversation_id, "message_id": result.message_id,
-                          "text": result.text, "finish_reason": result.finish_reason, "metrics": result.metrics,
-                          "context": result.context, "summaries_added": result.summaries_added},
-                         ensure_ascii=False))
+        out = {"conversation_id": result.conversation_id, "message_id": result.message_id, "text": result.text,
+               "finish_reason": result.finish_reason, "metrics": result.metrics, "context": result.context,
+               "summaries_added": result.summaries_added}
+        if docs is not None:
+            out.update(citations=cites, evidence=given, search_notice=docs.notice)
+        print(json.dumps(out, ensure_ascii=False))
     else:
         print()
+        _print_sources(cites, given)
     return 0
 
 
-def _interactive(eng, store, session, cid: str) -> int:
+def _print_sources(cites: list[dict], given: list[dict]) -> None:
+    for c in cites:
+        page = f" p.{c['page']}" if c.get("page") else ""
+        print(f"  [E:{c['evidence_id']}] {c['path']}{page}: {(c.get('quote') or '')[:100]!r}", file=sys.stderr)
+    if given and not cites:
+        print("  (no passage cited; the model was given: " + ", ".join(f"[E:{g['evidence_id']}] {g['path']}"
+                                                                     for g in given) + ")", file=sys.stderr)
+
+
+def _interactive(eng, store, session, docs, cid: str) -> int:
     print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · conversation "
           f"{cid[:12]} · /new to start over, /quit to leave", file=sys.stderr)
     if eng.info.get("template") == "transcript":
@@ -94,12 +120,13 @@ def _interactive(eng, store, session, cid: str) -> int:
             cid = session.new_conversation()
             print(f"  [new conversation {cid[:12]}]", file=sys.stderr)
             continue
-        _stream_turn(session, cid, line)
+        _stream_turn(session, docs, cid, line)
 
 
-def _stream_turn(session, cid: str, text: str) -> None:
+def _stream_turn(session, docs, cid: str, text: str) -> None:
     sys.stdout.write("hearth> ")
-    events = session.stream(cid, text)
+    block, evidence = docs.evidence_for(text) if docs is not None else (None, [])
+    events = session.stream(cid, text, evidence=block)
     try:
         for ev in events:
             if isinstance(ev, Delta):
@@ -111,6 +138,11 @@ def _stream_turn(session, cid: str, text: str) -> None:
                       f"{m.get('decode_tps', 0):.1f} tok/s · {m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} "
                       f"prompt tokens reused · context {c.get('n_ctx', 0) - c.get('free', 0)}/{c.get('n_ctx', 0)}]",
                       file=sys.stderr)
+                if docs is not None:
+                    cites = docs.citations(ev.text, evidence)
+                    if cites:
+                        session.store.add_citations(ev.message_id, cites)
+                    _print_sources(cites, [{"evidence_id": e.evidence_id, "path": e.path} for e in evidence])
     except KeyboardInterrupt:
         events.close()
         print("\n  [stopped]", file=sys.stderr)

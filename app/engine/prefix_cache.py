@@ -2,8 +2,11 @@
 
 Why our own store: llama-cpp-python's ``Llama.save_state`` / ``LlamaRAMCache`` / ``LlamaDiskCache`` copy the
 logits (hundreds of MB), delete disk entries when read and carry no compatibility key (LLAMA_CPP_NOTES.md).
-Here an entry is the KV cells of sequence 0 (``llama_state_seq_get_data``: no logits), written with a header
-that says exactly what it is, and indexed in SQLite.
+Here an entry is llama.cpp's context state (``llama_state_get_data``: the KV cells; llama.cpp 0.3.36 keeps no
+logits in it) after the prefill of a prompt's first L−1 tokens, written with a header that says exactly what it
+is, and indexed in SQLite. Restoring the same prompt then evaluates only its last token, exactly as a cold
+prefill does (same canonical layout, see ``Runtime.prefill``), so the logits belong to this prompt, never to a
+longer older one. A shorter stored prefix gives back its whole chunks and the rest is prefilled.
 
 Keys (as vLLM ``kv_cache_utils.hash_block_tokens``): the prompt is cut into blocks of ``BLOCK`` tokens;
 each block's hash covers its parent's hash and its token IDs, so a hash names one exact token prefix. An entry
@@ -321,24 +324,28 @@ class PrefixCache:
 
     # called by Runtime.prefill
     def restore_longest(self, rt: Any, tokens: list[int], live: int, metrics: dict) -> int:
-        """Restore the longest stored prefix of ``tokens`` if it beats the ``live`` reuse. Returns the number of
-        tokens now valid in the KV cache (≤ len(tokens) − 1, a whole number of canonical chunks). On a bad
-        entry, clears the KV cache and returns 0."""
+        """Restore the stored entry that gives back the most of ``tokens``, if it beats the ``live`` reuse.
+
+        An entry holds the KV state of a prompt's first L−1 tokens, prefilled in the canonical layout (see
+        ``Runtime.prefill``). If that is exactly this prompt's first L−1 tokens, all of it is used (then only the
+        last token is evaluated, as in a cold run). If it is a shorter prefix, only its whole chunks are kept
+        and the rest is prefilled. Returns the number of tokens now valid (≤ len(tokens) − 1). On a bad entry,
+        clears the KV cache and returns 0."""
         st = self.store.stats
         st.lookups += 1
         st.prompt_tokens += len(tokens)
         self.last_error = None
-        if len(tokens) < self.min_tokens:
-            st.reused_tokens += live
-            return live
-        # Entries end on canonical chunk boundaries; the last prompt token is always evaluated.
-        found = self.store.find(self.fp, tokens[:-1], min_tokens=live + 1)
+        C = rt.settings.n_batch
+        L = len(tokens)
+        if L - 1 < self.min_tokens:
+            return self._count_live(live)
+        found = self.store.find(self.fp, tokens[:L - 1], min_tokens=live + 1)
         if found is None:
-            st.reused_tokens += live
-            if live:
-                st.hits += 1
-            return live
+            return self._count_live(live)
         n, path = found
+        use = n if n == L - 1 else min(n - n % C, (L - 1) - (L - 1) % C)
+        if use <= live:
+            return self._count_live(live)
         t0 = time.perf_counter()
         try:
             payload = self.store.read(self.fp, tokens, n, path)
@@ -348,7 +355,7 @@ class PrefixCache:
             metrics["cache_error"] = str(exc)
             self._clear(rt)
             return 0
-        use = n
+        rt.canonical_upto = n - n % C
         metrics["restore_s"] = time.perf_counter() - t0
         st.restores += 1
         st.restore_s += metrics["restore_s"]
@@ -356,9 +363,15 @@ class PrefixCache:
         st.reused_tokens += use
         return use
 
+    def _count_live(self, live: int) -> int:
+        self.store.stats.reused_tokens += live
+        if live:
+            self.store.stats.hits += 1
+        return live
+
     def maybe_save(self, rt: Any, tokens: list[int], metrics: dict) -> None:
-        """Save the KV state, which must hold exactly ``tokens`` (the prompt up to its last canonical chunk
-        boundary), if long enough and not stored yet."""
+        """Save the KV state, which holds exactly ``tokens`` (a prompt's first L−1 tokens), if long enough and
+        not stored yet."""
         if len(tokens) < self.min_tokens or self.store.contains(self.fp, tokens):
             return
         t0 = time.perf_counter()
@@ -381,15 +394,16 @@ class PrefixCache:
                 "bytes_on_disk": self.store.total_bytes(), "budget_bytes": self.store.budget,
                 "fingerprint": self.fp}
 
-    # llama.cpp state API
+    # llama.cpp state API: the whole context's state (KV cells + the last token's logits; the logits of a
+    # 262k vocabulary add 1 MiB), not Llama.save_state (which copies every logit row through Python).
     @staticmethod
     def _get_state(rt: Any) -> bytes:
         import llama_cpp
 
         ctx = rt.llm._ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        size = llama_cpp.llama_state_get_size(ctx)
         buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        n = llama_cpp.llama_state_get_data(ctx, buf, size)
         return bytes(memoryview(buf)[:n])
 
     @staticmethod
@@ -400,7 +414,7 @@ class PrefixCache:
         llm._ctx.kv_cache_clear()
         llm.n_tokens = 0
         buf = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
-        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(payload), 0) == 0:
+        if llama_cpp.llama_state_set_data(llm._ctx.ctx, buf, len(payload)) == 0:
             raise EntryError("llama.cpp refused the state data")
         llm.input_ids[:len(tokens)] = tokens
         llm.n_tokens = len(tokens)

@@ -72,6 +72,7 @@ class Runtime:
         # With a window-only SWA cache a reused shorter prefix gives wrong logits: reuse nothing then.
         self.reuse_ok = settings.swa_full or not self.sliding_window
         self.canonical_upto = 0  # KV positions below this were computed in whole canonical chunks
+        self.layout_len = 0  # length of the prompt whose first L-1 tokens the live KV holds in its layout
         self.chat_template = self.meta.get("chat_template", md.get("tokenizer.chat_template"))
         self.template_name = choose_template_name(_MetaView(self.meta, md, model_path))
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
@@ -139,15 +140,19 @@ class Runtime:
 
     # -- prefill --------------------------------------------------------------------------------------
     def live_prefix(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` that the live KV cache can give back exactly: the common prefix with what it
-        holds, limited to whole canonical chunks (see ``prefill``) and to len − 1, so the last prompt token is
-        always evaluated and its logits belong to this prompt."""
+        """Tokens of ``tokens`` that the live KV cache gives back exactly (see ``prefill`` for the layout):
+        all but the last token when the previous prompt had the same length and the same tokens up to its
+        last one; otherwise the common prefix cut down to whole canonical chunks."""
         llm = self.llm
-        n = 0
-        limit = min(llm.n_tokens, len(tokens) - 1, self.canonical_upto)
+        L = len(tokens)
+        limit = min(llm.n_tokens, L - 1)
         ids = llm.input_ids
+        n = 0
         while n < limit and ids[n] == tokens[n]:
             n += 1
+        if n == L - 1 and self.layout_len == L:
+            return n
+        n = min(n, self.canonical_upto)
         return n - n % self.settings.n_batch
 
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict) -> None:
@@ -155,13 +160,15 @@ class Runtime:
 
         Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
         different shapes (measured here: a prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few
-        greedy tokens). So every prompt is prefilled in one *canonical* layout fixed by absolute positions:
-        chunks [0,C), [C,2C), … with C = n_batch, the last chunk ending at the prompt's end. Only whole chunks
-        are ever reused (from the live KV cache or the disk cache), so a reused prefix holds bit-for-bit the
-        KV a cold prefill would compute, and the answer equals the cold run's. The price: up to C−1 prompt
-        tokens are re-evaluated on a hit. A cancel is honoured between chunks."""
+        greedy tokens). So every prompt of L tokens is prefilled in one *canonical* layout fixed by absolute
+        positions: chunks [0,C), [C,2C), … (C = n_batch) cut at L−1, then the last token alone. A reused
+        prefix is either whole chunks, or all L−1 tokens when they were laid out for a prompt of the same
+        length; so the KV and the last token's logits are bit for bit those of a cold prefill, and the answer
+        equals the cold run's. The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
+        is honoured between chunks."""
         llm = self.llm
         C = self.settings.n_batch
+        L = len(tokens)
         reuse = self.live_prefix(tokens) if self.reuse_ok else 0
         source = "memory" if reuse else "none"
         if self.prefix_cache is not None and self.reuse_ok:
@@ -170,28 +177,28 @@ class Runtime:
                 reuse, source = got, "disk"
             elif llm.n_tokens == 0:  # a rejected entry: the KV cache was cleared, nothing is reusable
                 reuse, source = 0, "none"
-        if reuse < llm.n_tokens:
-            if not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
-                llm._ctx.kv_cache_clear()
-                reuse, source = 0, "none"
+        if reuse < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+            llm._ctx.kv_cache_clear()
+            reuse, source = 0, "none"
         llm.n_tokens = reuse
-        self.canonical_upto = reuse
+        self.canonical_upto = min(self.canonical_upto, reuse - reuse % C)
+        self.layout_len = L if reuse == L - 1 else 0
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
         t0 = time.perf_counter()
-        L = len(tokens)
-        for start in range(reuse, L, C):
+        for start in range(reuse, L - 1, C):
             if cancelled():
-                self.canonical_upto = llm.n_tokens
                 raise Cancelled("cancelled during prefill")
-            end = min(start + C, L)
-            if end == L and start > 0 and self.prefix_cache is not None and self.reuse_ok:
-                # Before the last (partial) chunk the KV holds exactly `start` canonical tokens: save them,
-                # so a repeat of this prompt, or any prompt sharing them, restores them later.
-                self.prefix_cache.maybe_save(self, tokens[:start], metrics)
+            end = min(start + C, L - 1)
             llm.eval(tokens[start:end])
             if end - start == C:
                 self.canonical_upto = end
+        self.layout_len = L
+        if reuse < L - 1 and self.prefix_cache is not None and self.reuse_ok:
+            self.prefix_cache.maybe_save(self, tokens[:L - 1], metrics)
+        if cancelled():
+            raise Cancelled("cancelled during prefill")
+        llm.eval(tokens[L - 1:])
         metrics["prefill_s"] = time.perf_counter() - t0
 
     # -- generation -----------------------------------------------------------------------------------
