@@ -88,3 +88,10 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# A one-folder desktop bundle (PyInstaller) in dist/hearth, then a headless check that it loads the bundled
+# model and answers on its port (packaging/README.md; macOS and Windows builds: .github/workflows/package.yml).
+package: $(VENV)/.installed
+	$(BIN)/pip install -q "pyinstaller>=6.10"
+	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/hearth.spec
+	$(BIN)/python packaging/check_bundle.py dist/hearth/hearth

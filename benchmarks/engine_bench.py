@@ -64,7 +64,10 @@ def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 1
     from app.engine.runtime import GGML_TYPES
     from app.engine.types import LoadSettings
 
+    from app.engine.runtime import default_threads
+
     path = str(resolve_model(model))
+    n_threads = n_threads or default_threads()  # the same thread count on both sides
     settings = LoadSettings(n_ctx=n_ctx, n_threads=n_threads)
     plain = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch,
                             n_threads=n_threads, n_threads_batch=n_threads, flash_attn=settings.flash_attn,
