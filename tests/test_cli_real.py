@@ -1,0 +1,67 @@
+"""The ``hearth`` command as a person runs it (separate processes, the real bundled model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+LONG = ("The old lighthouse stood on the northern cape for two hundred years, and every night its keeper "
+        "wound the clockwork that turned the great lens. ") * 20
+
+
+def hearth(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HEARTH_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture()
+def home(tmp_path: Path, bundled_model: Path) -> Path:
+    h = tmp_path / "home"
+    (h / "models").mkdir(parents=True)
+    (h / "models" / bundled_model.name).symlink_to(bundled_model)
+    return h
+
+
+def test_second_generate_process_restores_the_prompt_from_disk(home: Path):
+    args = ("generate", LONG, "--max-tokens", "16", "--temperature", "0", "--json")
+    first = json.loads(hearth(home, *args).stdout)
+    second = json.loads(hearth(home, *args).stdout)
+    assert first["metrics"]["cache_source"] == "none"
+    assert second["metrics"]["cache_source"] == "disk"
+    assert second["metrics"]["cached_tokens"] == second["metrics"]["prompt_tokens"] - 1
+    assert second["text"] == first["text"]
+    assert second["metrics"]["ttft_s"] < first["metrics"]["ttft_s"]
+    assert second["prefix_cache"]["bytes_on_disk"] > 0
+    off = json.loads(hearth(home, *args, "--no-prefix-cache").stdout)
+    assert off["metrics"]["cache_source"] == "none" and off["text"] == first["text"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (("generate", "hi", "--temperature", "-1"), "temperature"),
+    (("generate", "hi", "--max-tokens", "0"), "max_tokens"),
+    (("generate", "hi", "--top-p", "2"), "top_p"),
+    (("generate", "hi", "--type-v", "q4_0", "--no-flash-attn"), "flash"),
+    (("generate", "hi", "--model", "no-such-model"), "not found"),
+    (("generate", "word " * 400, "--n-ctx", "128"), "context window"),
+])
+def test_known_errors_print_one_line_and_exit_1(home: Path, args, words):
+    r = hearth(home, *args)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("hearth: error:")]
+    assert len(lines) == 1 and words in lines[0], r.stderr[-2000:]
+
+
+def test_bad_model_file_is_named(home: Path, tmp_path: Path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(os.urandom(4096))
+    r = hearth(home, "generate", "hi", "--model", str(bad))
+    assert r.returncode == 1 and "not a GGUF" in r.stderr and "Traceback" not in r.stderr
