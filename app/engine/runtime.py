@@ -32,6 +32,18 @@ log = logging.getLogger(__name__)
 GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
 
 
+def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
+    """``Llama(...)`` keyword arguments for ``settings`` (llama-cpp-python 0.3.36 names; it silently ignores
+    unknown ones, so every name here is checked by a test). ``n_gpu_layers`` and ``offload_kqv`` take effect in a
+    CUDA or Metal build (``make run BACKEND=cuda|metal``) and are ignored by a CPU build."""
+    threads = settings.n_threads or default_threads()
+    return dict(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch, n_threads=threads,
+                n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers, type_k=GGML_TYPES[settings.type_k],
+                type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
+                use_mmap=settings.use_mmap, use_mlock=settings.use_mlock, swa_full=settings.swa_full,
+                logits_all=False, verbose=False, seed=settings.seed)
+
+
 def default_threads() -> int:
     """CPU threads when the settings give none: every core on small machines (llama-cpp-python's own default,
     cpu_count // 2, leaves half of a 2-core machine idle during decode: 23 vs 38 tokens/s measured here),
@@ -61,16 +73,8 @@ class Runtime:
         self.model_path = model_path
         self.meta = model_meta or {}
         t0 = time.perf_counter()
-        threads = settings.n_threads or default_threads()
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=model_path, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
-                n_ubatch=settings.n_ubatch, n_threads=threads, n_threads_batch=threads,
-                n_gpu_layers=settings.n_gpu_layers, type_k=GGML_TYPES[settings.type_k],
-                type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn,
-                offload_kqv=settings.offload_kqv, use_mmap=settings.use_mmap, use_mlock=settings.use_mlock,
-                swa_full=settings.swa_full, logits_all=False, verbose=False, seed=settings.seed,
-            )
+            self.llm = llama_cpp.Llama(model_path=model_path, **llama_kwargs(settings))
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the model: {exc}", path=model_path) from None
         self._warm_up()
