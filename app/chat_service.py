@@ -120,3 +120,22 @@ def send_with_documents(session: Any, docs: DocumentContext | None, conversation
         session.store.add_citations(result.message_id, cites)
     given = [{"evidence_id": e.evidence_id, "path": e.path, "page": e.page, "text": e.text} for e in evidence]
     return result, cites, given
+
+
+def prune_stale_citations(memory_store: Any = None, doc_store: Any = None) -> int:
+    """After documents were re-indexed, renamed or deleted: drop stored citations whose evidence is gone and
+    move the rest to their document's current path. Opens the default stores when none are given. Returns the
+    number of citations removed."""
+    from app.memory import Store
+    from app.retrieval.store import DocumentStore
+
+    own_mem, own_doc = memory_store is None, doc_store is None
+    mem = memory_store or Store()
+    docs = doc_store or DocumentStore()
+    try:
+        return mem.prune_citations(docs.resolve)
+    finally:
+        if own_mem:
+            mem.close()
+        if own_doc:
+            docs.close()

@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         if args.rescan:
             _merge(report, ingester.rescan(progress=bar.update))
         bar.finish()
+        if any(f.status in ("indexed", "renamed", "removed") for f in report.files):
+            from app.chat_service import prune_stale_citations
+
+            prune_stale_citations(doc_store=store)
     finally:
         if embedder is not None:
             embedder.close()

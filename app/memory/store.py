@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sqlite_utils import Database, Migrations
 
@@ -673,6 +673,28 @@ class Store:
             for r in rows:
                 db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) "
                            "VALUES (?, ?, ?, ?, ?)", r)
+
+    def prune_citations(self, resolve: Callable[[list[str]], dict[str, Any]]) -> int:
+        """Drop citations whose evidence no longer exists, and move the rest to their document's current path.
+
+        ``resolve(evidence_ids) -> {evidence_id: obj with .path and .page}`` (the document index's
+        ``DocumentStore.resolve``; passed in so that memory does not import retrieval). A deleted or edited
+        document's evidence IDs stop resolving, so its citations disappear; a renamed one keeps them under the
+        new path. Returns the number of citations removed. Messages themselves are never touched."""
+        rows = self._rows("SELECT id, evidence_id, path, page FROM citations", [])
+        if not rows:
+            return 0
+        found = resolve(sorted({r["evidence_id"] for r in rows}))
+        gone = [r["id"] for r in rows if r["evidence_id"] not in found]
+        moved = [(found[r["evidence_id"]].path, found[r["evidence_id"]].page, r["id"]) for r in rows
+                 if r["evidence_id"] in found and (found[r["evidence_id"]].path, found[r["evidence_id"]].page)
+                 != (r["path"], r["page"])]
+        with self._tx() as db:
+            for cid in gone:
+                db.execute("DELETE FROM citations WHERE id = ?", [cid])
+            for path, page, cid in moved:
+                db.execute("UPDATE citations SET path = ?, page = ? WHERE id = ?", [path, page, cid])
+        return len(gone)
 
     def citations_for(self, message_id: str) -> list[Citation]:
         rows = self._rows("SELECT * FROM citations WHERE message_id = ? ORDER BY id", [message_id])

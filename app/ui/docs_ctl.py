@@ -109,8 +109,12 @@ class DocumentsController(QObject):
         from app.retrieval.ingest import Ingester
         from app.retrieval.store import DocumentStore
 
+        from app.chat_service import prune_stale_citations
+
         with DocumentStore() as store:
-            return action(Ingester(store, self.embedder()), self._progress_item.emit)
+            report = action(Ingester(store, self.embedder()), self._progress_item.emit)
+            prune_stale_citations(doc_store=store)  # edited, renamed or deleted files: citations follow
+            return report
 
     def _on_progress(self, p: Any) -> None:
         self.progress.emit(p.files_done, p.files_total)
@@ -128,6 +132,9 @@ class DocumentsController(QObject):
             store.delete_document(doc.id)
         if path in store.roots():
             store.remove_root(path)
+        from app.chat_service import prune_stale_citations
+
+        prune_stale_citations(doc_store=store)
 
     # -- search (chat worker thread) ------------------------------------------------------------------
     def embedder(self) -> Any:
