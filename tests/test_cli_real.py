@@ -65,3 +65,23 @@ def test_bad_model_file_is_named(home: Path, tmp_path: Path):
     bad.write_bytes(os.urandom(4096))
     r = hearth(home, "generate", "hi", "--model", str(bad))
     assert r.returncode == 1 and "not a GGUF" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_new_then_continue_then_history(home: Path):
+    first = json.loads(hearth(home, "chat", "--new", "--message", "What is the capital of France?", "--json",
+                              "--temperature", "0", "--max-tokens", "16").stdout)
+    assert "Paris" in first["text"] and first["finish_reason"] == "stop"
+    assert {"conversation_id", "message_id", "text", "metrics", "context"} <= set(first)
+    assert first["context"]["n_ctx"] >= first["context"]["user"] > 0
+    cid = first["conversation_id"]
+    second = json.loads(hearth(home, "chat", "--conversation", cid[:10], "--message", "And of Italy?", "--json",
+                               "--temperature", "0", "--max-tokens", "16").stdout)
+    assert second["conversation_id"] == cid
+    assert second["context"]["history"] > 0, "the first turn is in the second prompt"
+    shown = json.loads(hearth(home, "history", "show", cid, "--json").stdout)
+    roles = [m["role"] for m in shown["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert all(m["status"] == "complete" for m in shown["messages"])
+    assert shown["messages"][0]["content"] == "What is the capital of France?"
+    r = hearth(home, "history", "show", "nonexistent")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
