@@ -12,7 +12,10 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from app.chat_service import DocumentContext
 from app.errors import EngineCrashed
+from app.retrieval.rag import format_evidence_block
+from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
 from app.server.fake import FakeEngine
 from app.server.models import ModelCatalog
@@ -91,7 +94,15 @@ def test_chat_shape_usage_and_hearth_metadata(c):
     assert ch["finish_reason"] == "stop" and ch["index"] == 0 and ch["logprobs"] is None
     u = j["usage"]
     assert u["completion_tokens"] == 8 and u["total_tokens"] == u["prompt_tokens"] + 8
-    assert j["hearth"]["template"] == "fake" and j["hearth"]["metrics"]["ttft_s"] >= 0
+    h = j["hearth"]
+    assert h["template"] == "fake" and h["model_file"] == "fake-model.gguf" and h["metrics"]["ttft_s"] >= 0
+    assert h["metrics"]["prompt_tokens"] == u["prompt_tokens"] and "cache_source" in h["metrics"]
+    # no max_tokens: the answer may take the rest of the context, so nothing is free
+    assert h["context"] == {"prompt_tokens": u["prompt_tokens"], "evidence": 0, "max_tokens": None,
+                            "max_tokens_clamped": False, "n_ctx": 512, "free": 0}
+    assert not {"citations", "evidence", "search_notice"} & set(h)  # only when documents were asked for
+    h = c.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 9}).json()["hearth"]
+    assert h["context"]["max_tokens"] == 9 and h["context"]["free"] == 512 - u["prompt_tokens"] - 9
 
 
 def test_parameters_reach_the_engine():
@@ -124,7 +135,9 @@ def test_huge_max_tokens_is_clamped_with_length():
     c2 = client(FakeEngine(n_ctx=64, reply=lambda r: "z" * 500))
     j = c2.post("/v1/completions", json={"prompt": "abc", "max_tokens": 100000000}).json()
     assert j["choices"][0]["finish_reason"] == "length"
-    assert j["hearth"]["max_tokens_clamped_to"] == 64 - 4 and len(j["choices"][0]["text"]) == 60
+    assert len(j["choices"][0]["text"]) == 60
+    assert j["hearth"]["context"] == {"prompt_tokens": 4, "evidence": 0, "max_tokens": 60, "max_tokens_clamped": True,
+                                      "n_ctx": 64, "free": 0}
 
 
 def test_context_overflow_400_with_both_counts():
@@ -286,6 +299,112 @@ def test_no_engine_is_503():
     c2 = TestClient(create_app(lambda: None, ServerSettings(), catalog=CATALOG), base_url="http://127.0.0.1")
     err(c2.post("/v1/chat/completions", json={"messages": USER}), 503, code="no_model_loaded")
     assert c2.get("/health").status_code == 503
+
+
+# -- documents (RAG) ---------------------------------------------------------------------------------------
+PELICAN = Evidence("a1b2c3d4e5f6", "/docs/birds.txt", None, 1.0, "The code word is PELICAN.", 0, 25)
+PAGE3 = Evidence("0f0e0d0c0b0a", "/docs/manual.pdf", 3, 0.5, "The code word changes every week.", 90, 123)
+QUESTION = "What is the code word?"
+HISTORY = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+           {"role": "assistant", "content": "Hi! How can I help?"}]
+
+
+class FakeDocs:
+    """``DocumentContext``'s interface over fixed passages: a passage matches when it shares a word with the
+    query; it records the queries and the k each was searched with."""
+
+    def __init__(self, passages=(PELICAN, PAGE3)) -> None:
+        self.k, self.notice, self.passages, self.queries = 4, None, passages, []
+
+    def evidence_for(self, query):
+        self.queries.append((query, self.k))
+        self.notice = "no embedding model installed: keyword search (BM25) only"
+        words = set(query.lower().strip("?").split()) - {"what", "is", "the"}
+        items = [e for e in self.passages if words & set(e.text.lower().strip(".").split())][:self.k]
+        return (format_evidence_block(items) if items else None), items
+
+    citations = staticmethod(DocumentContext.citations)
+
+
+def cite_pelican(req):
+    last = req.messages[-1].content
+    return "The code word is PELICAN [E:a1b2c3d4e5f6]." if "[E:a1b2c3d4e5f6]" in last else "I do not know."
+
+
+def rag(**kw):
+    eng, docs = FakeEngine(n_ctx=4096, reply=kw.pop("reply", cite_pelican)), FakeDocs(**kw)
+    return eng, docs, client(eng, documents=docs)
+
+
+def ask(c, *, stream=False, **hearth):
+    return c.post("/v1/chat/completions", json={"messages": [*HISTORY, {"role": "user", "content": QUESTION}],
+                                                "hearth": {"documents": True, **hearth}, "stream": stream})
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": USER, "hearth": {"documents": "yes"}}, "hearth.documents"),
+    ({"messages": USER, "hearth": {"documents": True, "k": 0}}, "hearth.k"),
+    ({"messages": USER, "hearth": {"documents": True, "k": 99}}, "hearth.k"),
+    ({"messages": USER, "hearth": {"documents": True, "k": "4"}}, "hearth.k"),
+    ({"messages": USER, "hearth": {"document": True}}, "hearth.document"),  # a typo is not silently ignored
+    ({"messages": USER, "hearth": True}, "hearth"),
+    ({"messages": [{"role": "assistant", "content": "x"}], "hearth": {"documents": True}}, "messages"),
+    ({"messages": [{"role": "user", "content": "  "}], "hearth": {"documents": True}}, "messages[0].content"),
+])
+def test_documents_bad_fields_are_400(body, param):
+    err(rag()[2].post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_documents_unavailable_is_400_and_off_by_default(c):
+    e = err(c.post("/v1/chat/completions", json={"messages": USER, "hearth": {"documents": True}}), 400,
+            "hearth.documents", "documents_unavailable")
+    assert "--documents" in e["message"]
+    err(c.post("/v1/completions", json={"prompt": "x", "hearth": {"documents": True}}), 400, "hearth.documents")
+    assert c.post("/v1/chat/completions", json={"messages": USER, "hearth": {"documents": False}}).status_code == 200
+
+
+def test_documents_evidence_before_last_user_message_and_citations():
+    eng, docs, c = rag()
+    j = ask(c, k=1).json()
+    assert docs.queries == [(QUESTION, 1)] and docs.k == 4  # the request's k, then the provider's again
+    msgs = [(m.role, m.content) for m in eng.seen[-1].messages]
+    assert msgs[:3] == [(m["role"], m["content"]) for m in HISTORY]  # system and history untouched: cacheable
+    block = format_evidence_block([PELICAN])
+    assert msgs[3] == ("user", block.rstrip("\n") + "\n\n" + QUESTION) and len(msgs) == 4
+    h = j["hearth"]
+    assert j["choices"][0]["message"]["content"] == "The code word is PELICAN [E:a1b2c3d4e5f6]."
+    assert h["citations"] == [{"evidence_id": "a1b2c3d4e5f6", "path": "/docs/birds.txt", "page": None,
+                               "quote": "The code word is PELICAN."}]
+    assert h["evidence"] == [{"evidence_id": "a1b2c3d4e5f6", "path": "/docs/birds.txt", "page": None,
+                              "text": "The code word is PELICAN."}]
+    assert h["search_notice"] == docs.notice and h["template"] == "fake" and "ttft_s" in h["metrics"]
+    ctx = h["context"]
+    assert ctx["evidence"] == len(block) and ctx["prompt_tokens"] == j["usage"]["prompt_tokens"] > len(block)
+
+
+def test_documents_uncited_answer_and_no_match():
+    eng, docs, c = rag(reply=lambda r: "No idea.")
+    h = ask(c).json()["hearth"]
+    assert h["citations"] == [] and [e["evidence_id"] for e in h["evidence"]] == ["a1b2c3d4e5f6", "0f0e0d0c0b0a"]
+    assert h["evidence"][1]["page"] == 3
+    eng, docs, c = rag(passages=())
+    h = ask(c).json()["hearth"]
+    assert (h["citations"], h["evidence"], h["context"]["evidence"]) == ([], [], 0)
+    assert eng.seen[-1].messages[-1].content == QUESTION  # nothing matched: the question alone
+
+
+def test_documents_streamed_hearth_on_the_final_chunk_and_n2():
+    _eng, _docs, c = rag()
+    whole = ask(c).json()["hearth"]
+    ev = events(ask(c, stream=True).content)
+    assert all("hearth" not in e for e in ev[:-1]) and ev[-1]["choices"][0]["finish_reason"] == "stop"
+    last = ev[-1]["hearth"]
+    for key in ("citations", "evidence", "search_notice", "context", "template"):
+        assert last[key] == whole[key], key
+    j = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}], "n": 2,
+                                             "hearth": {"documents": True}}).json()
+    assert len(j["hearth"]["evidence"]) == 2 and len(j["hearth"]["choices"]) == 2
+    assert all(ch["citations"][0]["evidence_id"] == "a1b2c3d4e5f6" for ch in j["hearth"]["choices"])
 
 
 # -- embeddings --------------------------------------------------------------------------------------------

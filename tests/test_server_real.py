@@ -182,7 +182,8 @@ def test_05_max_tokens_absent_null_bad_and_huge(small):
         n = eng.count_tokens(" ".join(words)) + 1
     r = c.completions.create(model=MODEL, prompt=" ".join(words), temperature=0, max_tokens=100000000)
     assert r.choices[0].finish_reason == "length"
-    assert r.model_extra["hearth"]["max_tokens_clamped_to"] == 512 - r.usage.prompt_tokens
+    ctx = r.model_extra["hearth"]["context"]
+    assert ctx["max_tokens_clamped"] and ctx["max_tokens"] == 512 - r.usage.prompt_tokens and ctx["free"] == 0
     assert r.usage.prompt_tokens + r.usage.completion_tokens == 512
 
 
@@ -269,3 +270,33 @@ def test_11_parallel_streams_no_cross_talk(server):
         t.join(120)
     assert {q: v[0] for q, v in out.items()} == alone
     assert all(len(v[1]) == 1 for v in out.values()) and len({next(iter(v[1])) for v in out.values()}) == 4
+
+
+def test_documents_rag_evidence_citations_and_context(engine, tmp_path):
+    """hearth.documents through the official client (extra_body): BM25 over a store built here finds the
+    passage, the base model answers from it, and the answer's hearth object lists the evidence it was given."""
+    from app.chat_service import DocumentContext
+    from app.retrieval.ingest import Ingester
+    from app.retrieval.store import DocumentStore
+
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The code word is PELICAN.\n", encoding="utf-8")
+    store = DocumentStore(tmp_path / "documents.db")
+    assert Ingester(store).ingest([doc]).count("indexed") == 1
+    docs = DocumentContext(store=store)  # no embedder: BM25 only, and the notice says so
+    try:
+        with ServerThread(create_app(engine, ServerSettings(), documents=docs)) as srv:
+            r = chat(oai(srv), "What is the code word?", temperature=0, max_tokens=8,
+                     extra_body={"hearth": {"documents": True, "k": 2}})
+    finally:
+        docs.close()
+    h = r.model_extra["hearth"]
+    (ev,) = h["evidence"]
+    assert ev["text"].strip() == "The code word is PELICAN." and ev["path"].endswith("notes.txt")
+    assert "BM25" in h["search_notice"]
+    assert all(c["evidence_id"] == ev["evidence_id"] for c in h["citations"])
+    ctx = h["context"]
+    assert 0 < ctx["evidence"] < ctx["prompt_tokens"] == r.usage.prompt_tokens
+    assert ctx["n_ctx"] == 2048 and ctx["free"] == 2048 - r.usage.prompt_tokens - 8
+    assert h["metrics"]["ttft_s"] > 0 and h["template"]
+    assert "PELICAN" in r.choices[0].message.content

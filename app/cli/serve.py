@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                   "(default from settings: 16); then 429")
     p.add_argument("--embeddings", action="store_true", help="also serve /v1/embeddings with Hearth's "
                                                              "embedding model")
+    p.add_argument("--documents", action="store_true",
+                   help='answer from the indexed documents when a chat request asks with "hearth": {"documents": '
+                        'true} (the default collection; see `hearth ingest`)')
     p.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow binding a non-loopback address (anyone who can reach it can use your machine's "
                         "model; set --api-key)")
@@ -59,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     engine.max_queue = settings.max_queue
     embedder = _embedder() if args.embeddings else None
-    app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host)
+    documents = _documents() if args.documents else None
+    app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host, documents=documents)
     print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1 "
           f"(Ctrl+C stops)", file=sys.stderr)
     try:
@@ -68,7 +72,18 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
         if embedder is not None:
             embedder.close()
+        if documents is not None:
+            documents.close()
     return 0
+
+
+def _documents():
+    from app.chat_service import DocumentContext
+
+    docs = DocumentContext()
+    if docs.embedder is None:
+        print("hearth: documents: no embedding model installed, keyword search (BM25) only", file=sys.stderr)
+    return docs
 
 
 def _embedder():

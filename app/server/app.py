@@ -1,7 +1,8 @@
 """``create_app``: the FastAPI application of Hearth's OpenAI-compatible port.
 
 Thin handlers: each resolves the engine and the model, turns the body into a ``Plan`` (``convert``) and hands
-it to ``Service``; the mapping code lives in ``convert`` / ``format`` / ``structured`` / ``errors``.
+it to ``Service``; the mapping code lives in ``convert`` / ``format`` / ``structured`` / ``errors``, and
+retrieval for ``hearth.documents`` in ``documents``.
 
 ``engine_provider`` is a callable returning the current chat ``Engine`` (or None while none is loaded): the
 desktop app may swap models while the server runs, and each request takes whichever engine is current when
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
 from app.server import convert, embeddings, security
+from app.server.documents import Documents
 from app.server.errors import ApiError, NoModelLoaded, from_exception, from_http, from_validation
 from app.server.metrics import ServerMetrics
 from app.server.models import ModelCatalog, loaded_id
@@ -32,11 +34,14 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/m
 
 
 class State:
-    """What the handlers share: the engine source, the embedder, the model catalog, metrics, the service."""
+    """What the handlers share: the engine source, the embedder, the documents, the model catalog, metrics,
+    the service."""
 
-    def __init__(self, engine_provider: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics) -> None:
+    def __init__(self, engine_provider: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics,
+                 documents: Any = None) -> None:
         self.provider: Callable[[], Any] = engine_provider if callable(engine_provider) else (lambda: engine_provider)
         self.embedder, self.catalog, self.metrics = embedder, catalog, metrics
+        self.documents = Documents(documents)
         self.service = Service(metrics)
 
     def engine(self) -> Any:
@@ -48,11 +53,13 @@ class State:
 
 def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, *, embedder: Any = None,
                allow_hosts: Iterable[str] = (), catalog: Optional[ModelCatalog] = None,
-               metrics: Optional[ServerMetrics] = None) -> FastAPI:
+               metrics: Optional[ServerMetrics] = None, documents: Any = None) -> FastAPI:
     """The ASGI app. ``settings``: host (for the Host check), api_key, cors_origins (``max_queue`` belongs to
-    the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback)."""
+    the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback).
+    ``documents``: a ``DocumentContext``-like provider for ``hearth.documents`` (None: such requests get a
+    400 ``documents_unavailable``)."""
     settings = settings or ServerSettings()
-    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics())
+    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics(), documents)
     app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
                   redoc_url=None)
     app.state.hearth = st
@@ -95,7 +102,8 @@ def _routes(app: FastAPI, st: State) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         engine = st.engine()
         model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
-        return await st.service.respond(convert.chat_plan(body, model), engine, request)
+        plan = await st.documents.ground(convert.chat_plan(body, model), body.hearth, engine)
+        return await st.service.respond(plan, engine, request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

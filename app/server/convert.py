@@ -13,7 +13,7 @@ Decisions held here (each documented in docs/server.md):
   without a system role merges it into the first user turn (``app.engine.templates``).
 - Refused with a 400 rather than silently ignored: tools / functions, tool messages, non-text content parts,
   ``echo``, ``suffix``, ``best_of`` ≠ n, token-id prompts, ``top_logprobs`` without ``logprobs``,
-  ``stream_options`` without ``stream``.
+  ``stream_options`` without ``stream``, ``hearth.documents`` on /v1/completions (no messages to ground).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repe
 class Plan:
     """What one HTTP request runs. ``requests``: one engine request per choice, in index order;
     ``prompt_index``: which prompt each choice answers (usage counts each prompt once); ``logprobs``: None,
-    or how many alternatives to report per token (0: only the chosen token's logprob)."""
+    or how many alternatives to report per token (0: only the chosen token's logprob); ``grounding``: the
+    evidence given to the model (``app.server.documents.Grounding``), None unless ``hearth.documents``."""
 
     kind: str  # "chat" | "text"
     model: str
@@ -45,6 +46,7 @@ class Plan:
     stream: bool
     include_usage: bool
     logprobs: Optional[int] = None
+    grounding: Any = None
 
 
 def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
@@ -64,6 +66,8 @@ def completion_plan(body: CompletionRequest, model: str) -> Plan:
         raise InvalidRequest("echo is not supported", param="echo")
     if body.suffix:
         raise InvalidRequest("suffix (insertion) is not supported", param="suffix")
+    if body.hearth is not None and body.hearth.documents:
+        raise InvalidRequest("hearth.documents is only supported on /v1/chat/completions", param="hearth.documents")
     if body.best_of is not None and body.best_of != body.n:
         raise InvalidRequest("best_of is not supported (omit it or set it equal to n)", param="best_of")
     if len(prompts) * body.n > MAX_GENERATIONS:

@@ -53,6 +53,10 @@ class CannotEmbed(HearthError):
     """/v1/embeddings was called but no embedding model is available (the chat model cannot embed)."""
 
 
+class DocumentsUnavailable(HearthError):
+    """A request asked for ``hearth.documents`` but this server has no documents provider."""
+
+
 @dataclass(frozen=True)
 class ApiError:
     """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
@@ -89,6 +93,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(400, "invalid_request_error", exc.message, "model", "model_not_loaded")
     if isinstance(exc, CannotEmbed):
         return ApiError(400, "invalid_request_error", exc.message, "model", "model_cannot_embed")
+    if isinstance(exc, DocumentsUnavailable):
+        return ApiError(400, "invalid_request_error", exc.message, "hearth.documents", "documents_unavailable")
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):

@@ -65,6 +65,10 @@ class FakeEngine(Engine):
         return chr(token).encode("utf-8")
 
     @staticmethod
+    def local_token_count(text: str) -> int:
+        return len(text)
+
+    @staticmethod
     def render_text(req: GenerateRequest) -> str:
         if req.prompt is not None:
             return req.prompt

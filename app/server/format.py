@@ -1,9 +1,14 @@
 """Engine results → OpenAI response bodies and server-sent-event chunks (pure functions, no I/O).
 
 SSE framing is exactly what the ``openai`` client parses: ``data: <json>\\n\\n`` (LF only), JSON without
-ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``. Each answer carries ``hearth`` metadata: the
-template used, the context size and the generation's metrics (TTFT, TPOT, decode speed, cached tokens…);
-in a stream it rides on each choice's last chunk. Clients ignore unknown fields.
+ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``.
+
+Each answer carries one top-level ``hearth`` object (clients ignore unknown fields): per choice the template
+used, the model file, the generation's metrics (TTFT, TPOT, decode speed, cached tokens…), the context
+breakdown and, with documents, the citations its answer makes; per request, with documents, the evidence
+given and the search notice. One choice: all of it flat. n > 1: the per-request part flat and the per-choice
+parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
+flat object for that choice, so a one-choice stream ends with exactly the non-streamed ``hearth``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 @dataclass
 class Choice:
-    """One finished choice: its ``Done``, the per-token logprob entries and whether max_tokens was clamped."""
+    """One finished choice: its ``Done``, the per-token logprob entries, what max_tokens was clamped to (if
+    it was) and the max_tokens it was given (None: up to the end of the context)."""
 
     done: Done
     logprobs: list[Any] = field(default_factory=list)
     clamped_to: Optional[int] = None
+    max_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -56,13 +63,42 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
 
-def hearth_meta(choice: Choice) -> dict[str, Any]:
+def hearth_meta(plan: Plan, choices: list[Choice]) -> dict[str, Any]:
+    """The ``hearth`` object of a whole answer."""
+    if len(choices) == 1:
+        return choice_hearth(plan, choices[0])
+    return {**_request_meta(plan), "choices": [_choice_meta(plan, c) for c in choices]}
+
+
+def choice_hearth(plan: Plan, choice: Choice) -> dict[str, Any]:
+    """One choice's whole ``hearth`` object, flat: a one-choice answer's, and each choice's last chunk's."""
+    return {**_choice_meta(plan, choice), **_request_meta(plan)}
+
+
+def _request_meta(plan: Plan) -> dict[str, Any]:
+    return plan.grounding.given() if plan.grounding is not None else {}
+
+
+def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
     info = choice.done.info
-    meta = {"template": info.get("template"), "model_file": info.get("model"), "n_ctx": info.get("n_ctx"),
-            "metrics": choice.done.metrics.to_dict()}
-    if choice.clamped_to is not None:
-        meta["max_tokens_clamped_to"] = choice.clamped_to
+    meta = {"template": info.get("template"), "model_file": info.get("model"),
+            "metrics": choice.done.metrics.to_dict(), "context": context(plan, choice)}
+    if plan.grounding is not None:
+        meta["citations"] = plan.grounding.citations(choice.done.text)
     return meta
+
+
+def context(plan: Plan, choice: Choice) -> dict[str, Any]:
+    """Where the context went, in tokens: the prompt (evidence included), the evidence block, the answer's
+    limit (after clamping; None: up to the end of the context) and what is left (``free`` = n_ctx − prompt
+    − max_tokens, the rule of ``app.memory.context``; 0 when the answer may take the rest)."""
+    n_ctx = choice.done.info.get("n_ctx")
+    prompt = choice.done.metrics.prompt_tokens
+    limit = choice.clamped_to if choice.clamped_to is not None else choice.max_tokens
+    free = None if n_ctx is None else max(0, n_ctx - prompt - (limit if limit is not None else n_ctx))
+    return {"prompt_tokens": prompt, "evidence": plan.grounding.tokens if plan.grounding is not None else 0,
+            "max_tokens": limit, "max_tokens_clamped": choice.clamped_to is not None, "n_ctx": n_ctx,
+            "free": free}
 
 
 def usage(plan: Plan, choices: list[Choice]) -> dict[str, Any]:
@@ -89,7 +125,7 @@ def response(frame: Frame, choices: list[Choice], piece: Optional[PieceFn]) -> d
         else:
             out.append({"index": i, "text": c.done.text, "logprobs": lp, "finish_reason": c.done.finish_reason})
     body = {**frame.head(frame.object), "choices": out, "usage": usage(plan, choices)}
-    body["hearth"] = hearth_meta(choices[0]) if len(choices) == 1 else {"choices": [hearth_meta(c) for c in choices]}
+    body["hearth"] = hearth_meta(plan, choices)
     return body
 
 

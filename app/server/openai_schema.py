@@ -9,15 +9,19 @@ Ranges follow the OpenAI reference (temperature 0-2, penalties ±2, n 1-8 here, 
 logprobs 0-5). ``max_tokens`` has no range in the schema on purpose: ``convert`` refuses 0 and negatives with
 a message naming whichever alias was used (``max_tokens`` / ``max_completion_tokens``).
 Values the schema accepts are validated again by ``DecodingParams.validate`` (e.g. seed within 32 bits).
+
+``hearth`` is Hearth's own extension object (the ``openai`` client sends it with ``extra_body``). Unlike the
+top level it forbids unknown keys: a misspelt option would silently change the answer.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_N = 8  # n > 1 runs n generations one after another; more than this is refused
+MAX_EVIDENCE = 20  # passages one request may ask for (hearth.k)
 
 
 class _Allow(BaseModel):
@@ -49,6 +53,15 @@ class ChatMessageIn(_Allow):
     name: Optional[str] = None
 
 
+class HearthOptions(BaseModel):
+    """``"hearth": {"documents": true, "k": 4}``: answer from the indexed documents (RAG) with ``k`` passages
+    (default: the server's, 4); see ``app.server.documents``."""
+
+    model_config = ConfigDict(extra="forbid")
+    documents: Optional[StrictBool] = Field(default=None, description="retrieve evidence from the documents")
+    k: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_EVIDENCE, description="passages to retrieve")
+
+
 class _Sampling(_Allow):
     """Parameters shared by chat and text completions (plus llama.cpp extensions: top_k, min_p,
     typical_p, repeat_penalty)."""
@@ -70,6 +83,7 @@ class _Sampling(_Allow):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # accepted, ignored
+    hearth: Optional[HearthOptions] = None
 
 
 class ChatCompletionRequest(_Sampling):

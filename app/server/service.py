@@ -5,8 +5,8 @@
   gets a real 400/429 rather than a 200 with an error inside. Later errors become an SSE ``error`` event.
 - max_tokens larger than the context left is clamped: the engine refuses it before prefill with
   ``ContextLengthExceeded(prompt_tokens, n_ctx, max_tokens)``, and the request is re-queued once with
-  ``max_tokens = n_ctx - prompt_tokens`` (finish_reason "length" if it gets there; ``hearth.
-  max_tokens_clamped_to`` says so). A prompt that alone fills the context stays a 400 with both counts.
+  ``max_tokens = n_ctx - prompt_tokens`` (finish_reason "length" if it gets there; ``hearth.context``
+  says so). A prompt that alone fills the context stays a 400 with both counts.
 - A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
   another, each queued behind whatever the UI or other clients sent meanwhile (fair FIFO sharing).
 """
@@ -83,7 +83,7 @@ class Service:
             lps.extend(gate.feed(ev))
             ev = await pump.next()
         self.metrics.generation(ev)
-        return fmt.Choice(ev, lps, clamped)
+        return fmt.Choice(ev, lps, clamped, req.decoding.max_tokens)
 
     async def _events(self, frame: fmt.Frame, engine: Any, watcher: DisconnectWatcher, first: tuple,
                       piece: PieceFn | None) -> AsyncIterator[bytes]:
@@ -104,10 +104,10 @@ class Service:
                         yield fmt.chunk(frame, i, text=ev.text, lp=lp)
                     offset += len(ev.text)
                     ev = await pump.next()
-                choice = fmt.Choice(ev, [], clamped)
+                choice = fmt.Choice(ev, [], clamped, req.decoding.max_tokens)
                 choices.append(choice)
                 self.metrics.generation(ev)
-                yield fmt.chunk(frame, i, finish=ev.finish_reason, hearth=fmt.hearth_meta(choice))
+                yield fmt.chunk(frame, i, finish=ev.finish_reason, hearth=fmt.choice_hearth(plan, choice))
             if plan.include_usage:
                 yield fmt.usage_chunk(frame, choices)
             yield fmt.DONE_EVENT

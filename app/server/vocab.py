@@ -1,4 +1,5 @@
-"""Token id → the bytes of its text, for ``logprobs`` answers.
+"""Token id → the bytes of its text, for ``logprobs`` answers; the token count of a text, for ``hearth``'s
+context breakdown.
 
 The engine reports logprobs as token ids. ``Engine.detokenize`` cannot turn them into text while a stream
 runs: it is a request in the same FIFO queue, so it would wait for the very generation asking for it. So
@@ -7,8 +8,12 @@ weights, no compute; about a second for a 262k vocabulary) and ``llama_token_to_
 token's exact bytes, whatever the tokenizer type. The file has already been validated and loaded by the
 engine process, so this load is not a crash risk for this process.
 
-An engine object may provide ``token_piece_bytes(token_id) -> bytes`` itself (the fake engine does); it is
-preferred when present. (Suggested engine change: carry piece bytes in ``Delta.logprobs``.)
+The same in-process vocabulary counts the tokens of the evidence block a request was given
+(``hearth.context.evidence``): ``Engine.count_tokens`` would wait in the queue too.
+
+An engine object may provide ``token_piece_bytes(token_id) -> bytes`` and ``local_token_count(text) -> int``
+itself (the fake engine does); they are preferred when present. (Suggested engine change: carry piece bytes
+in ``Delta.logprobs``.)
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ def piece_fn(engine: Any) -> PieceFn:
     if callable(own):
         return own
     return _LlamaVocab.for_path(str(engine.model_path)).piece
+
+
+def count_fn(engine: Any) -> Callable[[str], int]:
+    """A function giving the number of tokens of a text (no BOS, special tokens as plain text) under
+    ``engine``'s vocabulary, without a turn in the engine's queue."""
+    own = getattr(engine, "local_token_count", None)
+    if callable(own):
+        return own
+    return _LlamaVocab.for_path(str(engine.model_path)).count
 
 
 def token_text(b: bytes) -> str:
@@ -73,6 +87,13 @@ class _LlamaVocab:
             if got is None:
                 got = self._cache[token] = self._piece(token, 64)
             return got
+
+    def count(self, text: str) -> int:
+        data = text.encode("utf-8")
+        buf = (self._llama.llama_token * (len(data) + 8))()  # never more tokens than bytes
+        with self._lock:
+            n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, len(buf), False, False)
+        return abs(n)
 
     def _piece(self, token: int, size: int) -> bytes:
         buf = ctypes.create_string_buffer(size)
