@@ -81,11 +81,12 @@ class DocumentContext:
         self.retriever = Retriever(store, embedder)
         self.notice: str | None = None
 
-    def evidence_for(self, query: str) -> tuple[str | None, list[Any]]:
-        """(prompt block or None when nothing matched, the evidence list)."""
+    def evidence_for(self, query: str, k: int | None = None) -> tuple[str | None, list[Any]]:
+        """(prompt block or None when nothing matched, the evidence list). ``k``: passages (default
+        ``self.k``)."""
         from app.retrieval.rag import format_evidence_block
 
-        results = self.retriever.search(query, self.k)
+        results = self.retriever.search(query, k or self.k)
         self.notice = results.notice
         items = list(results)
         return (format_evidence_block(items) if items else None), items

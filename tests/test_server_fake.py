@@ -316,11 +316,12 @@ class FakeDocs:
     def __init__(self, passages=(PELICAN, PAGE3)) -> None:
         self.k, self.notice, self.passages, self.queries = 4, None, passages, []
 
-    def evidence_for(self, query):
-        self.queries.append((query, self.k))
+    def evidence_for(self, query, k=None):
+        k = k or self.k
+        self.queries.append((query, k))
         self.notice = "no embedding model installed: keyword search (BM25) only"
         words = set(query.lower().strip("?").split()) - {"what", "is", "the"}
-        items = [e for e in self.passages if words & set(e.text.lower().strip(".").split())][:self.k]
+        items = [e for e in self.passages if words & set(e.text.lower().strip(".").split())][:k]
         return (format_evidence_block(items) if items else None), items
 
     citations = staticmethod(DocumentContext.citations)

@@ -5,11 +5,10 @@ comes after the system prompt and the history: the prompt up to that turn is exa
 stays a cacheable prefix on the next turn (the placement ``app.memory.context`` uses). It is a preamble of the
 turn rather than a message of its own because some chat templates insist that roles alternate.
 
-The provider is an object with ``app.chat_service.DocumentContext``'s interface: ``k``, ``evidence_for(query)
+The provider is an object with ``app.chat_service.DocumentContext``'s interface: ``evidence_for(query, k)
 -> (block | None, [Evidence])``, ``notice`` (set by the last search) and ``citations(answer, evidence) ->
 [dict]``. Its search state (``notice``, the store's connection) is shared by every request, so searches run
-one at a time, and a request's ``k`` is set on the provider under that lock and restored after (the server
-owns its provider; ``evidence_for(query, k)`` would make this unnecessary).
+one at a time under a lock.
 """
 
 from __future__ import annotations
@@ -85,13 +84,8 @@ class Documents:
     def _search(self, query: str, k: Optional[int]) -> tuple[Optional[str], list[Any], Optional[str]]:
         p = self.provider
         with self._lock:
-            saved = p.k
-            p.k = k or saved
-            try:
-                block, evidence = p.evidence_for(query)
-                return block, list(evidence), p.notice
-            finally:
-                p.k = saved
+            block, evidence = p.evidence_for(query, k)
+            return block, list(evidence), p.notice
 
 
 def with_evidence(messages: tuple[ChatMessage, ...], block: str) -> tuple[ChatMessage, ...]:
