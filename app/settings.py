@@ -65,35 +65,95 @@ class UserSettings:
         return d
 
 
-def _build(cls, data: Any):
+def _typed(cls, data: Any, where: str, defaults: Any = None) -> dict[str, Any]:
+    """The fields of ``data`` whose type matches ``cls``'s defaults; others are dropped with a warning (so one
+    bad value falls back to its default instead of losing the whole file)."""
     if not isinstance(data, dict):
-        return cls()
-    known = {f.name for f in fields(cls)}
-    extra = set(data) - known
+        if data is not None:
+            log.warning("settings: %s must be an object; using defaults", where or "the file")
+        return {}
+    ref = defaults if defaults is not None else cls()
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        v, d = data[f.name], getattr(ref, f.name)
+        if _same_type(v, d) or (f.name in _OPTIONAL and v is None):
+            out[f.name] = v
+        else:
+            log.warning("settings: %s%s=%r has the wrong type; using the default %r", where, f.name, v, d)
+    extra = set(data) - {f.name for f in fields(cls)}
     if extra:
-        log.warning("settings: ignoring unknown keys %s", sorted(extra))
-    return cls(**{k: v for k, v in data.items() if k in known})
+        log.warning("settings: ignoring unknown keys %s", sorted(f"{where}{k}" for k in extra))
+    return out
+
+
+_OPTIONAL = {"n_threads", "seed", "max_tokens", "grammar", "model", "api_key"}
+
+
+def _same_type(v: Any, d: Any) -> bool:
+    if isinstance(d, bool) or isinstance(v, bool):
+        return isinstance(v, bool) and isinstance(d, bool)
+    if isinstance(d, float):
+        return isinstance(v, (int, float))
+    if isinstance(d, (list, tuple)):
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if d is None:
+        return isinstance(v, (int, str))
+    return isinstance(v, type(d))
+
+
+def _validated(make, kw: dict[str, Any], where: str):
+    """``make(**kw)``, dropping (with a warning) each value it refuses, until it accepts the rest."""
+    kw = dict(kw)
+    for _ in range(len(kw) + 1):
+        try:
+            return make(**kw)
+        except InvalidRequest as exc:
+            bad = (exc.param or "").split("[")[0].split(".")[0]
+            if bad not in kw:
+                raise
+            log.warning("settings: %s%s: %s; using the default", where, bad, exc)
+            kw.pop(bad)
+    return make()
 
 
 def from_dict(data: dict[str, Any]) -> UserSettings:
-    """Parse a settings dict; raises ``InvalidRequest`` naming a bad value."""
-    data = dict(data)
-    load = _build(LoadSettings, data.pop("load", {})).validate()
-    dec_raw = data.pop("decoding", {}) or {}
-    dec = DecodingParams.make(**{k: v for k, v in dec_raw.items() if k in {f.name for f in fields(DecodingParams)}})
-    server = _build(ServerSettings, data.pop("server", {}))
-    base = _build(UserSettings, data)
+    """Parse a settings dict. A value of the wrong type or out of range falls back to its default (logged)."""
+    if not isinstance(data, dict):
+        raise ValueError("settings must be a JSON object")
+    load = _validated(lambda **k: LoadSettings(**k).validate(), _typed(LoadSettings, data.get("load"), "load."),
+                      "load.")
+    dec_in = dict(data["decoding"]) if isinstance(data.get("decoding"), dict) else data.get("decoding")
+    bias = dec_in.pop("logit_bias", None) if isinstance(dec_in, dict) else None
+    dec_kw = _typed(DecodingParams, dec_in, "decoding.", DecodingParams(stop=()))
+    if bias is not None:
+        dec_kw["logit_bias"] = bias  # a dict of token id -> bias; DecodingParams.make checks it
+    dec = _validated(DecodingParams.make, dec_kw, "decoding.")
+    server = ServerSettings(**_typed(ServerSettings, data.get("server"), "server."))
+    if not 1 <= server.port <= 65535:
+        log.warning("settings: server.port=%r is out of range; using %d", server.port, DEFAULT_PORT)
+        server = replace(server, port=DEFAULT_PORT)
+    top = {k: v for k, v in data.items() if k not in ("load", "decoding", "server")}
+    base = UserSettings(**_typed(UserSettings, top, ""))
+    if base.cache_budget_mb < 0:
+        log.warning("settings: cache_budget_mb=%r is negative; using the default", base.cache_budget_mb)
+        base = replace(base, cache_budget_mb=UserSettings().cache_budget_mb)
+    if not all(isinstance(v, dict) for v in base.per_model.values()):
+        base = replace(base, per_model={k: v for k, v in base.per_model.items() if isinstance(v, dict)})
     return replace(base, load=load, decoding=dec, server=server)
 
 
 def load_user_settings() -> UserSettings:
-    """The saved settings, or defaults. Never raises for a bad file (it is moved aside and logged)."""
+    """The saved settings, or defaults. Never raises for a bad file: unreadable JSON is moved aside
+    (``settings.json.corrupt-<time>``); a bad value falls back to its default; both are logged."""
     path = paths.settings_file()
     if not path.exists():
         return UserSettings()
     try:
-        return from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (ValueError, TypeError, InvalidRequest) as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return from_dict(data)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
         aside = path.with_name(f"settings.json.corrupt-{int(time.time())}")
         log.warning("settings file %s is unreadable (%s); moved to %s, using defaults", path, exc, aside)
         try:

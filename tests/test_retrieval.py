@@ -118,13 +118,15 @@ def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(
         "report.pdf": "indexed", "locked.pdf": "failed", "scan.pdf": "failed", "census.docx": "indexed",
         "broken.docx": "failed", "legacy.txt": "indexed", "utf16.txt": "indexed", "bom.md": "indexed",
         "binary.txt": "failed", "empty.txt": "failed", "page.html": "indexed", "tool.py": "indexed",
-        "photo.png": "failed"}
+        "photo.png": "skipped"}  # found in a folder: an unsupported type is skipped, not a failure
     assert status["locked.pdf"].reason == "password-protected"
     assert status["scan.pdf"].reason == "no extractable text — scanned PDF?"
     assert "corrupt" in status["broken.docx"].reason and "DOCX" in status["broken.docx"].reason
     assert status["binary.txt"].reason == "not text (binary content)"
     assert status["empty.txt"].reason == "empty file (0 bytes)"
     assert status["photo.png"].reason == "unsupported type (.png)"
+    named = Ingester(store).ingest([corpus / "photo.png"]).files[0]  # named explicitly: a failure with a reason
+    assert (named.status, named.reason) == ("failed", "unsupported type (.png)")
     assert status["report.pdf"].pages == 2
     # progress: one call per file, done/total and a growing chunk count
     assert [s[0] for s in seen] == list(range(1, 14)) and {s[1] for s in seen} == {13}
@@ -249,8 +251,8 @@ def test_reindex_skips_unchanged_and_touch_does_not_reindex(corpus: Path, store)
     ing = Ingester(store)
     ing.ingest([corpus])
     again = ing.ingest([corpus])
-    assert {f.status for f in again.files if f.ok} == {"unchanged"}
-    assert len(again.failed) == 6  # failures stay failures, with their reasons
+    assert {f.status for f in again.files if f.ok} == {"unchanged", "skipped"}
+    assert len(again.failed) == 5  # failures stay failures, with their reasons (the .png is skipped)
     before = store._query("SELECT evidence_id FROM chunks ORDER BY id")
     os.utime(corpus / "legacy.txt", ns=(1, 1))  # new mtime, same bytes
     third = ing.ingest([corpus / "legacy.txt"])
@@ -424,7 +426,7 @@ def test_cli_ingest_and_search_json(corpus: Path, capsys):
     out, err = capsys.readouterr()
     assert rc == 1  # some files failed; the others were indexed
     assert "failed    " + str(corpus / "locked.pdf") + "  (password-protected)" in out
-    assert "7 indexed" in out and "6 failed" in out and "keyword search (BM25) only" in out
+    assert "7 indexed" in out and "5 failed" in out and "1 skipped" in out and "keyword search (BM25) only" in out
     assert main(["search", "Grüße aus München", "--k", "2", "--json"]) == 0
     out, err = capsys.readouterr()
     items = json.loads(out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from app.errors import HearthError
@@ -56,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args) or 0)
     except HearthError as exc:
         print(f"hearth: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # e.g. `hearth search ... --json | head`: the reader left; not an error
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter's final flush quiet
+        except OSError:
+            pass
+        return 0
+    except OSError as exc:  # a file or folder that cannot be read or written, a port in use...
+        print(f"hearth: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""),
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("hearth: interrupted", file=sys.stderr)

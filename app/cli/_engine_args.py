@@ -31,12 +31,14 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=True,
                    help="do not reuse or save KV state on disk")
     g.add_argument("--cache-budget-mb", type=float, default=None,
-                   help="byte budget of the on-disk prefix cache in MiB (default from settings)")
+                   help="byte budget of the on-disk prefix cache in MiB (default from settings: 4096; 0 turns "
+                        "the disk cache off)")
 
 
-def add_decoding_args(p: argparse.ArgumentParser, max_tokens_default: int | None = 256) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--max-tokens", type=int, default=max_tokens_default, help="answer length cap in tokens")
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """Decoding flags; each one given overrides the saved default (``decoding`` in settings.json)."""
+    g = p.add_argument_group("decoding (defaults: the saved settings)")
+    g.add_argument("--max-tokens", type=int, default=None, help="answer length cap in tokens (default 256)")
     g.add_argument("--temperature", "-t", type=float, default=None, help="0 = greedy (default 0.8)")
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
@@ -65,10 +67,17 @@ def load_settings(args: argparse.Namespace) -> LoadSettings:
 
 
 def decoding(args: argparse.Namespace) -> DecodingParams:
-    kw = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-                                        "presence_penalty", "frequency_penalty", "seed", "stop")
-          if getattr(args, k, None) is not None}
-    kw["max_tokens"] = args.max_tokens if args.max_tokens is None or args.max_tokens != 0 else 0
+    """The saved decoding defaults overlaid with the flags given; raises ``InvalidRequest`` naming a bad one."""
+    from dataclasses import fields
+
+    from app.settings import load_user_settings
+
+    base = load_user_settings().decoding
+    kw = {f.name: getattr(base, f.name) for f in fields(base)}
+    kw["logit_bias"] = dict(base.logit_bias)
+    kw.update({k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p",
+                                             "repeat_penalty", "presence_penalty", "frequency_penalty", "seed",
+                                             "stop", "max_tokens") if getattr(args, k, None) is not None})
     return DecodingParams.make(**kw)
 
 
@@ -83,8 +92,13 @@ def make_engine(args: argparse.Namespace):
     settings = load_settings(args)
     user = load_user_settings()
     cache = None
-    if getattr(args, "prefix_cache", True) and user.prefix_cache:
-        budget_mb = args.cache_budget_mb if getattr(args, "cache_budget_mb", None) else user.cache_budget_mb
+    budget_mb = getattr(args, "cache_budget_mb", None)
+    budget_mb = user.cache_budget_mb if budget_mb is None else budget_mb
+    if budget_mb < 0:
+        from app.errors import InvalidRequest
+
+        raise InvalidRequest(f"cache budget must be >= 0 MiB, got {budget_mb}", param="cache_budget_mb")
+    if getattr(args, "prefix_cache", True) and user.prefix_cache and budget_mb > 0:
         cache = {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget_mb * 1024 * 1024)}
     eng = Engine(path, settings, prefix_cache=cache)
     eng.load()

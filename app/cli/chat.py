@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _defaults(args: argparse.Namespace) -> None:
-    for name, default in (("max_tokens", 256), ("system", None), ("prefix_cache", True), ("new", False),
+    for name, default in (("max_tokens", None), ("system", None), ("prefix_cache", True), ("new", False),
                           ("conversation", None), ("message", None), ("json", False), ("docs", False), ("k", 4)):
         if not hasattr(args, name):
             setattr(args, name, default)
@@ -48,6 +48,8 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     _defaults(args)
     if args.json and args.message is None:
         raise InvalidRequest("--json needs --message (one message, non-interactive)", param="json")
+    if args.message is not None and not args.message.strip():
+        raise InvalidRequest("the message is empty", param="message")
     store = Store()
     system = args.system if args.system is not None else load_user_settings().system_prompt
     docs = None

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        from app.errors import InvalidRequest
+
+        raise InvalidRequest("the prompt is empty", param="prompt")
     dec = decoding(args)
     if args.chat:
         msgs = ([ChatMessage("system", args.system)] if args.system else []) + [ChatMessage("user", prompt)]

@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
             embedder.close()
         store.close()
     for status in report.files:
-        if args.all or (status.status != STATUS_UNCHANGED and not (args.quiet and status.ok)):
+        if args.all or (status.status not in (STATUS_UNCHANGED, "skipped") and not (args.quiet and status.ok)):
             print(_line(status))
-    print(_summary(report, embedded=embedder is not None))
+    print(_summary(report, embedded=embedder is not None or args.no_embed))
     return 1 if report.failed else 0
 
 
@@ -71,7 +71,7 @@ def _line(s: FileStatus) -> str:
 
 def _summary(report: IngestReport, embedded: bool) -> str:
     counts = ", ".join(f"{report.count(k)} {k}" for k in
-                       ("indexed", "unchanged", "renamed", "duplicate", "removed", "failed") if report.count(k))
+                       ("indexed", "unchanged", "renamed", "duplicate", "removed", "skipped", "failed") if report.count(k))
     secs = max(report.elapsed_s, 1e-9)
     text = (f"{counts or 'nothing to do'}; {report.chunks} new chunks in {report.elapsed_s:.1f} s "
             f"({report.chunks / secs:.1f} chunks/s)")

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
               f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
+    _check_port_free(settings.host, settings.port)  # before the model loads: fail fast with one line
     engine = make_engine(args)
     engine.max_queue = settings.max_queue
     embedder = _embedder() if args.embeddings else None
@@ -75,6 +76,24 @@ def run(args: argparse.Namespace) -> int:
         if documents is not None:
             documents.close()
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Raise ``InvalidRequest`` for a port out of range or already in use on ``host``."""
+    import socket
+
+    from app.errors import InvalidRequest
+
+    if not 1 <= port <= 65535:
+        raise InvalidRequest(f"--port must be between 1 and 65535, got {port}", param="port")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+                                 "using it? choose another with --port)", param="port") from None
 
 
 def _documents():

@@ -5,7 +5,7 @@ Choice (``choose_template_name``), first match wins:
    llama-cpp-python's ``Jinja2ChatFormatter`` and Hugging Face ``apply_chat_template`` do.
 2. A model that has no template in its metadata and does not say it is instruction-tuned (name, finetune or
    file name without ``it``/``instruct``/``chat``) is a *base* model: a plain transcript
-   ("User: … / Assistant:" with a one-shot preamble, stopping at the next "User:"). Measured on the bundled
+   ("User: … / Assistant:" with a one-shot preamble, stopping at the next "User:" or a blank line). Measured on the bundled
    Gemma 3 270M base model: it answers "What is the capital of France?" with " Paris." this way and loops
    under the Gemma chat template.
 3. A built-in template by architecture: gemma (system merged into the first user turn: Gemma has no system
@@ -87,7 +87,9 @@ def _transcript(messages: Sequence[Any]) -> RenderedPrompt:
         elif m.role == "assistant":
             parts.append(f"Assistant: {m.content.strip()}\n\n")
     parts.append("Assistant:")
-    return RenderedPrompt("".join(parts), "transcript", True, ("\n\nUser:", "\nUser:", "User:"))
+    # A base model's answer ends at a blank line or where it starts writing the next turn (it would otherwise go
+    # on inventing questions and answers).
+    return RenderedPrompt("".join(parts), "transcript", True, ("\n\n", "\nUser:", "User:"))
 
 
 def _gemma(messages: Sequence[Any]) -> RenderedPrompt:

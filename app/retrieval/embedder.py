@@ -212,6 +212,12 @@ class Embedder:
 
 def _serve(conn, model_path: str, n_ctx: int, n_threads: int | None) -> None:
     """Child main loop: load the model, then answer requests until ``close`` or a closed pipe."""
+    import os
+
+    # Short OpenMP spin-waits, as in the chat engine (see app.engine.engine.tune_openmp): a busy core elsewhere
+    # must not stall every barrier.
+    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = "1000"
     try:
         llm = _load(model_path, n_ctx, n_threads)
         conn.send(("ok", EmbedderInfo(dim=llm.n_embd(), n_ctx=llm.n_ctx())))

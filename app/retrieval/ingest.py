@@ -48,6 +48,7 @@ from app.retrieval.types import (
     STATUS_INDEXED,
     STATUS_REMOVED,
     STATUS_RENAMED,
+    STATUS_SKIPPED,
     STATUS_UNCHANGED,
     FileStatus,
     IngestReport,
@@ -85,9 +86,17 @@ class Ingester:
                 if root.exists():
                     self.store.add_root(str(root))
         files = _collect(roots)
+        named = {str(r) for r in roots if r.is_file()}
         state = Progress(files_total=len(files))
         report = IngestReport()
         for path in files:
+            if str(path) not in named and kind_of(path) is None:
+                # Found in a folder, not named by the person: an image or binary is skipped, not a failure.
+                why = f"unsupported type ({path.suffix.lower() or 'no extension'})"
+                status = FileStatus(str(path), STATUS_SKIPPED, why)
+                report.files.append(status)
+                self._advance(state, status, path, started, progress)
+                continue
             status = self._ingest_one(path)
             report.files.append(status)
             self._advance(state, status, path, started, progress)

@@ -64,6 +64,7 @@ STATUS_RENAMED = "renamed"  # same content as a document whose old path is gone:
 STATUS_DUPLICATE = "duplicate"  # same content as another indexed document that still exists: not indexed twice
 STATUS_FAILED = "failed"  # could not be indexed; ``reason`` says why
 STATUS_REMOVED = "removed"  # the file is gone: its document and chunks were deleted
+STATUS_SKIPPED = "skipped"  # found while walking a folder, of a type Hearth does not index (images, binaries)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class IngestReport:
 
     @property
     def chunks(self) -> int:
-        return sum(f.chunks for f in self.files)
+        """Chunks written in this run (files indexed now; unchanged files report their stored count)."""
+        return sum(f.chunks for f in self.files if f.status == STATUS_INDEXED)
 
     @property
     def failed(self) -> list[FileStatus]:

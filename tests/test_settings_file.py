@@ -1,0 +1,72 @@
+"""settings.json: atomic, and a bad value never costs the whole file or crashes a command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from app import paths
+from app.cli._engine_args import add_decoding_args, add_load_args, decoding, load_settings
+from app.settings import UserSettings, load_user_settings, save_user_settings
+
+
+def write(data) -> None:
+    paths.settings_file().write_text(json.dumps(data) if not isinstance(data, str) else data, encoding="utf-8")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_load_args(p)
+    add_decoding_args(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("data,check", [
+    ({"cache_budget_mb": "big"}, lambda s: s.cache_budget_mb == 4096.0),
+    ({"server": {"port": "abc"}}, lambda s: s.server.port == 8765),
+    ({"server": {"port": 99999}}, lambda s: s.server.port == 8765),
+    ({"system_prompt": 5, "prefix_cache": False}, lambda s: s.system_prompt == "" and s.prefix_cache is False),
+    ({"decoding": {"temperature": -3, "top_k": 5}}, lambda s: s.decoding.temperature == 0.8 and s.decoding.top_k == 5),
+    ({"load": {"n_ctx": -5, "type_k": "q8_0"}}, lambda s: s.load.n_ctx == 4096 and s.load.type_k == "q8_0"),
+    ({"decoding": {"stop": ["END"], "logit_bias": {"5": -1}}},
+     lambda s: s.decoding.stop == ("END",) and s.decoding.logit_bias == ((5, -1.0),)),
+    ([1, 2, 3], lambda s: s == UserSettings()),
+])
+def test_bad_values_fall_back_to_defaults_and_keep_the_rest(data, check):
+    write(data)
+    s = load_user_settings()
+    assert check(s)
+    if isinstance(data, dict):
+        assert paths.settings_file().exists(), "a file with one bad value is not moved aside"
+
+
+def test_unreadable_file_is_moved_aside():
+    write("{bad")
+    assert load_user_settings() == UserSettings()
+    assert not paths.settings_file().exists()
+    assert list(paths.home().glob("settings.json.corrupt-*"))
+
+
+def test_saved_decoding_and_load_defaults_apply_and_flags_override():
+    s = UserSettings()
+    from dataclasses import replace
+
+    from app.engine.types import DecodingParams, LoadSettings
+
+    save_user_settings(replace(s, decoding=DecodingParams.make(temperature=0.0, max_tokens=3, stop=["X"]),
+                               load=LoadSettings(n_ctx=1024)))
+    d = decoding(parse())
+    assert (d.temperature, d.max_tokens, d.stop) == (0.0, 3, ("X",))
+    d = decoding(parse("--temperature", "0.5", "--max-tokens", "9"))
+    assert (d.temperature, d.max_tokens) == (0.5, 9)
+    assert load_settings(parse()).n_ctx == 1024
+    assert load_settings(parse("--n-ctx", "2048")).n_ctx == 2048
+
+
+def test_save_is_atomic_and_round_trips():
+    s = load_user_settings()
+    save_user_settings(s)
+    assert load_user_settings() == s
+    assert not list(paths.home().glob(".settings-*.tmp"))
