@@ -8,6 +8,10 @@ decoding, alternating A/B/A/B so that machine noise hits both. Reported per side
   cost the caller sees (for Hearth: the pipe to and from the engine process).
 - decode tokens/s = (tokens − 1) / (last token time − first token time), at the caller.
 
+Both sides use the same library settings: threads (``default_threads``) and OpenMP spin-waiting
+(``GOMP_SPINCOUNT=1000``, set by ``tune_openmp`` before llama.cpp loads, as the engine process does), so the
+ratio isolates what Hearth adds: the process boundary, the pipe and streaming.
+
 Target: Hearth ≥ 0.95 × plain for both. Run: ``hearth bench engine`` or ``python -m benchmarks.engine_bench``.
 """
 
@@ -57,6 +61,9 @@ def _hearth_run(engine, prompt: str, n: int) -> dict:
 
 def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 128, rounds: int = 3,
         n_ctx: int = 4096, n_threads: int | None = None) -> dict:
+    from app.engine.engine import tune_openmp
+
+    tune_openmp()  # the same OpenMP spin setting on both sides (Hearth's engine sets it in its process)
     import llama_cpp
 
     from app.engine.engine import Engine

@@ -110,7 +110,7 @@ def tune_openmp() -> None:
     import os
 
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = "1000"
+        os.environ["GOMP_SPINCOUNT"] = os.environ.get("HEARTH_GOMP_SPINCOUNT", "1000")
 
 
 def _exit_with_parent() -> None:
