@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-embed", action="store_true", help="keyword index only (no embedding model)")
     p.add_argument("--all", action="store_true", help="also list unchanged files")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only failures and the summary")
+    p.add_argument("--watch", type=float, nargs="?", const=5.0, default=None, metavar="SECONDS",
+                   help="after indexing, keep watching every ingested path and re-index changes (polls every "
+                        "SECONDS, default 5; Ctrl+C stops)")
     p.set_defaults(func=run)
 
 
@@ -46,15 +49,46 @@ def run(args: argparse.Namespace) -> int:
             from app.chat_service import prune_stale_citations
 
             prune_stale_citations(doc_store=store)
+        if args.watch is not None:
+            _print_report(report, args, embedder)
+            return _watch(ingester, store, args.watch)
     finally:
         if embedder is not None:
             embedder.close()
         store.close()
+    _print_report(report, args, embedder)
+    return 1 if report.failed else 0
+
+
+def _print_report(report: IngestReport, args: argparse.Namespace, embedder) -> None:
     for status in report.files:
         if args.all or (status.status not in (STATUS_UNCHANGED, "skipped") and not (args.quiet and status.ok)):
             print(_line(status))
-    print(_summary(report, embedded=embedder is not None or args.no_embed))
-    return 1 if report.failed else 0
+    print(_summary(report, embedded=embedder is not None or args.no_embed), flush=True)
+
+
+def _watch(ingester, store, interval_s: float) -> int:
+    """Poll the ingested paths until Ctrl+C; print what changed."""
+    import threading
+
+    from app.chat_service import prune_stale_citations
+    from app.errors import InvalidRequest
+
+    if interval_s <= 0:
+        raise InvalidRequest(f"--watch needs a positive number of seconds, got {interval_s}", param="watch")
+    print(f"watching {len(store.roots())} path(s) every {interval_s:g} s (Ctrl+C stops)", file=sys.stderr)
+
+    def changed(report: IngestReport) -> None:
+        for status in report.files:
+            if status.status not in (STATUS_UNCHANGED, "skipped"):
+                print(_line(status), flush=True)
+        prune_stale_citations(doc_store=store)
+
+    try:
+        ingester.watch(threading.Event(), interval_s, on_report=changed)
+    except KeyboardInterrupt:
+        print("stopped watching", file=sys.stderr)
+    return 0
 
 
 def _merge(into: IngestReport, other: IngestReport) -> None:
