@@ -10,8 +10,9 @@ import sys
 def _has_display() -> bool:
     if sys.platform in ("darwin", "win32"):
         return True
+    qpa = os.environ.get("QT_QPA_PLATFORM", "")
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-                or os.environ.get("QT_QPA_PLATFORM"))
+                or (qpa and qpa not in ("offscreen", "minimal")))
 
 
 def run_default(args: argparse.Namespace) -> int:
