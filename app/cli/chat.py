@@ -138,7 +138,8 @@ def _stream_turn(session, docs, cid: str, text: str) -> None:
                 m, c = ev.metrics, ev.context
                 print(f"\n  [{ev.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · "
                       f"{m.get('decode_tps', 0):.1f} tok/s · {m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} "
-                      f"prompt tokens reused · context {c.get('n_ctx', 0) - c.get('free', 0)}/{c.get('n_ctx', 0)}]",
+                      f"prompt tokens reused · context {m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/"
+                      f"{c.get('n_ctx', 0)} tokens]",
                       file=sys.stderr)
                 if docs is not None:
                     cites = docs.citations(ev.text, evidence)
