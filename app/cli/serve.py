@@ -67,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host, documents=documents)
     print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1 "
           f"(Ctrl+C stops)", file=sys.stderr)
+    import signal
+
+    # uvicorn shuts down on SIGTERM, then re-raises it; ending through SystemExit instead lets the engine
+    # process and its semaphores be released below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         serve(app, settings.host, settings.port)
     finally:
