@@ -584,3 +584,17 @@ def test_serve_refuses_non_loopback_without_flag(capsys):
 
     assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
     assert "--i-know-this-exposes-my-machine" in capsys.readouterr().err
+
+
+def test_json_body_without_json_content_type_is_accepted():
+    """``curl -d '{...}'`` labels the body as a form; like llama-server and Ollama, Hearth reads it as JSON."""
+    eng = FakeEngine(reply=lambda r: "ok")
+    with ServerThread(create_app(eng, ServerSettings(), catalog=CATALOG)) as srv:
+        body = json.dumps({"messages": USER, "max_tokens": 4}).encode()
+        for ctype in (None, "application/x-www-form-urlencoded"):
+            headers = {"Content-Type": ctype} if ctype else {}
+            r = httpx.post(f"{srv.url}/v1/chat/completions", content=body, headers=headers, timeout=10)
+            assert r.status_code == 200, r.text
+        r = httpx.post(f"{srv.url}/v1/chat/completions", content=b"messages=hi",
+                       headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=10)
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]

@@ -68,6 +68,7 @@ def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, 
     hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
     security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
                      on_error=lambda e: st.metrics.error(e.type, e.code))
+    app.add_middleware(JsonBodyByDefault)
     app.add_middleware(RequestMetrics, metrics=st.metrics)
     return app
 
@@ -139,6 +140,25 @@ def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(Exception)  # a bug: logged with its traceback, answered without it
     async def _any(_req: Request, exc: Exception) -> JSONResponse:
         return answer(from_exception(exc))
+
+
+class JsonBodyByDefault:
+    """POST bodies of /v1/* are JSON whatever the client labelled them: ``curl -d '{...}'`` sends
+    ``application/x-www-form-urlencoded``, and llama-server and Ollama accept such requests. A missing or
+    form Content-Type is read as ``application/json`` (a body that is not JSON still gets the 400 saying so)."""
+
+    _FORM = (b"", b"application/x-www-form-urlencoded", b"text/plain")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            ctype = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+            if ctype.split(b";")[0].strip().lower() in self._FORM:
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 class RequestMetrics:
