@@ -32,6 +32,33 @@ log = logging.getLogger(__name__)
 GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
 
 
+_LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
+
+
+def route_llama_logs() -> None:
+    """Send llama.cpp's log lines to Python logging (logger ``llama.cpp``) instead of stderr: errors as
+    warnings, everything else at debug level (``hearth -v`` shows them). llama-cpp-python 0.3.36 maps ggml's log
+    levels with an old enum (DEBUG=1, INFO=2, WARN=3, ERROR=4 in this llama.cpp) and prints informational
+    warnings such as "using full-size SWA cache" on every load."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None:
+        return
+    import ctypes
+
+    import llama_cpp
+
+    llog = logging.getLogger("llama.cpp")
+
+    @llama_cpp.llama_log_callback
+    def _cb(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        msg = text.decode("utf-8", "replace").rstrip()
+        if msg:
+            llog.log(logging.WARNING if level == 4 else logging.DEBUG, "%s", msg)
+
+    _LOG_CALLBACK = _cb
+    llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
+
+
 def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
     """``Llama(...)`` keyword arguments for ``settings`` (llama-cpp-python 0.3.36 names; it silently ignores
     unknown ones, so every name here is checked by a test). ``n_gpu_layers`` and ``offload_kqv`` take effect in a
@@ -73,6 +100,7 @@ class Runtime:
         self.model_path = model_path
         self.meta = model_meta or {}
         t0 = time.perf_counter()
+        route_llama_logs()
         try:
             self.llm = llama_cpp.Llama(model_path=model_path, **llama_kwargs(settings))
         except (ValueError, RuntimeError, OSError) as exc:
