@@ -380,6 +380,7 @@ class Engine:
 
     # -- the stream -----------------------------------------------------------------------------------
     def _run(self, gen: Generation) -> Iterator[Delta | Done]:
+        """Wait for this request's turn (FIFO), then stream it through ``_stream``."""
         t_call = time.perf_counter()
         self.stats.requests += 1
         with self._turn(gen):
@@ -387,50 +388,54 @@ class Engine:
             if gen.cancelled:
                 self.stats.cancelled += 1
                 raise Cancelled("cancelled before it started")
-            self._ensure_running()
             self._cancel.clear()
-            conn = self._conn
-            try:
-                conn.send(("generate", gen.request))
-            except (OSError, BrokenPipeError):
-                raise self._crashed("generation") from None
-            times: list[float] = []
-            finished = False
-            try:
-                while True:
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
+            yield from self._stream(gen, t_call, t0)
+
+    def _stream(self, gen: Generation, t_call: float, t0: float) -> Iterator[Delta | Done]:
+        """Run ``gen`` in the engine process (its turn is held). ``t_call`` / ``t0``: when it was called / when
+        its turn came (the clocks of ``Metrics``)."""
+        self._ensure_running()
+        conn = self._conn
+        try:
+            conn.send(("generate", gen.request))
+        except (OSError, BrokenPipeError):
+            raise self._crashed("generation") from None
+        times: list[float] = []
+        finished = False
+        try:
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self.stats.failed += 1
+                    raise self._crashed("generation") from None
+                kind = msg[0]
+                if kind == "delta":
+                    if msg[2]:
+                        times.append(time.perf_counter())
+                    yield Delta(msg[1], tuple(msg[2]), tuple(msg[3]))
+                elif kind == "done":
+                    finished = True
+                    _, finish, text, cm, info = msg
+                    m = _metrics(t_call, t0, times, cm)
+                    self._count(m)
+                    gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})
+                    yield gen.done
+                    return
+                elif kind == "error":
+                    finished = True
+                    if isinstance(msg[1], Cancelled):
+                        self.stats.cancelled += 1
+                    else:
                         self.stats.failed += 1
-                        raise self._crashed("generation") from None
-                    kind = msg[0]
-                    if kind == "delta":
-                        now = time.perf_counter()
-                        if msg[2]:
-                            times.append(now)
-                        yield Delta(msg[1], tuple(msg[2]), tuple(msg[3]))
-                    elif kind == "done":
-                        finished = True
-                        _, finish, text, cm, info = msg
-                        m = _metrics(t_call, t0, times, cm)
-                        self._count(m)
-                        gen.done = Done(finish, m, text, {**info, **{"n_ctx": self.settings.n_ctx}})
-                        yield gen.done
-                        return
-                    elif kind == "error":
-                        finished = True
-                        if isinstance(msg[1], Cancelled):
-                            self.stats.cancelled += 1
-                        else:
-                            self.stats.failed += 1
-                        raise msg[1]
-            finally:
-                if not finished and self._conn is conn and self.alive:
-                    # The consumer left early (closed the stream, client disconnected): cancel and drain
-                    # so the next request starts on a quiet engine.
-                    self._cancel.set()
-                    self.stats.cancelled += 1
-                    self._drain(conn)
+                    raise msg[1]
+        finally:
+            if not finished and self._conn is conn and self.alive:
+                # The consumer left early (closed the stream, client disconnected): cancel and drain
+                # so the next request starts on a quiet engine.
+                self._cancel.set()
+                self.stats.cancelled += 1
+                self._drain(conn)
 
     def _drain(self, conn) -> None:
         try:

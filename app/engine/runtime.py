@@ -117,8 +117,9 @@ class Runtime:
         self.reuse_ok = settings.swa_full or not self.sliding_window
         self.canonical_upto = 0  # KV positions below this were computed in whole canonical chunks
         self.layout_len = 0  # length of the prompt whose first L-1 tokens the live KV holds in its layout
-        self.chat_template = self.meta.get("chat_template", md.get("tokenizer.chat_template"))
-        self.template_name = choose_template_name(_MetaView(self.meta, md, model_path))
+        view = _MetaView(self.meta, md, model_path)
+        self.chat_template = view.chat_template
+        self.template_name = choose_template_name(view)
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
         self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
 
@@ -262,8 +263,7 @@ class Runtime:
         self.prefill(tokens, cancelled, metrics)
         streamer = StopStreamer(tuple(d.stop) + rp.stop)
         llm = self.llm
-        max_new = d.max_tokens if d.max_tokens is not None else n_ctx - len(tokens)
-        max_new = min(max_new, n_ctx - len(tokens))
+        max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
         finish = "length"
         n_out = 0
         t_first = None

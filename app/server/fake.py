@@ -75,35 +75,27 @@ class FakeEngine(Engine):
         return "".join(f"{m.role}: {m.content}\n" for m in req.messages) + "assistant:"
 
     # -- the stream ----------------------------------------------------------------------------------------
-    def _run(self, gen: Generation) -> Iterator[Delta | Done]:
-        t_call = time.perf_counter()
-        self.stats.requests += 1
-        with self._turn(gen):
-            t0 = time.perf_counter()
-            if gen.cancelled:
+    def _stream(self, gen: Generation, t_call: float, t0: float) -> Iterator[Delta | Done]:
+        req = gen.request
+        self.seen.append(req)
+        text, finish, n_prompt = self._plan(req)
+        finished, times = False, []
+        try:
+            self.started.set()
+            for ch in text:
+                if self._cancel.wait(self.token_delay_s) if self.token_delay_s else self._cancel.is_set():
+                    raise Cancelled("cancelled during decode")
+                times.append(time.perf_counter())
+                yield Delta(ch, (ord(ch),), self._logprobs(ch, req.want_logprobs))
+            finished = True
+            m = _metrics(t_call, t0, times, {"prompt_tokens": n_prompt, "completion_tokens": len(text)})
+            self._count(m)
+            gen.done = Done(finish, m, text, {"template": "fake", "model": Path(self.model_path).name,
+                                              "n_ctx": self.settings.n_ctx})
+            yield gen.done
+        finally:
+            if not finished:
                 self.stats.cancelled += 1
-                raise Cancelled("cancelled before it started")
-            self._cancel.clear()
-            req = gen.request
-            self.seen.append(req)
-            text, finish, n_prompt = self._plan(req)
-            finished, times = False, []
-            try:
-                self.started.set()
-                for ch in text:
-                    if self._cancel.wait(self.token_delay_s) if self.token_delay_s else self._cancel.is_set():
-                        raise Cancelled("cancelled during decode")
-                    times.append(time.perf_counter())
-                    yield Delta(ch, (ord(ch),), self._logprobs(ch, req.want_logprobs))
-                finished = True
-                m = _metrics(t_call, t0, times, {"prompt_tokens": n_prompt, "completion_tokens": len(text)})
-                self._count(m)
-                gen.done = Done(finish, m, text, {"template": "fake", "model": Path(self.model_path).name,
-                                                  "n_ctx": self.settings.n_ctx})
-                yield gen.done
-            finally:
-                if not finished:
-                    self.stats.cancelled += 1
 
     def _plan(self, req: GenerateRequest) -> tuple[str, str, int]:
         if self.fail_next is not None:
