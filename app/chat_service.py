@@ -21,11 +21,9 @@ def engine_generate_fn(engine: Any, base: DecodingParams):
     override fields of ``base`` (temperature, stop, seed…)."""
 
     def generate_fn(messages, max_tokens=None, **opts) -> Iterator[Any]:
-        kw = {f.name: getattr(base, f.name) for f in fields(base)}
-        kw["logit_bias"] = dict(base.logit_bias)
-        kw.update({k: v for k, v in opts.items() if k in kw})
-        kw["max_tokens"] = max_tokens
-        gen = engine.generate(GenerateRequest(messages=tuple(messages), decoding=DecodingParams.make(**kw)))
+        known = {f.name for f in fields(base)}
+        dec = base.updated(**{k: v for k, v in opts.items() if k in known}, max_tokens=max_tokens)
+        gen = engine.generate(GenerateRequest(messages=tuple(messages), decoding=dec))
         try:
             yield from gen
         finally:

@@ -58,6 +58,16 @@ class UserSettings:
         known = {f.name for f in fields(LoadSettings)}
         return replace(self.load, **{k: v for k, v in over.items() if k in known}).validate()
 
+    def prefix_cache_options(self, budget_mb: float | None = None) -> dict[str, Any] | None:
+        """The engine's ``prefix_cache`` argument: None when the cache is off or its budget is 0, else the
+        folder and the byte budget. ``budget_mb`` overrides ``cache_budget_mb`` (MiB); negative is refused."""
+        budget = self.cache_budget_mb if budget_mb is None else budget_mb
+        if budget < 0:
+            raise InvalidRequest(f"cache budget must be >= 0 MiB, got {budget}", param="cache_budget_mb")
+        if not self.prefix_cache or budget == 0:
+            return None
+        return {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget * 1024 * 1024)}
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["decoding"]["stop"] = list(self.decoding.stop)

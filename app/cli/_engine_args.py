@@ -51,11 +51,12 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
-def load_settings(args: argparse.Namespace) -> LoadSettings:
-    """LoadSettings from the saved settings file overlaid with the flags given."""
+def load_settings(args: argparse.Namespace, user=None) -> LoadSettings:
+    """LoadSettings from the saved settings (``user``, read from the file when None) overlaid with the flags
+    given."""
     from app.settings import load_user_settings
 
-    base = load_user_settings().load
+    base = (user or load_user_settings()).load
     over = {k: getattr(args, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k",
                                           "type_v", "flash_attn", "offload_kqv", "use_mmap", "use_mlock")
             if getattr(args, k, None) is not None}
@@ -68,38 +69,26 @@ def load_settings(args: argparse.Namespace) -> LoadSettings:
 
 def decoding(args: argparse.Namespace) -> DecodingParams:
     """The saved decoding defaults overlaid with the flags given; raises ``InvalidRequest`` naming a bad one."""
-    from dataclasses import fields
-
     from app.settings import load_user_settings
 
-    base = load_user_settings().decoding
-    kw = {f.name: getattr(base, f.name) for f in fields(base)}
-    kw["logit_bias"] = dict(base.logit_bias)
-    kw.update({k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p",
-                                             "repeat_penalty", "presence_penalty", "frequency_penalty", "seed",
-                                             "stop", "max_tokens") if getattr(args, k, None) is not None})
-    return DecodingParams.make(**kw)
+    return load_user_settings().decoding.updated(**{
+        k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                                      "presence_penalty", "frequency_penalty", "seed", "stop", "max_tokens")
+        if getattr(args, k, None) is not None})
 
 
 def make_engine(args: argparse.Namespace):
     """An ``Engine`` for the model named by ``--model`` (resolved through the registry), loaded."""
-    from app import paths
     from app.engine.engine import Engine
     from app.engine.registry import resolve_model
     from app.settings import load_user_settings
 
     path = resolve_model(getattr(args, "model", None))
-    settings = load_settings(args)
     user = load_user_settings()
-    cache = None
-    budget_mb = getattr(args, "cache_budget_mb", None)
-    budget_mb = user.cache_budget_mb if budget_mb is None else budget_mb
-    if budget_mb < 0:
-        from app.errors import InvalidRequest
-
-        raise InvalidRequest(f"cache budget must be >= 0 MiB, got {budget_mb}", param="cache_budget_mb")
-    if getattr(args, "prefix_cache", True) and user.prefix_cache and budget_mb > 0:
-        cache = {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget_mb * 1024 * 1024)}
+    settings = load_settings(args, user)
+    cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None))
+    if not getattr(args, "prefix_cache", True):
+        cache = None
     eng = Engine(path, settings, prefix_cache=cache)
     eng.load()
     return eng

@@ -6,7 +6,7 @@ its range and the value received (the habit of mlx-lm ``sample_utils.make_sample
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
 from app.errors import InvalidRequest
@@ -127,6 +127,13 @@ class DecodingParams:
             _check_range("logit_bias", tok, 0, None, integer=True)
             _check_range("logit_bias", bias, -100.0, 100.0)
         return self
+
+    def updated(self, **changes: Any) -> "DecodingParams":
+        """A validated copy with ``changes`` applied (loose values accepted, as in ``make``)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw["logit_bias"] = dict(self.logit_bias)
+        kw.update(changes)
+        return DecodingParams.make(**kw)
 
     @classmethod
     def make(cls, **kw: Any) -> "DecodingParams":

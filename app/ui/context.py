@@ -14,7 +14,7 @@ from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
 from app.ui.download_ctl import DownloadController
-from app.ui.engine_ctl import EngineController, LoadJob, prefix_cache_options
+from app.ui.engine_ctl import EngineController, LoadJob
 from app.ui.hub import HubClient
 from app.ui.server_ctl import ServerController
 from app.ui.workers import WorkerPool
@@ -49,7 +49,7 @@ class AppContext(QObject):
 
     def job_for(self, path: str, model_id: str) -> LoadJob:
         s = self.settings
-        return LoadJob(path, s.load_for(model_id), prefix_cache_options(s.prefix_cache, s.cache_budget_mb))
+        return LoadJob(path, s.load_for(model_id), s.prefix_cache_options())
 
     def load_model(self, path: str, model_id: str, remember: bool = True) -> None:
         if remember:

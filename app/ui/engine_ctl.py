@@ -16,7 +16,6 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app import paths
 from app.engine.types import LoadSettings
 from app.ui.workers import WorkerPool
 
@@ -30,12 +29,6 @@ class LoadJob:
     path: str
     settings: LoadSettings
     cache: dict | None = None
-
-
-def prefix_cache_options(enabled: bool, budget_mb: float) -> dict | None:
-    if not enabled:
-        return None
-    return {"dir": str(paths.kv_cache_dir()), "budget_bytes": int(budget_mb * 1024 * 1024)}
 
 
 class EngineController(QObject):
