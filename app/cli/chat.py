@@ -13,7 +13,6 @@ import json
 import sys
 
 from app.cli._engine_args import add_decoding_args, add_load_args, decoding, make_engine
-from app.engine.types import Delta, Done
 from app.errors import Cancelled, HearthError, InvalidRequest
 
 
@@ -126,30 +125,21 @@ def _interactive(eng, store, session, docs, cid: str) -> int:
 
 
 def _stream_turn(session, docs, cid: str, text: str) -> None:
+    from app.chat_service import send_with_documents
+
     sys.stdout.write("hearth> ")
-    block, evidence = docs.evidence_for(text) if docs is not None else (None, [])
-    events = session.stream(cid, text, evidence=block)
     try:
-        for ev in events:
-            if isinstance(ev, Delta):
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            elif not isinstance(ev, Done) and hasattr(ev, "context"):
-                m, c = ev.metrics, ev.context
-                print(f"\n  [{ev.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · "
-                      f"{m.get('decode_tps', 0):.1f} tok/s · {m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} "
-                      f"prompt tokens reused · context {m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/"
-                      f"{c.get('n_ctx', 0)} tokens]",
-                      file=sys.stderr)
-                if docs is not None:
-                    cites = docs.citations(ev.text, evidence)
-                    if cites:
-                        session.store.add_citations(ev.message_id, cites)
-                    _print_sources(cites, [{"evidence_id": e.evidence_id, "path": e.path} for e in evidence])
-    except KeyboardInterrupt:
-        events.close()
+        r, cites, given = send_with_documents(session, docs, cid, text,
+                                              on_delta=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+    except (KeyboardInterrupt, Cancelled):
         print("\n  [stopped]", file=sys.stderr)
-    except Cancelled:
-        print("\n  [stopped]", file=sys.stderr)
+        return
     except HearthError as exc:
         print(f"\n  error: {exc}", file=sys.stderr)
+        return
+    m = r.metrics
+    print(f"\n  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · {m.get('decode_tps', 0):.1f} tok/s · "
+          f"{m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} prompt tokens reused · context "
+          f"{m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/{r.context.get('n_ctx', 0)} tokens]",
+          file=sys.stderr)
+    _print_sources(cites, given)

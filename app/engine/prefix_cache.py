@@ -66,12 +66,9 @@ def _tok_bytes(tokens: Sequence[int]) -> bytes:
 
 def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
     """Chained hashes of the full blocks of ``tokens``: ``h[i] = sha256(h[i-1] | tokens of block i)``.
-    Returns one hex digest per full block (shape: ``len(tokens) // block``)."""
-    out, parent = [], b""
-    for i in range(0, len(tokens) - len(tokens) % block, block):
-        parent = hashlib.sha256(parent + _tok_bytes(tokens[i:i + block])).digest()
-        out.append(parent.hex())
-    return out
+    Returns one hex digest per full block (shape: ``len(tokens) // block``); the chain ``PrefixHasher`` keys on."""
+    h = PrefixHasher(tokens, block)
+    return [h._chain_to(k).hex() for k in range(1, len(tokens) // block + 1)]
 
 
 class PrefixHasher:
@@ -312,7 +309,6 @@ class PrefixCache:
         self.fp = fp
         self.fp_info = fp_info
         self.min_tokens = min_tokens
-        self.last_error: str | None = None
 
     @classmethod
     def for_runtime(cls, model_path: str, settings: Any, dir: str, budget_bytes: int = 4 << 30,
@@ -334,7 +330,6 @@ class PrefixCache:
         st = self.store.stats
         st.lookups += 1
         st.prompt_tokens += len(tokens)
-        self.last_error = None
         C = rt.settings.n_batch
         L = len(tokens)
         if L - 1 < self.min_tokens:
@@ -351,7 +346,6 @@ class PrefixCache:
             payload = self.store.read(self.fp, tokens, n, path)
             self._set_state(rt, payload, tokens[:n])
         except EntryError as exc:
-            self.last_error = str(exc)
             metrics["cache_error"] = str(exc)
             self._clear(rt)
             return 0
