@@ -29,9 +29,6 @@ def schema_to_gbnf(schema: Any) -> str:
                              param="response_format") from None
 
 
-JSON_OBJECT_GBNF = None  # built lazily from the generic JSON grammar
-
-
 def json_object_gbnf() -> str:
     """GBNF for any JSON object (OpenAI ``response_format: {"type": "json_object"}``)."""
     from llama_cpp.llama_grammar import JSON_GBNF

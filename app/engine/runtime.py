@@ -108,6 +108,7 @@ class Runtime:
         self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
+        self._vocab_is_eog = llama_cpp.llama_vocab_is_eog  # looked up once, not per decoded token
         self.n_vocab = self.llm.n_vocab()
         self.prefix_cache = prefix_cache
         md = self.llm.metadata
@@ -142,9 +143,8 @@ class Runtime:
         return self.llm.detokenize(tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        """True for end-of-generation tokens (<eos>, <end_of_turn>, <|eot_id|>…); called once per token."""
+        return bool(self._vocab_is_eog(self.vocab, token))
 
     def render(self, request: GenerateRequest) -> RenderedPrompt:
         if request.prompt is not None:
