@@ -3,6 +3,7 @@ crash safety (SIGKILL mid-stream), corrupt rows, export/import round trips. Pure
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -315,3 +316,25 @@ def test_conversation_management(store: Store) -> None:
     assert [c.id for c in store.list_conversations()] == [b] and store.search("q") == []
     with pytest.raises(StoreError):
         store.get_conversation(a)
+
+
+# ---- module layering ----------------------------------------------------------------------------------------
+
+
+def _imports_of(module: Path) -> set[str]:
+    """Every module named by an import statement in ``module`` (``from a import b`` gives ``a`` and ``a.b``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_records_and_transfer_never_import_the_store() -> None:
+    memory = REPO / "app" / "memory"
+    assert "app.memory.store" not in _imports_of(memory / "transfer.py")
+    assert not {n for n in _imports_of(memory / "records.py") if n.startswith("app.memory")}
+    assert {"app.memory.records", "app.memory.transfer"} <= _imports_of(memory / "store.py")

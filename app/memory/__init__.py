@@ -1,22 +1,23 @@
-"""Conversations that are never lost: an append-only, content-addressed message store (``store``), context
-assembly within a token budget with summaries kept apart from what was said (``context``) and one chat turn
-run end to end against an injected generator (``chat_session``). No Qt and no engine imports here: the engine
+"""Conversations that are never lost: records and their content addresses (``records``), an append-only
+message store over them (``store``), export and import (``transfer``), context assembly within a token budget
+with summaries kept apart from what was said (``context``) and one chat turn run end to end against an
+injected generator (``chat_session``). No Qt and no engine imports here: the engine
 is passed in as callables (see docs/memory.md).
 """
 
 from __future__ import annotations
 
 from app.memory.context import ContextBuilder, ContextPlan, SummaryRequest, Summarizer, summary_prompt
-from app.memory.store import (
+from app.memory.records import (
     Citation,
     Conversation,
     ConversationData,
     Message,
     SearchHit,
-    Store,
     Summary,
     message_id,
 )
+from app.memory.store import Store
 
 __all__ = [
     "Citation", "ContextBuilder", "ContextPlan", "Conversation", "ConversationData", "Message", "SearchHit",

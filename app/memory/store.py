@@ -35,30 +35,38 @@ Times are ISO 8601 UTC strings (microseconds), which sort as text.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
-import secrets
 import sqlite3
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from sqlite_utils import Database, Migrations
 
 from app.errors import InvalidRequest, StoreError
+from app.memory import transfer
+from app.memory.records import (
+    STATUSES,
+    Citation,
+    Conversation,
+    ConversationData,
+    Message,
+    SearchHit,
+    Summary,
+    dumps_json,
+    loads_json,
+    message_id,
+    now,
+    provisional_id,
+    summary_id,
+)
 
 log = logging.getLogger(__name__)
-
-STATUSES = ("complete", "incomplete", "error")
-EXPORT_FORMAT = "hearth.conversation"
-EXPORT_VERSION = 1
 
 migrations = Migrations("hearth.memory")
 
@@ -155,159 +163,7 @@ def m003_messages_fts(db: Database) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Values
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One conversation. ``current_message_id``: the tip of the branch last written to (None when empty).
-    ``message_count`` is filled by ``list_conversations`` only."""
-
-    id: str
-    title: str
-    model: str
-    settings: dict
-    created: str
-    updated: str
-    current_message_id: str | None = None
-    message_count: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("message_count")
-        return d
-
-
-@dataclass(frozen=True)
-class Message:
-    """One stored message. ``token_count`` in tokens of the model that was loaded when it was stored (None if
-    unknown). ``status``: complete | incomplete (streaming, or the process died mid-answer) | error."""
-
-    id: str
-    conversation_id: str
-    parent_id: str | None
-    role: str
-    content: str
-    reasoning: str | None = None
-    token_count: int | None = None
-    created: str = ""
-    status: str = "complete"
-    meta: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A summary of the messages ``first_message_id`` .. ``last_message_id`` (inclusive) on one branch, written
-    by ``model`` with ``settings``. The messages it covers stay in the store unchanged."""
-
-    id: str
-    conversation_id: str
-    text: str
-    first_message_id: str
-    last_message_id: str
-    model: str = ""
-    settings: dict = field(default_factory=dict)
-    created: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Citation:
-    """An assistant message citing retrieval evidence: ``evidence_id`` (app.retrieval's chunk id), the
-    document ``path``, its ``page`` (1-based, None when the format has none) and the ``quote`` used."""
-
-    message_id: str
-    evidence_id: str
-    path: str | None = None
-    page: int | None = None
-    quote: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """A message matching a search. ``snippet`` marks matches with [ and ]."""
-
-    message_id: str
-    conversation_id: str
-    conversation_title: str
-    role: str
-    status: str
-    created: str
-    snippet: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class ConversationData:
-    """Everything stored for one conversation: all messages of all branches (in insertion order), summaries,
-    citations, and ``warnings`` about rows that could only be loaded in part."""
-
-    conversation: Conversation
-    messages: list[Message]
-    summaries: list[Summary]
-    citations: list[Citation]
-    warnings: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Helpers
-
-
-def now() -> str:
-    """The current time as an ISO 8601 UTC string with microseconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def _parent_key(parent_id: str | None, conversation_id: str) -> str:
-    return parent_id if parent_id else f"conversation:{conversation_id}"
-
-
-def message_id(role: str, content: str, parent_id: str | None, conversation_id: str) -> str:
-    """The content address of a message: sha256 hex over ``[parent key, role, content]`` (JSON, UTF-8)."""
-    payload = json.dumps([_parent_key(parent_id, conversation_id), role, content], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-def _provisional_id(role: str, parent_id: str | None, conversation_id: str) -> str:
-    payload = json.dumps([_parent_key(parent_id, conversation_id), role, None, secrets.token_hex(16)])
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-def _summary_id(conversation_id: str, first: str, last: str, text: str) -> str:
-    payload = json.dumps(["summary", conversation_id, first, last, text], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-def _dumps(value: dict | None) -> str:
-    return json.dumps(value or {}, ensure_ascii=False, sort_keys=True)
-
-
-def _loads(raw: Any, what: str, warnings: list[str] | None) -> dict:
-    """Parse a JSON object field; on failure log, record a warning and return {} (the row still loads)."""
-    if raw is None or raw == "":
-        return {}
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        msg = f"{what} is not valid JSON ({exc}); loaded as empty"
-    else:
-        if isinstance(value, dict):
-            return value
-        msg = f"{what} is not a JSON object; loaded as empty"
-    log.warning("%s", msg)
-    if warnings is not None:
-        warnings.append(msg)
-    return {}
 
 
 def _fts_query(query: str) -> str:
@@ -388,11 +244,11 @@ class Store:
         ts = now()
         with self._tx() as db:
             db.execute("INSERT INTO conversations (id, title, model, settings, created, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?)", [cid, title, model, _dumps(settings), ts, ts])
+                       "VALUES (?, ?, ?, ?, ?, ?)", [cid, title, model, dumps_json(settings), ts, ts])
         return cid
 
     def _conversation_from_row(self, row: dict, warnings: list[str] | None = None) -> Conversation:
-        settings = _loads(row["settings"], f"conversation {row['id']}: settings", warnings)
+        settings = loads_json(row["settings"], f"conversation {row['id']}: settings", warnings)
         return Conversation(id=row["id"], title=row["title"] or "", model=row["model"] or "", settings=settings,
                             created=row["created"], updated=row["updated"],
                             current_message_id=row["current_message_id"],
@@ -441,7 +297,7 @@ class Store:
             params.append(model)
         if settings is not None:
             sets.append("settings = ?")
-            params.append(_dumps(settings))
+            params.append(dumps_json(settings))
         with self._tx() as db:
             db.execute(f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?", [*params, conversation_id])
 
@@ -507,7 +363,7 @@ class Store:
                 self._insert_message(db, dict(id=mid, conversation_id=conversation_id, parent_id=parent_id,
                                               role=role, content=content, reasoning=reasoning,
                                               token_count=token_count, created=ts, status=status,
-                                              meta=_dumps(meta)))
+                                              meta=dumps_json(meta)))
             self._touch(db, conversation_id, mid if set_current else None, ts)
         return mid
 
@@ -523,12 +379,12 @@ class Store:
         """Store an empty ``incomplete`` message under ``parent_id`` and return its provisional id; feed it
         with ``update_streaming_message`` and end it with ``finish_message``."""
         self._check_new(conversation_id, role, parent_id, "incomplete")
-        mid = _provisional_id(role, parent_id, conversation_id)
+        mid = provisional_id(role, parent_id, conversation_id)
         ts = now()
         with self._tx() as db:
             self._insert_message(db, dict(id=mid, conversation_id=conversation_id, parent_id=parent_id, role=role,
                                           content="", reasoning=None, token_count=None, created=ts,
-                                          status="incomplete", meta=_dumps(meta)))
+                                          status="incomplete", meta=dumps_json(meta)))
             self._touch(db, conversation_id, mid if set_current else None, ts)
         return mid
 
@@ -553,11 +409,11 @@ class Store:
             row = self._require_message(message_id)
             if row["status"] != "incomplete":
                 raise StoreError(f"message {message_id!r} is already finished ({row['status']})")
-            merged = {**_loads(row["meta"], f"message {message_id}: meta", None), **(meta or {})}
+            merged = {**loads_json(row["meta"], f"message {message_id}: meta", None), **(meta or {})}
             final = dict(row, content=row["content"] if content is None else content,
                          reasoning=row["reasoning"] if reasoning is None else reasoning,
                          token_count=row["token_count"] if token_count is None else token_count,
-                         status=status, meta=_dumps(merged))
+                         status=status, meta=dumps_json(merged))
             final.pop("seq")
             new_id = message_id
             if status == "complete" and not self._has_dependents(db, message_id):
@@ -591,7 +447,7 @@ class Store:
         return Message(id=row["id"], conversation_id=row["conversation_id"], parent_id=row["parent_id"],
                        role=row["role"], content=row["content"] if isinstance(row["content"], str) else "",
                        reasoning=row["reasoning"], token_count=row["token_count"], created=row["created"],
-                       status=status, meta=_loads(row["meta"], f"message {row['id']}: meta", warnings))
+                       status=status, meta=loads_json(row["meta"], f"message {row['id']}: meta", warnings))
 
     def get_message(self, message_id: str) -> Message:
         return self._message_from_row(self._require_message(message_id))
@@ -637,11 +493,11 @@ class Store:
         if first_message_id not in {m.id for m in self.path_to(last_message_id)}:
             raise InvalidRequest(f"summary range: {first_message_id!r} is not on the path to {last_message_id!r}",
                                  param="first_message_id")
-        sid = _summary_id(conversation_id, first_message_id, last_message_id, text)
+        sid = summary_id(conversation_id, first_message_id, last_message_id, text)
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO summaries (id, conversation_id, text, first_message_id, "
                        "last_message_id, model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [sid, conversation_id, text, first_message_id, last_message_id, model, _dumps(settings),
+                       [sid, conversation_id, text, first_message_id, last_message_id, model, dumps_json(settings),
                         now()])
         return sid
 
@@ -649,7 +505,7 @@ class Store:
         return Summary(id=row["id"], conversation_id=row["conversation_id"], text=row["text"] or "",
                        first_message_id=row["first_message_id"], last_message_id=row["last_message_id"],
                        model=row["model"] or "", created=row["created"],
-                       settings=_loads(row["settings"], f"summary {row['id']}: settings", warnings))
+                       settings=loads_json(row["settings"], f"summary {row['id']}: settings", warnings))
 
     def summaries_for(self, conversation_id: str, warnings: list[str] | None = None) -> list[Summary]:
         """All summaries of a conversation (every branch), oldest first."""
@@ -745,8 +601,6 @@ class Store:
     def export_conversation(self, conversation_id: str, format: str = "json") -> str:
         """The conversation as text: ``json`` (the canonical, lossless form) or ``md`` (readable Markdown that
         also imports back without loss while unedited; see app.memory.transfer)."""
-        from app.memory import transfer
-
         data = self.load_conversation(conversation_id)
         if format == "json":
             return json.dumps(transfer.to_dict(data), ensure_ascii=False, indent=2) + "\n"
@@ -760,8 +614,6 @@ class Store:
         Ids, contents, statuses, summaries with their ranges and citations are kept exactly. If a conversation
         with the same id exists, ``StoreError`` unless ``as_new``: then it gets a new id and every message id
         is recomputed for its new chain (summaries and citations follow)."""
-        from app.memory import transfer
-
         doc = transfer.parse(data)
         if as_new:
             doc = transfer.renumber(doc, uuid.uuid4().hex)
@@ -776,18 +628,18 @@ class Store:
         conv = doc["conversation"]
         db.execute("INSERT INTO conversations (id, title, model, settings, created, updated, current_message_id) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   [conv["id"], conv.get("title") or "", conv.get("model") or "", _dumps(conv.get("settings")),
+                   [conv["id"], conv.get("title") or "", conv.get("model") or "", dumps_json(conv.get("settings")),
                     conv["created"], conv["updated"], conv.get("current_message_id")])
         for m in doc["messages"]:
             self._insert_message(db, dict(id=m["id"], conversation_id=conv["id"], parent_id=m.get("parent_id"),
                                           role=m["role"], content=m["content"], reasoning=m.get("reasoning"),
                                           token_count=m.get("token_count"), created=m["created"],
-                                          status=m.get("status", "complete"), meta=_dumps(m.get("meta"))))
+                                          status=m.get("status", "complete"), meta=dumps_json(m.get("meta"))))
         for s in doc["summaries"]:
             db.execute("INSERT INTO summaries (id, conversation_id, text, first_message_id, last_message_id, "
                        "model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        [s["id"], conv["id"], s["text"], s["first_message_id"], s["last_message_id"],
-                        s.get("model") or "", _dumps(s.get("settings")), s["created"]])
+                        s.get("model") or "", dumps_json(s.get("settings")), s["created"]])
         for c in doc["citations"]:
             db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) VALUES (?, ?, ?, ?, ?)",
                        [c["message_id"], str(c["evidence_id"]), c.get("path"), c.get("page"), c.get("quote")])

@@ -17,6 +17,9 @@ a message that itself contains Markdown headings or ``<!-- hearth:`` lines round
 the JSON is written as ``\\u003e`` so that no value can close the comment. The Markdown is lossless while
 unedited; if a person edits a message's text, its ``length`` no longer matches and import fails with a clear
 error (use JSON to move conversations between machines; edit Markdown only to read it).
+
+This module works on documents and records only (``app.memory.records``); the store calls it to export and
+import and it never imports the store.
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ import re
 from typing import Any
 
 from app.errors import InvalidRequest
-from app.memory.store import (
+from app.memory.records import (
     EXPORT_FORMAT,
     EXPORT_VERSION,
     STATUSES,
     ConversationData,
-    _provisional_id,
-    _summary_id,
     message_id,
+    provisional_id,
+    summary_id,
 )
 
 _MARKER = re.compile(r"^<!-- hearth:(conversation|message|summary) (\{.*\}) -->$", re.MULTILINE)
@@ -194,7 +197,7 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
         if m.get("status", "complete") == "complete":
             new = message_id(m["role"], m["content"], parent, new_conversation_id)
         else:
-            new = _provisional_id(m["role"], parent, new_conversation_id)
+            new = provisional_id(m["role"], parent, new_conversation_id)
         idmap[m["id"]] = new
         messages.append({**m, "id": new, "parent_id": parent})
     conv = dict(doc["conversation"], id=new_conversation_id,
@@ -203,6 +206,6 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
     for s in doc["summaries"]:
         first, last = idmap[s["first_message_id"]], idmap[s["last_message_id"]]
         summaries.append(dict(s, first_message_id=first, last_message_id=last,
-                              id=_summary_id(new_conversation_id, first, last, s["text"])))
+                              id=summary_id(new_conversation_id, first, last, s["text"])))
     citations = [dict(c, message_id=idmap[c["message_id"]]) for c in doc["citations"]]
     return {**doc, "conversation": conv, "messages": messages, "summaries": summaries, "citations": citations}
