@@ -6,7 +6,7 @@
 2. KV-state bytes per token for f16, q8_0 and q4_0 (size of the saved entry / prompt tokens).
 3. Agreement of q8_0 and q4_0 with f16 over 256 greedy tokens: (a) free-running: tokens equal up to the first
    divergence and position-wise; (b) teacher-forced top-1: the f16 text is fed to each KV type and the
-   argmax at each position compared (a fairer quality measure, LLAMA_CPP_NOTES.md).
+   argmax at each position compared (a fairer quality measure, docs/llama-cpp-notes.md).
 Run: ``hearth bench cache`` or ``python -m benchmarks.prefix_cache_bench``.
 """
 

@@ -56,7 +56,7 @@ def test_kv_per_token_matches_measured_state(kv_type: str, per_token: int, state
     s = LoadSettings(type_k=kv_type, type_v=kv_type, flash_attn=True)
     est = estimate_memory(gemma_like(), s, available_ram_bytes=8 * GiB)
     assert est.kv_bytes_per_token == per_token  # 18 layers × 1 KV head × 256 dims × (K + V)
-    # llama_state_get_size adds ~26 bytes of per-cell metadata (docs/LLAMA_CPP_NOTES.md)
+    # llama_state_get_size adds ~26 bytes of per-cell metadata (docs/llama-cpp-notes.md)
     assert 0 < state_per_token - est.kv_bytes_per_token < 0.01 * state_per_token
 
 

@@ -2,7 +2,7 @@
 
 llama-cpp-python 0.3.36's ``LlamaSampler.add_grammar`` adds whatever ``llama_sampler_init_grammar`` returns to
 the sampler chain; for a grammar llama.cpp cannot parse that is NULL, and the chain then crashes
-(LLAMA_CPP_NOTES.md). Here the pointer is checked first and a bad grammar becomes ``InvalidRequest``.
+(docs/llama-cpp-notes.md). Here the pointer is checked first and a bad grammar becomes ``InvalidRequest``.
 JSON schemas are turned into GBNF by llama-cpp-python's port of llama.cpp's ``json_schema_to_grammar``.
 """
 

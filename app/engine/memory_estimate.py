@@ -18,7 +18,7 @@ Gemma 3 270M Q4_K_M (tests/test_memory_estimate.py holds the measured numbers):
   f16 2 bytes, q8_0 34/32, q4_0 18/32 bytes per element (``gguf.GGML_QUANT_SIZES``). Measured: n_ctx 4096,
   f16, swa_full → 12 MiB (3 global layers) + 60 MiB (15 SWA layers); swa_full=False → SWA 1024 cells, 15 MiB.
   Per token of a full cache: f16 18,432 bytes, q8_0 9,792, q4_0 5,184; ``llama_state_get_size`` adds ~26
-  bytes of cell metadata per token (18,458 / 9,818 / 5,210 in docs/LLAMA_CPP_NOTES.md).
+  bytes of cell metadata per token (18,458 / 9,818 / 5,210 in docs/llama-cpp-notes.md).
 * **Compute buffer** (heuristic): the worst-case graph is reserved for n_ubatch tokens all producing logits,
   so ``n_vocab × n_ubatch × 4`` bytes of f32 logits dominate for large vocabularies (514.5 MiB measured at
   n_ubatch 512, 128.6 MiB at 128, for a 262,144-token vocabulary). Without flash attention the attention

@@ -7,7 +7,7 @@ read from the app's ``ServerMetrics`` by a 1 s timer in the panel. If ``app.serv
 ``available`` is False and the panel says so.
 
 Dependency direction: STYLE.md has ``ui`` and ``server`` as sibling adapters; the desktop process still hosts the
-port (ARCHITECTURE.md), so this one module imports ``app.server`` (lazily); ``app.server`` never imports ``ui``.
+port (docs/architecture.md), so this one module imports ``app.server`` (lazily); ``app.server`` never imports ``ui``.
 """
 
 from __future__ import annotations
