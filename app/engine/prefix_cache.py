@@ -1,7 +1,7 @@
 """Persistent prefix cache: KV state on disk, keyed by exact token IDs and an engine fingerprint.
 
 Why our own store: llama-cpp-python's ``Llama.save_state`` / ``LlamaRAMCache`` / ``LlamaDiskCache`` copy the
-logits (hundreds of MB), delete disk entries when read and carry no compatibility key (LLAMA_CPP_NOTES.md).
+logits (hundreds of MB), delete disk entries when read and carry no compatibility key (docs/llama-cpp-notes.md).
 Here an entry is llama.cpp's context state (``llama_state_get_data``: the KV cells; llama.cpp 0.3.36 keeps no
 logits in it) after the prefill of a prompt's first L−1 tokens, written with a header that says exactly what it
 is, and indexed in SQLite. Restoring the same prompt then evaluates only its last token, exactly as a cold
@@ -20,14 +20,14 @@ fingerprint is never restored.
 
 Sliding-window models (Gemma 3): Hearth loads them with ``swa_full=True`` (the full-size SWA cache), so every
 layer keeps every cell and a restored prefix gives the same logits as a cold prefill. With a window-only cache
-a restored shorter prefix would be wrong (LLAMA_CPP_NOTES.md); the engine therefore does not use the prefix
+a restored shorter prefix would be wrong (docs/llama-cpp-notes.md); the engine therefore does not use the prefix
 cache when ``swa_full`` is off on a model with a sliding window.
 
 Files: ``kv-cache/<fingerprint[:16]>/<prefix hash>.kv`` with header
 ``MAGIC | u32 version | 64-byte fingerprint hex | u32 n_tokens | n_tokens × i32 token ids | u64 payload bytes |
-32-byte sha256 of payload`` then the payload. Written to a temp file, fsynced, renamed. A file that fails any
-check (short, zero bytes, bad magic, other fingerprint, other tokens, checksum) is moved to
-``kv-cache/quarantine/`` and the request is served cold with the KV cache cleared.
+32-byte sha256 of payload`` then the payload. Written atomically (``app.fileio``: temp file, fsync, rename).
+A file that fails any check (short, zero bytes, bad magic, other fingerprint, other tokens, checksum) is moved
+to ``kv-cache/quarantine/`` and the request is served cold with the KV cache cleared.
 
 Budget: the sum of entry file sizes never exceeds ``budget_bytes``: least recently used entries are evicted
 before a write; an entry larger than the whole budget is not stored (logged).
@@ -39,15 +39,15 @@ import ctypes
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sqlite3
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from app.fileio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -259,16 +259,7 @@ class PrefixStore:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self._evict_for(size)
-            fd, tmp = tempfile.mkstemp(dir=str(folder), suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write_bytes(path, blob)
             now = time.time()
             self.db.execute("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?)",
                             (fp, h, len(tokens), self._rel(path), size, now, now))

