@@ -5,34 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
 from app import paths
 from app.cli import main
 from app.engine.registry import BUNDLED_MODEL_ID, list_models, resolve_model
 from app.errors import ModelNotFound
+from gguf_writer import write_gguf
 
 
 def tiny_gguf(path: Path, arch: str = "llama", template: str | None = None) -> Path:
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(32)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
-    w.add_token_list([f"t{i}" for i in range(10)])
-    if template:
-        w.add_chat_template(template)
-    w.add_tensor("token_embd.weight", np.zeros((10, 32), dtype=np.float32))
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((32, 32), dtype=np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """A 1-layer GGUF (32-dim embeddings, 2 heads, 1 KV head: head_dim 16) from the tests' one GGUF writer."""
+    return write_gguf(path, arch, n_layer=1, context_length=128, embedding_length=32, feed_forward_length=64,
+                      head_count=2, head_count_kv=1, n_vocab=10, template=template)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """GGUF inspection: metadata of the real model, and a specific ModelLoadError for every kind of bad file.
 
-Bad files are built here: small GGUFs written with ``gguf.GGUFWriter``, hand-assembled GGUF v3 bytes where the
-writer cannot produce the fault (non-UTF-8 / duplicate keys), and prefixes of the real model.
+Bad files are built here: small GGUFs written by the tests' one GGUF writer (tests/gguf_writer.py),
+hand-assembled GGUF v3 bytes where the writer cannot produce the fault (non-UTF-8 / duplicate keys), and
+prefixes of the real model.
 """
 
 from __future__ import annotations
@@ -14,46 +15,12 @@ import struct
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from app import paths
 from app.engine.gguf_info import ArrayInfo, file_sha256, inspect_model, read_gguf_header
 from app.errors import ModelLoadError
-
-
-def write_gguf(path: Path, arch: str = "llama", *, kv: dict | None = None, n_layer: int = 2,
-               head_count_kv: int | list[int] = 2, tensors: bool = True) -> Path:
-    """A tiny but well-formed GGUF: 2 layers, 64-dim embeddings, a 100-token vocabulary."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(256)
-    w.add_embedding_length(64)
-    w.add_feed_forward_length(128)
-    w.add_head_count(4)
-    w.add_head_count_kv(head_count_kv)
-    w.add_token_list([f"t{i}" for i in range(100)])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    for key, value in (kv or {}).items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
-    if tensors:
-        w.add_tensor("token_embd.weight", np.zeros((100, 64), dtype=np.float32))
-        for il in range(n_layer):
-            w.add_tensor(f"blk.{il}.attn_q.weight", np.ones((64, 64), dtype=np.float16))
-        w.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+from gguf_writer import write_gguf
 
 
 def _gguf_string(b: bytes) -> bytes:
@@ -126,12 +93,9 @@ def test_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
 
 
 def test_long_arrays_are_not_decoded(tmp_path: Path) -> None:
-    w = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "llama")
-    w.add_token_list([f"tok{i}" for i in range(5000)])
-    w.add_token_scores([0.0] * 5000)
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    meta = read_gguf_header(tmp_path / "v.gguf").metadata
+    path = write_gguf(tmp_path / "v.gguf", n_vocab=5000, embedding_length=8,
+                      kv={"tokenizer.ggml.scores": [0.0] * 5000})
+    meta = read_gguf_header(path).metadata
     assert meta["tokenizer.ggml.tokens"] == ArrayInfo("STRING", 5000)
     assert meta["tokenizer.ggml.scores"] == ArrayInfo("FLOAT32", 5000)
 
