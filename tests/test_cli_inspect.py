@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import pytest
 
 from app import paths
 from app.cli import main
-from app.engine.registry import BUNDLED_MODEL_ID, list_models, resolve_model
+from app.engine.registry import BUNDLED_MODEL_ID, list_models, model_id, resolve_model
 from app.errors import ModelNotFound
 from gguf_writer import write_gguf
 
@@ -108,7 +108,10 @@ def test_models_lists_files_and_errors(capsys: pytest.CaptureFixture[str]) -> No
     out = _json(capsys, ["models", "--json"])
     by_id = {m["id"]: m for m in out}
     assert [m["id"] for m in out] == [BUNDLED_MODEL_ID, "broken", "tiny"]
-    assert by_id[BUNDLED_MODEL_ID]["bundled"] is True and "hearth setup" in by_id[BUNDLED_MODEL_ID]["error"]
+    bundled = by_id[BUNDLED_MODEL_ID]
+    assert bundled["bundled"] is True and bundled["installed"] is False and "hearth setup" in bundled["error"]
+    assert not Path(bundled["path"]).exists() and bundled["size_bytes"] == 0
+    assert all(m["installed"] is True for m in out[1:])
     assert "not a GGUF file" in by_id["broken"]["error"]
     tiny = by_id["tiny"]
     assert tiny["architecture"] == "llama" and tiny["quantization"] == "F16" and "error" not in tiny
@@ -119,7 +122,10 @@ def test_models_text(capsys: pytest.CaptureFixture[str]) -> None:
     tiny_gguf(paths.models_dir() / "tiny.gguf")
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "tiny" in out and "llama" in out and "ERROR" in out  # the bundled one is not installed here
+    assert "tiny" in out and "llama" in out
+    # a fresh data folder: the bundled model is not there yet, and that is not an error of a file
+    bundled_line = next(line for line in out.splitlines() if BUNDLED_MODEL_ID in line)
+    assert "not installed" in bundled_line and "hearth setup" in bundled_line and "ERROR" not in bundled_line
 
 
 @pytest.mark.model
@@ -130,10 +136,17 @@ def test_models_bundled(linked_bundled: Path, tmp_path: Path, capsys: pytest.Cap
     b = out[0]
     assert b["bundled"] is True and b["base_model"] is True and b["architecture"] == "gemma3"
     assert b["quantization"] == "Q4_K_M" and b["path"] == str(linked_bundled) and "error" not in b
+    assert b["installed"] is True
     assert out[1]["architecture"] == "llama"
 
 
 # -------------------------------------------------------------------------------------------- resolve
+
+
+def test_model_id_is_the_file_name_without_gguf() -> None:
+    assert model_id(paths.bundled_model_path()) == BUNDLED_MODEL_ID == "gemma-3-270m-q4_k_m"
+    assert model_id("models/My-Model.Q4.gguf") == "My-Model.Q4"
+    assert model_id(PureWindowsPath(r"C:\Users\a\models\Qwen3-4B-Q4_K_M.gguf")) == "Qwen3-4B-Q4_K_M"
 
 
 def test_resolve_by_id_name_path_and_case(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.errors import HearthError
-from app.ui.formatting import context_tooltip, context_usage, date_group, human_bytes, status_texts
+from app.ui.formatting import (context_bar, context_tooltip, context_usage, date_group, file_name, human_bytes,
+                               status_texts)
 from app.ui.hub import DownloadCancelled, HubClient
 from app.ui.markdown import code_blocks, copy_index, with_copy_links
 from app.ui.model_files import link_model
@@ -46,9 +47,48 @@ def test_formatting():
                      "reused": "reused 80/100 prompt tokens (memory)"}
     bd = {"system": 10, "summaries": 0, "history": 30, "evidence": 50, "user": 10, "reserved": 256, "free": 700,
           "n_ctx": 1024}
-    assert context_usage(bd, 20) == (120, 1024)
-    tip = context_tooltip(bd, 20)
+    assert context_usage(bd, {"completion_tokens": 20}) == (120, 1024)  # no prompt count: the estimate
+    tip = context_tooltip(bd, {"completion_tokens": 20})
     assert "Context: 120 / 1024 tokens" in tip and "Document evidence: 50" in tip
+
+
+def test_context_used_is_the_real_prompt_plus_the_answer():
+    # the case: the builder's per-part estimate said 16 tokens, the engine evaluated a 47-token prompt
+    bd = {"system": 0, "summaries": 0, "history": 0, "evidence": 0, "user": 16, "reserved": 256, "n_ctx": 4096}
+    metrics = {"prompt_tokens": 47, "completion_tokens": 5, "ttft_s": 0.1, "decode_tps": 50.0}
+    assert context_usage(bd, metrics) == (52, 4096)
+    assert context_bar(bd, metrics, 4096) == (52, 4096, "context 52 / 4096 tokens")
+    tip = context_tooltip(bd, metrics)
+    assert "Context: 52 / 4096 tokens" in tip and "as the model counted it" in tip and ": 47" in tip
+    assert "Answer: 5" in tip
+
+
+def test_context_bar_before_any_answer_never_reads_slash_one():
+    assert context_bar({}, {}, 4096) == (0, 4096, "context 0 / 4096 tokens")  # a model is loaded
+    assert context_bar({}, {}, None) == (0, 1, "context —")  # no model: an empty bar, no made-up maximum
+    assert "No answer yet" in context_tooltip({}, {})
+
+
+def test_status_strip_context_bar(qtbot):
+    from app.ui.status_strip import StatusStrip
+
+    strip = StatusStrip()
+    qtbot.addWidget(strip)
+    assert strip.context.text() == "context —" and strip.context.value() == 0
+    strip.set_n_ctx(4096)
+    assert strip.context.text() == "context 0 / 4096 tokens" and strip.context.maximum() == 4096
+    strip.show_answer({"prompt_tokens": 47, "completion_tokens": 5}, {"user": 16, "n_ctx": 4096})
+    assert strip.context.text() == "context 52 / 4096 tokens" and strip.context.value() == 52
+    strip.show_answer({}, {})  # a new chat: the model's window again, nothing used
+    assert strip.context.text() == "context 0 / 4096 tokens"
+    strip.set_n_ctx(None)
+    assert strip.context.text() == "context —"
+
+
+def test_file_name_of_any_platforms_path():
+    assert file_name("/home/a/notes/report.pdf") == "report.pdf"
+    assert file_name(r"C:\Users\a\Documents\report.pdf") == "report.pdf"
+    assert file_name("report.pdf") == "report.pdf" and file_name("") == ""
 
 
 def test_recommendations_sized_to_memory():

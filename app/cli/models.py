@@ -1,4 +1,7 @@
-"""``hearth models``: the models Hearth can use (the bundled one and every GGUF in the models folder)."""
+"""``hearth models``: the models Hearth can use (the bundled one and every GGUF in the models folder).
+
+On a fresh data folder the bundled model is not there yet: it is listed as not installed (``"installed":
+false`` in ``--json``, with the path ``hearth setup`` will write), not as a file that exists."""
 
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"models folder: {paths.models_dir()}")
     for e in entries:
         tag = " [bundled]" if e.bundled else ""
+        if not e.installed:
+            print(f"  {e.id}{tag}  {e.error}")
+            continue
         if e.error:
             print(f"  {e.id}{tag}  ERROR: {e.error}")
             continue

@@ -2,12 +2,15 @@
 
 The bundled model (``paths.bundled_model_path()``, id ``gemma-3-270m-q4_k_m``) comes first, then every
 ``*.gguf`` file or symlink in ``paths.models_dir()`` (user files are linked there, not copied). A model's id is
-its file name without ``.gguf``. Listing never fails because of one bad file: its entry carries ``error``.
+its file name without ``.gguf`` (``model_id``: every adapter derives ids through it, never by slicing path
+strings, so Windows paths work). Listing never fails because of one bad file: its entry carries ``error``; on a
+fresh data folder the bundled model is listed with ``installed`` False until ``hearth setup`` writes it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,18 +21,31 @@ from app.errors import HearthError, ModelNotFound
 
 log = logging.getLogger(__name__)
 
-BUNDLED_MODEL_ID = Path(paths.BUNDLED_MODEL_FILENAME).stem
+
+
+def model_id(path: str | os.PathLike[str]) -> str:
+    """The id of the model file at ``path``: its file name without the ``.gguf`` extension
+    (``/models/Qwen3-4B-Q4_K_M.gguf`` → ``Qwen3-4B-Q4_K_M``). Parsed with ``pathlib`` for this platform, so a
+    Windows path gives the same id as a POSIX one. Pure: the file need not exist."""
+    return Path(path).stem
+
+
+BUNDLED_MODEL_ID = model_id(paths.BUNDLED_MODEL_FILENAME)
+NOT_INSTALLED = "not installed yet; run `hearth setup` to install it"
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model in the list. ``size_bytes``: file size (0 if missing); ``bundled``: Hearth's own model;
-    ``base_model``: True for a base (not instruction-tuned) model, None when unknown; ``error``: why the
-    file cannot be used (then ``info`` is None)."""
+    """One model in the list. ``path``: where the file is (for the bundled model not yet installed: where
+    ``hearth setup`` will write it); ``size_bytes``: file size (0 if missing); ``installed``: False when the file
+    does not exist yet; ``bundled``: Hearth's own model; ``base_model``: True for a base (not
+    instruction-tuned) model, None when unknown; ``error``: why the file cannot be used (then ``info`` is
+    None)."""
 
     id: str
     path: str
     size_bytes: int
+    installed: bool = True
     bundled: bool = False
     base_model: bool | None = None
     architecture: str | None = None
@@ -48,14 +64,14 @@ class ModelEntry:
 
 
 def _entry(path: Path, bundled: bool) -> ModelEntry:
-    mid = path.stem
+    mid = model_id(path)
     try:
         size = path.stat().st_size
     except OSError:
         size = 0
     if bundled and not path.exists():
-        return ModelEntry(mid, str(path), 0, bundled=True, base_model=True,
-                          error="not installed yet; run `hearth setup`")
+        return ModelEntry(mid, str(path), 0, installed=False, bundled=True, base_model=True,
+                          error=NOT_INSTALLED)
     try:
         info = inspect_model(path)
     except HearthError as exc:
@@ -100,12 +116,12 @@ def resolve_model(name_or_path: str | None) -> Path:
     if as_path.is_file():
         return as_path.resolve()
     files = model_files()
-    for match in (lambda p: name_or_path in (p.stem, p.name),
-                  lambda p: name_or_path.lower() in (p.stem.lower(), p.name.lower())):
+    for match in (lambda p: name_or_path in (model_id(p), p.name),
+                  lambda p: name_or_path.lower() in (model_id(p).lower(), p.name.lower())):
         found = [p for p in files if match(p)]
         if found:
             return found[0]
-    ids = [BUNDLED_MODEL_ID] + [p.stem for p in files if p.stem != BUNDLED_MODEL_ID]
+    ids = [BUNDLED_MODEL_ID] + [model_id(p) for p in files if model_id(p) != BUNDLED_MODEL_ID]
     raise ModelNotFound(name_or_path, ids)
 
 

@@ -38,12 +38,17 @@ def _registry_entries() -> list[Entry]:
 
 
 def loaded_id(engine: Any) -> str:
-    return Path(str(engine.model_path)).stem
+    """The loaded model's id: ``registry.model_id`` of its file (the id ``/v1/models`` lists)."""
+    from app.engine.registry import model_id
+
+    return model_id(str(engine.model_path))
 
 
 def _aliases(path: str, mid: str) -> set[str]:
-    p = Path(path)
-    return {mid, p.name, p.stem, path}
+    """The strings a request's ``model`` may give for the model at ``path``: its id, file name, stem, path."""
+    from app.engine.registry import model_id
+
+    return {mid, Path(path).name, model_id(path), path}
 
 
 class ModelCatalog:

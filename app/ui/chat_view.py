@@ -16,6 +16,7 @@ from PySide6.QtGui import QGuiApplication, QKeyEvent
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
+from app.ui.formatting import file_name
 from app.ui.markdown import copy_index, with_copy_links
 from app.ui.models import ChatModel, ChatRow
 
@@ -166,7 +167,7 @@ def citations_html(r: ChatRow) -> str:
         return ""
     parts = []
     for n, c in enumerate(items):
-        name = str(c.get("path", "")).replace("\\", "/").rsplit("/", 1)[-1]
+        name = file_name(str(c.get("path", "")))
         page = f", page {c['page']}" if c.get("page") else ""
         quote = " ".join(str(c.get("quote") or c.get("text") or "").split())
         quote = quote if len(quote) <= 90 else quote[:89] + "…"

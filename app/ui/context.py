@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject
 
-from app.engine.registry import resolve_model
+from app.engine.registry import BUNDLED_MODEL_ID, model_id, resolve_model
 from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
@@ -53,7 +53,7 @@ class AppContext(QObject):
 
     def load_model(self, path: str, model_id: str, remember: bool = True) -> None:
         if remember:
-            self.save_settings(replace(self.settings, model=None if model_id == _bundled_id() else path))
+            self.save_settings(replace(self.settings, model=None if model_id == BUNDLED_MODEL_ID else path))
         self.engine.load(self.job_for(path, model_id))
 
     def startup_job(self) -> LoadJob | None:
@@ -63,7 +63,7 @@ class AppContext(QObject):
         except Exception as exc:  # noqa: BLE001 - a missing model must not stop the app from opening
             log.warning("cannot find the model chosen last time (%s): %s", self.settings.model, exc)
             return None
-        return self.job_for(str(path), path.stem)
+        return self.job_for(str(path), model_id(path))
 
     # -- retrieval for a chat turn (runs on the chat worker) ----------------------------------------------
     def conversation_documents(self, conversation_id: str) -> list[str] | None:
@@ -108,9 +108,3 @@ def _preload() -> None:
         import app.retrieval.search  # noqa: F401
     except ImportError:  # a build without retrieval: the documents panel says so
         pass
-
-
-def _bundled_id() -> str:
-    from app.engine.registry import BUNDLED_MODEL_ID
-
-    return BUNDLED_MODEL_ID

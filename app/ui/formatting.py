@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import date, datetime, timezone
+from pathlib import PureWindowsPath
 from typing import Any
 
 DATE_GROUPS = ("Today", "Yesterday", "Previous 7 days", "Previous 30 days", "Older")
@@ -18,6 +19,15 @@ def human_bytes(n: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+def file_name(path: str) -> str:
+    """The last part of a document's path, for display (``/home/a/report.pdf`` → ``report.pdf``).
+
+    Parsed as a Windows path on every platform because ``PureWindowsPath`` splits on both ``/`` and ``\\``: a
+    path stored on Windows (an imported conversation, a shared database) shows its file name on Linux too.
+    Model ids are not file names: use ``app.engine.registry.model_id`` for those."""
+    return PureWindowsPath(path).name
 
 
 def date_group(iso: str, today: date | None = None) -> str:
@@ -55,26 +65,58 @@ def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
             "reused": reused}
 
 
-def context_usage(breakdown: dict[str, Any], completion_tokens: int = 0) -> tuple[int, int]:
-    """``(tokens used, n_ctx)``: the prompt (all parts of the breakdown) plus the answer so far."""
-    n_ctx = int(breakdown.get("n_ctx", 0) or 0)
-    parts = ("system", "summaries", "history", "evidence", "user")
-    used = sum(int(breakdown.get(k, 0) or 0) for k in parts) + int(completion_tokens)
-    return used, n_ctx
+_PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),
+          ("Document evidence", "evidence"), ("Your message", "user"))
 
 
-def context_tooltip(breakdown: dict[str, Any], completion_tokens: int = 0) -> str:
-    """Multi-line breakdown of the context window for the bar's tooltip (tokens)."""
+def _int(d: dict[str, Any] | None, key: str) -> int:
+    return int((d or {}).get(key, 0) or 0)
+
+
+def context_usage(breakdown: dict[str, Any], metrics: dict[str, Any] | None = None) -> tuple[int, int]:
+    """``(tokens used, n_ctx)`` of the last answer.
+
+    Used: the answer's real counts when its ``metrics`` has them (``prompt_tokens``: the templated prompt as the
+    engine evaluated it, ``completion_tokens``: the answer); otherwise the context builder's per-part estimate
+    (``breakdown``: system, summaries, history, evidence, user) plus the answer. The estimate counts each part's
+    text alone, without the chat template around it, so it can read low (the strip once showed 16 after a
+    47-token prompt): it is only the fallback for answers stored without metrics. ``n_ctx`` from the breakdown
+    (0 when there is none)."""
+    n_ctx = _int(breakdown, "n_ctx")
+    completion = _int(metrics, "completion_tokens")
+    if metrics and metrics.get("prompt_tokens") is not None:
+        return _int(metrics, "prompt_tokens") + completion, n_ctx
+    return sum(_int(breakdown, key) for _, key in _PARTS) + completion, n_ctx
+
+
+def context_bar(breakdown: dict[str, Any], metrics: dict[str, Any] | None = None,
+                model_n_ctx: int | None = None) -> tuple[int, int, str]:
+    """The status strip's context bar as ``(value, maximum, text)``, in tokens.
+
+    After an answer: its usage (``context_usage``) out of its n_ctx. Before any answer (no breakdown): 0 used
+    out of ``model_n_ctx``, the loaded model's window; with no model either, an empty bar reading "context —"
+    (never a made-up maximum such as "/ 1")."""
+    used, n_ctx = context_usage(breakdown, metrics) if breakdown else (0, 0)
+    n_ctx = n_ctx or int(model_n_ctx or 0)
+    if n_ctx <= 0:
+        return 0, 1, "context —"
+    return min(used, n_ctx), n_ctx, f"context {used} / {n_ctx} tokens"
+
+
+def context_tooltip(breakdown: dict[str, Any], metrics: dict[str, Any] | None = None) -> str:
+    """Multi-line breakdown of the context window for the bar's tooltip (tokens): the total as in
+    ``context_usage``, the prompt as the model counted it, then the builder's estimate per part."""
     if not breakdown:
         return "No answer yet: the context breakdown appears after the first answer."
-    used, n_ctx = context_usage(breakdown, completion_tokens)
-    rows = [("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),
-            ("Document evidence", "evidence"), ("Your message", "user")]
+    used, n_ctx = context_usage(breakdown, metrics)
     lines = [f"Context: {used} / {n_ctx} tokens"]
-    lines += [f"  {label}: {int(breakdown.get(key, 0) or 0)}" for label, key in rows]
-    lines.append(f"  Answer: {completion_tokens}")
-    lines.append(f"  Reserved for the answer: {int(breakdown.get('reserved', 0) or 0)}")
-    lines.append(f"  Free: {int(breakdown.get('free', 0) or 0)}")
+    if metrics and metrics.get("prompt_tokens") is not None:
+        lines.append(f"  Prompt, as the model counted it (with the chat template): {_int(metrics, 'prompt_tokens')}")
+        lines.append("  Estimated per part:")
+    lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS]
+    lines.append(f"  Answer: {_int(metrics, 'completion_tokens')}")
+    lines.append(f"  Reserved for the answer: {_int(breakdown, 'reserved')}")
+    lines.append(f"  Free: {_int(breakdown, 'free')}")
     return "\n".join(lines)
 
 

@@ -14,10 +14,12 @@ from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
                                QSplitter, QTabWidget, QTextBrowser, QVBoxLayout, QWidget)
 
+from app.engine import registry
 from app.errors import Cancelled, HearthError
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
+from app.ui.formatting import file_name
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
 from app.ui.port_panel import PortPanel
@@ -131,24 +133,25 @@ class MainWindow(QMainWindow):
                 "failed": "No model loaded (the last load failed)"}.get(state)
         if text:
             self.status.show_model(text)
+        if state in ("idle", "failed"):
+            self.status.set_n_ctx(None)
         self.chat.send_btn.setEnabled(state == "ready" and not self.ctx.chat.busy)
         if state == "ready" and job:
-            self.status.show_model(f"Model: {job.path.rsplit('/', 1)[-1]}")
+            self.status.show_model(f"Model: {registry.model_id(job.path)}")
 
     def _engine_loaded(self, info: dict) -> None:
-        from app.engine.registry import BUNDLED_MODEL_ID
-
-        name = str(info.get("model", "")).removesuffix(".gguf")
+        name = registry.model_id(str(info.get("model_path") or info.get("model") or ""))
         self.status.show_model(f"Model: {name} · n_ctx {info.get('n_ctx')} · template {info.get('template')} · "
                                f"loaded in {info.get('load_s', 0):.1f} s")
         self.banner.setText(BASE_MODEL_NOTE.format(name=name))
-        self.banner.setVisible(name == BUNDLED_MODEL_ID or info.get("template") == "transcript")
+        self.banner.setVisible(name == registry.BUNDLED_MODEL_ID or info.get("template") == "transcript")
         self.models.model.set_loaded(info.get("model_path"))
+        self.status.set_n_ctx(int(info.get("n_ctx") or 0) or None)
         self.chat.send_btn.setEnabled(not self.ctx.chat.busy)
 
     def open_settings(self) -> None:
         job = self.ctx.engine.job
-        model_id = job.path.rsplit("/", 1)[-1].removesuffix(".gguf") if job else None
+        model_id = registry.model_id(job.path) if job else None
         dlg = SettingsDialog(self.ctx.settings, model_id, self)
         if dlg.exec() != QDialog.DialogCode.Accepted:
             return
@@ -304,7 +307,7 @@ class PassageDialog(QDialog):
     def __init__(self, cite: dict, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         path, page = str(cite.get("path", "")), cite.get("page")
-        self.setWindowTitle(path.replace("\\", "/").rsplit("/", 1)[-1] + (f" — page {page}" if page else ""))
+        self.setWindowTitle(file_name(path) + (f" — page {page}" if page else ""))
         lay = QVBoxLayout(self)
         text = QTextBrowser()
         text.setPlainText(str(cite.get("quote") or cite.get("text") or ""))

@@ -10,7 +10,7 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 
-from app.ui.formatting import DATE_GROUPS, date_group, human_bytes, model_label
+from app.ui.formatting import DATE_GROUPS, date_group, file_name, human_bytes, model_label
 
 Index = QModelIndex | QPersistentModelIndex
 ROOT = QModelIndex()
@@ -208,7 +208,7 @@ class DocumentListModel(_ListModel):
         if d is None:
             return None
         if role == Qt.ItemDataRole.DisplayRole:
-            name = d.path.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+            name = file_name(d.path)
             detail = f"{d.chunks} passages" if d.status == "indexed" else (d.reason or "")
             return f"{name} — {d.status}" + (f" ({detail})" if detail else "")
         if role == Qt.ItemDataRole.ToolTipRole:

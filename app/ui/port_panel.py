@@ -12,6 +12,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton,
                                QSpinBox, QVBoxLayout, QWidget)
 
+from app.engine import registry
 from app.ui.server_ctl import base_url, curl_example, new_api_key
 
 
@@ -85,7 +86,7 @@ class PortPanel(QWidget):
     def _examples(self, s: Any) -> None:
         self.url.setText(base_url(s))
         job = self.ctx.engine.job
-        self.curl.setPlainText(curl_example(s, job.path.rsplit("/", 1)[-1].removesuffix(".gguf") if job else ""))
+        self.curl.setPlainText(curl_example(s, registry.model_id(job.path) if job else ""))
 
     def apply(self) -> None:
         s = self.current()

@@ -1,6 +1,7 @@
 """The status strip under the chat: the model and its state, then the last answer's TTFT, decode speed,
 prompt tokens reused from the prefix cache, and the context used / n_ctx as a bar whose tooltip breaks it down
-(``ContextPlan.breakdown`` from app.memory)."""
+(``ContextPlan.breakdown`` from app.memory). Used context is the answer's real prompt + completion tokens from its
+metrics; before any answer the bar shows the loaded model's n_ctx with 0 used, or "context —" without a model."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
-from app.ui.formatting import context_tooltip, context_usage, status_texts
+from app.ui.formatting import context_bar, context_tooltip, status_texts
 
 
 class StatusStrip(QWidget):
@@ -19,7 +20,8 @@ class StatusStrip(QWidget):
         self.model = QLabel("No model loaded")
         self.ttft, self.decode, self.reused = QLabel(), QLabel(), QLabel()
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
-        self.context.setFormat("context %v / %m tokens")
+        self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer
+        self._last: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         lay.addWidget(self.model, 1)
         for w in (self.ttft, self.decode, self.reused, self.context):
             lay.addWidget(w)
@@ -28,7 +30,14 @@ class StatusStrip(QWidget):
     def show_model(self, text: str) -> None:
         self.model.setText(text)
 
+    def set_n_ctx(self, n_ctx: int | None) -> None:
+        """The loaded model's context window in tokens (None: no model); redraws the bar."""
+        self.n_ctx = n_ctx
+        self.show_answer(*self._last)
+
     def show_answer(self, metrics: dict[str, Any], breakdown: dict[str, Any]) -> None:
+        """The last answer's ``Metrics`` dict and ``ContextPlan.breakdown`` (both empty: no answer yet)."""
+        self._last = (metrics, breakdown)
         texts = status_texts(metrics)
         self.ttft.setText(texts["ttft"])
         self.ttft.setToolTip("Time to first token: request accepted by the engine → first answer text")
@@ -36,8 +45,8 @@ class StatusStrip(QWidget):
         self.decode.setToolTip("Decode speed of the answer, tokens per second after the first token")
         self.reused.setText(texts["reused"])
         self.reused.setToolTip("Prompt tokens restored from the prefix cache instead of being prefilled")
-        completion = int(metrics.get("completion_tokens", 0)) if metrics else 0
-        used, n_ctx = context_usage(breakdown, completion)
-        self.context.setRange(0, max(n_ctx, 1))
-        self.context.setValue(min(used, max(n_ctx, 1)))
-        self.context.setToolTip(context_tooltip(breakdown, completion))
+        value, maximum, text = context_bar(breakdown, metrics, self.n_ctx)
+        self.context.setRange(0, maximum)
+        self.context.setValue(value)
+        self.context.setFormat(text)
+        self.context.setToolTip(context_tooltip(breakdown, metrics))
