@@ -84,18 +84,20 @@ def test_sigkill_mid_answer_leaves_partial_answer_incomplete(bundled_model, tmp_
     other.close()
     proc = subprocess.Popen([sys.executable, "-c", _STREAMER, str(bundled_model), str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    cid = proc.stdout.readline().strip()
-    deadline = time.time() + 120
-    partial = ""
-    while time.time() < deadline:
-        time.sleep(0.3)
-        probe = Store(db)
-        msgs = probe.load_conversation(cid).messages
-        partial = msgs[-1].content if len(msgs) == 2 else ""
-        if len(partial) > 20:
-            break
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(10)
+    try:
+        cid = proc.stdout.readline().strip()
+        deadline = time.time() + 120
+        partial = ""
+        while time.time() < deadline:
+            time.sleep(0.3)
+            probe = Store(db)
+            msgs = probe.load_conversation(cid).messages
+            partial = msgs[-1].content if len(msgs) == 2 else ""
+            if len(partial) > 20:
+                break
+    finally:  # whatever happens above, the streamer (a model-loading child) does not outlive the test
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
     store = Store(db)  # the store opens
     conv = store.load_conversation(cid)
     answer = conv.messages[-1]

@@ -76,6 +76,7 @@ def _watch(ingester, store, interval_s: float) -> int:
 
     if interval_s <= 0:
         raise InvalidRequest(f"--watch needs a positive number of seconds, got {interval_s}", param="watch")
+    _restore_ctrl_c()
     print(f"watching {len(store.roots())} path(s) every {interval_s:g} s (Ctrl+C stops)", file=sys.stderr)
 
     def changed(report: IngestReport) -> None:
@@ -89,6 +90,20 @@ def _watch(ingester, store, interval_s: float) -> int:
     except KeyboardInterrupt:
         print("stopped watching", file=sys.stderr)
     return 0
+
+
+def _restore_ctrl_c() -> None:
+    """Make Ctrl+C stop the watch even when Hearth was started with SIGINT ignored.
+
+    A POSIX shell starts background jobs (``hearth ingest --watch &``, or any command of a non-interactive
+    script) with SIGINT ignored, and Python then leaves it ignored: Ctrl+C or ``kill -INT`` would do nothing.
+    Watching is meant to run until stopped, so put back Python's default handler (``KeyboardInterrupt``).
+    Only the main thread may set handlers; elsewhere (an embedding caller's thread) nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _merge(into: IngestReport, other: IngestReport) -> None:
