@@ -95,8 +95,9 @@ def _watch(ingester, store, interval_s: float) -> int:
 def _restore_ctrl_c() -> None:
     """Make Ctrl+C stop the watch even when Hearth was started with SIGINT ignored.
 
-    A POSIX shell starts background jobs (``hearth ingest --watch &``, or any command of a non-interactive
-    script) with SIGINT ignored, and Python then leaves it ignored: Ctrl+C or ``kill -INT`` would do nothing.
+    A POSIX shell without job control (a script, ``sh -c``, some IDE terminals) starts a background command
+    (``hearth ingest --watch &``) with SIGINT ignored, and Python then leaves it ignored: Ctrl+C or
+    ``kill -INT`` would do nothing.
     Watching is meant to run until stopped, so put back Python's default handler (``KeyboardInterrupt``).
     Only the main thread may set handlers; elsewhere (an embedding caller's thread) nothing changes."""
     import signal
