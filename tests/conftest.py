@@ -29,3 +29,24 @@ def bundled_model() -> Path:
     from app.setup_model import ensure_bundled_model
 
     return ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture
+def memory_store(tmp_path: Path):
+    """An empty conversation store (``app.memory.Store``) at ``<tmp_path>/hearth.db``, closed after the test."""
+    from app.memory import Store
+
+    store = Store(tmp_path / "hearth.db")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def doc_store(tmp_path: Path):
+    """An empty document index (``app.retrieval.store.DocumentStore``) at ``<tmp_path>/documents.db``, closed
+    after the test."""
+    from app.retrieval.store import DocumentStore
+
+    store = DocumentStore(tmp_path / "documents.db")
+    yield store
+    store.close()

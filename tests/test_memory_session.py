@@ -5,7 +5,6 @@ name exactly the turns they cover. The same run on the real model is the engine'
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -55,13 +54,6 @@ class FakeEngine:
         yield Done("stop", Metrics(prompt_tokens=prompt, completion_tokens=len(out)))
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = Store(tmp_path / "hearth.db")
-    yield s
-    s.close()
-
-
 def session(store: Store, engine: FakeEngine, **kw) -> ChatSession:
     args = dict(n_ctx=engine.n_ctx, max_tokens=64, system_prompt="You are a helpful assistant.", model="fake-1",
                 message_overhead=OVERHEAD, margin=8, update_interval_s=0.0)
@@ -69,9 +61,9 @@ def session(store: Store, engine: FakeEngine, **kw) -> ChatSession:
     return ChatSession(store, engine, words, **args)
 
 
-def test_one_turn_is_stored_and_reported(store: Store) -> None:
+def test_one_turn_is_stored_and_reported(memory_store: Store) -> None:
     engine = FakeEngine(n_ctx=1024)
-    chat = session(store, engine)
+    chat = session(memory_store, engine)
     cid = chat.new_conversation()
     seen: list[str] = []
     result = chat.send(cid, "turn0user hello", on_delta=seen.append,
@@ -79,32 +71,32 @@ def test_one_turn_is_stored_and_reported(store: Store) -> None:
     assert isinstance(result, TurnResult) and "".join(seen) == result.text
     assert result.text.startswith("turn0answer w0") and result.finish_reason == "stop"
     assert result.metrics["completion_tokens"] == 30 and result.context["n_ctx"] == 1024
-    answer = store.get_message(result.message_id)
+    answer = memory_store.get_message(result.message_id)
     assert (answer.status, answer.parent_id, answer.token_count) == ("complete", result.user_message_id, 30)
     assert answer.meta["model"] == "fake-1" and answer.meta["finish_reason"] == "stop"
     assert answer.meta["context"] == result.context
-    assert store.citations_for(result.message_id)[0].path == "a.pdf"
-    conv = store.get_conversation(cid)
+    assert memory_store.citations_for(result.message_id)[0].path == "a.pdf"
+    conv = memory_store.get_conversation(cid)
     assert conv.title == "turn0user hello" and conv.current_message_id == result.message_id
     assert engine.requests[0][0] == [ChatMessage("system", "You are a helpful assistant."),
                                      ChatMessage("user", "turn0user hello")]
 
 
-def test_answer_is_incomplete_while_streaming(store: Store) -> None:
+def test_answer_is_incomplete_while_streaming(memory_store: Store) -> None:
     engine = FakeEngine(n_ctx=1024, answer_words=5)
-    chat = session(store, engine)
+    chat = session(memory_store, engine)
     cid = chat.new_conversation()
     states = []
-    engine.on_delta = lambda: states.append([(m.status, m.content) for m in store.messages(cid)][-1])
+    engine.on_delta = lambda: states.append([(m.status, m.content) for m in memory_store.messages(cid)][-1])
     chat.send(cid, "turn0user hi")
     assert states[0] == ("incomplete", "turn0answer ") and states[-1][0] == "incomplete"
-    assert store.messages(cid)[-1].status == "complete"
+    assert memory_store.messages(cid)[-1].status == "complete"
 
 
 @pytest.mark.parametrize("how", ["engine error", "consumer leaves"])
-def test_interrupted_answer_keeps_partial_text_as_error(store: Store, how: str) -> None:
+def test_interrupted_answer_keeps_partial_text_as_error(memory_store: Store, how: str) -> None:
     engine = FakeEngine(n_ctx=1024)
-    chat = session(store, engine)
+    chat = session(memory_store, engine)
     cid = chat.new_conversation()
     if how == "engine error":
         engine.fail_after = 3
@@ -115,47 +107,47 @@ def test_interrupted_answer_keeps_partial_text_as_error(store: Store, how: str) 
         for _ in range(3):
             next(stream)
         stream.close()
-    answer = store.messages(cid)[-1]
+    answer = memory_store.messages(cid)[-1]
     assert answer.status == "error" and answer.content == "turn0answer w0 w1 "
     assert answer.meta["error"] in ("Cancelled", "GeneratorExit")
     engine.fail_after = None
     again = chat.send(cid, "turn1user try again")  # the conversation goes on from there
-    assert store.path_to(again.message_id)[-3].id == answer.id
+    assert memory_store.path_to(again.message_id)[-3].id == answer.id
 
 
-def test_edit_and_regenerate_make_branches(store: Store) -> None:
+def test_edit_and_regenerate_make_branches(memory_store: Store) -> None:
     engine = FakeEngine(n_ctx=1024, answer_words=3)
-    chat = session(store, engine)
+    chat = session(memory_store, engine)
     cid = chat.new_conversation()
     first = chat.send(cid, "turn0user plan a trip")
     second = chat.send(cid, "turn1user make it longer")
     edited = chat.send(cid, "turn1user make it shorter", parent_id=first.message_id)
-    assert [m.content for m in store.children(first.message_id)] == ["turn1user make it longer",
-                                                                      "turn1user make it shorter"]
+    assert [m.content for m in memory_store.children(first.message_id)] == ["turn1user make it longer",
+                                                                             "turn1user make it shorter"]
     engine.answer_words = 4
     regen = list(chat.regenerate(cid, second.user_message_id))[-1]
-    assert {m.id for m in store.children(second.user_message_id)} == {second.message_id, regen.message_id}
-    assert store.get_message(edited.message_id).status == "complete"
-    assert store.get_conversation(cid).current_message_id == regen.message_id
+    assert {m.id for m in memory_store.children(second.user_message_id)} == {second.message_id, regen.message_id}
+    assert memory_store.get_message(edited.message_id).status == "complete"
+    assert memory_store.get_conversation(cid).current_message_id == regen.message_id
 
 
-def test_failed_summarizer_still_fits_by_leaving_old_turns_out(store: Store) -> None:
+def test_failed_summarizer_still_fits_by_leaving_old_turns_out(memory_store: Store) -> None:
     def broken(prompt: str, max_tokens: int) -> str:
         raise EngineCrashed("the engine died")
 
     engine = FakeEngine(n_ctx=300)
-    chat = session(store, engine, summarizer=broken)
+    chat = session(memory_store, engine, summarizer=broken)
     cid = chat.new_conversation()
     results = [chat.send(cid, f"turn{i}user question {i}") for i in range(10)]
     assert results[-1].dropped_ids and results[-1].summaries_added == []
     assert all(p + m <= 300 for _, p, m in engine.requests)
-    assert len(store.messages(cid)) == 20
+    assert len(memory_store.messages(cid)) == 20
 
 
-def test_sixty_turns_in_a_small_window(store: Store) -> None:
+def test_sixty_turns_in_a_small_window(memory_store: Store) -> None:
     n_ctx = 512
     engine = FakeEngine(n_ctx=n_ctx, answer_words=30)
-    chat = session(store, engine)
+    chat = session(memory_store, engine)
     cid = chat.new_conversation()
     results = []
     answer_prompts = []
@@ -169,13 +161,13 @@ def test_sixty_turns_in_a_small_window(store: Store) -> None:
     assert all(not r.dropped_ids for r in results)
 
     # summaries were written, each names exactly the turns it covers (the fake echoes the turns it saw)
-    path = store.path_to(results[-1].message_id)
+    path = memory_store.path_to(results[-1].message_id)
     assert len(path) == 120 and all(m.status == "complete" for m in path)
     turn_of = {m.id: k // 2 for k, m in enumerate(path)}
-    summaries = store.summaries_for(cid)
+    summaries = memory_store.summaries_for(cid)
     assert len(summaries) >= 5 and len(engine.summaries) == len(summaries)
     for s in summaries:
-        first, last = store.get_message(s.first_message_id), store.get_message(s.last_message_id)
+        first, last = memory_store.get_message(s.first_message_id), memory_store.get_message(s.last_message_id)
         assert first.role == "user" and last.role == "assistant"  # whole turns
         assert s.text.startswith(f"covers turns {turn_of[first.id]}-{turn_of[last.id]} note")
         assert s.model == "fake-1" and s.settings["max_tokens"] == chat.builder.summary_max_tokens
@@ -190,8 +182,8 @@ def test_sixty_turns_in_a_small_window(store: Store) -> None:
 
     # every original message is still stored and searchable by its own words
     for i in (0, 1, 17, 42, 59):
-        assert {h.role for h in store.search(f"turn{i}user") + store.search(f"turn{i}answer")} == {"user",
-                                                                                                      "assistant"}
+        hits = memory_store.search(f"turn{i}user") + memory_store.search(f"turn{i}answer")
+        assert {h.role for h in hits} == {"user", "assistant"}
 
     # turns that add no summary reuse the previous prompt as an exact prefix (what the prefix cache needs)
     quiet = [k for k in range(1, 60) if not results[k].summaries_added]
@@ -200,7 +192,7 @@ def test_sixty_turns_in_a_small_window(store: Store) -> None:
         assert answer_prompts[k][: len(answer_prompts[k - 1])] == answer_prompts[k - 1]
 
 
-def test_reasoning_and_failed_events(store: Store) -> None:
+def test_reasoning_and_failed_events(memory_store: Store) -> None:
     class Reasoning:  # the engine's reasoning event, recognized by its class name
         def __init__(self, text: str) -> None:
             self.text = text
@@ -218,13 +210,13 @@ def test_reasoning_and_failed_events(store: Store) -> None:
         yield Delta("par")
         yield Failed(EngineCrashed("llama.cpp aborted"))
 
-    chat = ChatSession(store, thinking, words, n_ctx=256, max_tokens=32, update_interval_s=0.0)
+    chat = ChatSession(memory_store, thinking, words, n_ctx=256, max_tokens=32, update_interval_s=0.0)
     cid = chat.new_conversation()
     result = chat.send(cid, "what is six times seven?")
     assert (result.text, result.reasoning) == ("42", "let me think")
-    assert store.get_message(result.message_id).reasoning == "let me think"
+    assert memory_store.get_message(result.message_id).reasoning == "let me think"
     chat.generate_fn = failing
     with pytest.raises(EngineCrashed):
         chat.send(cid, "again?")
-    last = store.messages(cid)[-1]
+    last = memory_store.messages(cid)[-1]
     assert (last.status, last.content, last.meta["error"]) == ("error", "par", "EngineCrashed")

@@ -29,13 +29,6 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "hearth.db"
 
 
-@pytest.fixture
-def store(db_path: Path):
-    s = Store(db_path)
-    yield s
-    s.close()
-
-
 def snapshot(store: Store, cid: str) -> dict:
     data = store.load_conversation(cid)
     return {"conversation": data.conversation.to_dict(), "messages": [m.to_dict() for m in data.messages],
@@ -84,97 +77,97 @@ def test_not_a_database_is_a_store_error(db_path: Path) -> None:
 # ---- content addressing, branches, append-only ----------------------------------------------------------------
 
 
-def test_content_addressing(store: Store) -> None:
-    c1, c2 = store.create_conversation("one"), store.create_conversation("two")
-    u = store.append_message(c1, "user", "hi", None, meta={"first": True})
+def test_content_addressing(memory_store: Store) -> None:
+    c1, c2 = memory_store.create_conversation("one"), memory_store.create_conversation("two")
+    u = memory_store.append_message(c1, "user", "hi", None, meta={"first": True})
     assert u == message_id("user", "hi", None, c1)
-    assert store.append_message(c1, "user", "hi", None, meta={"second": True}) == u  # same id, nothing written
-    assert store.get_message(u).meta == {"first": True}
-    assert len(store.messages(c1)) == 1
-    assert store.append_message(c2, "user", "hi", None) != u  # another conversation's first message
-    a = store.append_message(c1, "assistant", "hello", u)
+    assert memory_store.append_message(c1, "user", "hi", None, meta={"second": True}) == u  # same id, nothing written
+    assert memory_store.get_message(u).meta == {"first": True}
+    assert len(memory_store.messages(c1)) == 1
+    assert memory_store.append_message(c2, "user", "hi", None) != u  # another conversation's first message
+    a = memory_store.append_message(c1, "assistant", "hello", u)
     assert a == message_id("assistant", "hello", u, c1)
-    assert store.append_message(c1, "user", "hello", u) != a  # the role is part of the address
+    assert memory_store.append_message(c1, "user", "hello", u) != a  # the role is part of the address
 
 
-def test_edits_and_regenerations_are_branches(store: Store) -> None:
-    cid = store.create_conversation()
-    u1, a1 = turn(store, cid, "Plan a trip to Oslo", "Sure: 3 days.", None)
-    u2, a2 = turn(store, cid, "Make it 4 days", "OK, 4 days.", a1)
-    u2b, a2b = turn(store, cid, "Make it 5 days", "OK, 5 days.", a1)  # an edit of u2: a sibling
-    assert [m.id for m in store.children(a1)] == [u2, u2b]
-    assert [m.id for m in store.path_to(a2b)] == [u1, a1, u2b, a2b]
-    assert [m.id for m in store.path_to(a2)] == [u1, a1, u2, a2]  # the old branch is intact
-    r = store.begin_streaming_message(cid, u2)  # regenerate the answer to u2
-    r = store.finish_message(r, content="Fine, four days then.")
-    assert [m.content for m in store.children(u2)] == ["OK, 4 days.", "Fine, four days then."]
-    same = store.begin_streaming_message(cid, u2)  # a regeneration identical to an existing answer
-    assert store.finish_message(same, content="OK, 4 days.") == a2
-    assert len(store.children(u2)) == 2
-    assert [m.id for m in store.children(None, conversation_id=cid)] == [u1]
-    assert store.get_conversation(cid).current_message_id == a2
+def test_edits_and_regenerations_are_branches(memory_store: Store) -> None:
+    cid = memory_store.create_conversation()
+    u1, a1 = turn(memory_store, cid, "Plan a trip to Oslo", "Sure: 3 days.", None)
+    u2, a2 = turn(memory_store, cid, "Make it 4 days", "OK, 4 days.", a1)
+    u2b, a2b = turn(memory_store, cid, "Make it 5 days", "OK, 5 days.", a1)  # an edit of u2: a sibling
+    assert [m.id for m in memory_store.children(a1)] == [u2, u2b]
+    assert [m.id for m in memory_store.path_to(a2b)] == [u1, a1, u2b, a2b]
+    assert [m.id for m in memory_store.path_to(a2)] == [u1, a1, u2, a2]  # the old branch is intact
+    r = memory_store.begin_streaming_message(cid, u2)  # regenerate the answer to u2
+    r = memory_store.finish_message(r, content="Fine, four days then.")
+    assert [m.content for m in memory_store.children(u2)] == ["OK, 4 days.", "Fine, four days then."]
+    same = memory_store.begin_streaming_message(cid, u2)  # a regeneration identical to an existing answer
+    assert memory_store.finish_message(same, content="OK, 4 days.") == a2
+    assert len(memory_store.children(u2)) == 2
+    assert [m.id for m in memory_store.children(None, conversation_id=cid)] == [u1]
+    assert memory_store.get_conversation(cid).current_message_id == a2
 
 
-def test_finished_messages_cannot_be_overwritten(store: Store) -> None:
-    cid = store.create_conversation()
-    u, a = turn(store, cid, "question", "answer", None)
+def test_finished_messages_cannot_be_overwritten(memory_store: Store) -> None:
+    cid = memory_store.create_conversation()
+    u, a = turn(memory_store, cid, "question", "answer", None)
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.db.execute("UPDATE messages SET content = 'rewritten' WHERE id = ?", [a])
+        memory_store.db.execute("UPDATE messages SET content = 'rewritten' WHERE id = ?", [a])
     with pytest.raises(sqlite3.IntegrityError):
-        store.db.execute("UPDATE messages SET status = 'incomplete' WHERE id = ?", [a])
+        memory_store.db.execute("UPDATE messages SET status = 'incomplete' WHERE id = ?", [a])
     with pytest.raises(StoreError, match="not being streamed"):
-        store.update_streaming_message(a, "rewritten")
+        memory_store.update_streaming_message(a, "rewritten")
     with pytest.raises(StoreError, match="already finished"):
-        store.finish_message(a, content="rewritten")
-    assert store.get_message(a).content == "answer"
+        memory_store.finish_message(a, content="rewritten")
+    assert memory_store.get_message(a).content == "answer"
     with pytest.raises(InvalidRequest, match="another conversation"):
-        store.append_message(store.create_conversation(), "user", "x", u)
+        memory_store.append_message(memory_store.create_conversation(), "user", "x", u)
 
 
-def test_streaming_message_lifecycle(store: Store) -> None:
-    cid = store.create_conversation()
-    u = store.append_message(cid, "user", "cite something", None)
-    a = store.begin_streaming_message(cid, u, meta={"model": "m"})
-    assert store.get_message(a).status == "incomplete"
-    assert store.get_conversation(cid).current_message_id == a
-    store.update_streaming_message(a, "According to")
-    store.update_streaming_message(a, "According to the manual", reasoning="look it up")
-    store.add_citations(a, [{"evidence_id": 7, "path": "manual.pdf", "page": 3, "quote": "the manual"}])
-    final = store.finish_message(a, content="According to the manual, yes.", token_count=6,
-                                 meta={"finish_reason": "stop"})
+def test_streaming_message_lifecycle(memory_store: Store) -> None:
+    cid = memory_store.create_conversation()
+    u = memory_store.append_message(cid, "user", "cite something", None)
+    a = memory_store.begin_streaming_message(cid, u, meta={"model": "m"})
+    assert memory_store.get_message(a).status == "incomplete"
+    assert memory_store.get_conversation(cid).current_message_id == a
+    memory_store.update_streaming_message(a, "According to")
+    memory_store.update_streaming_message(a, "According to the manual", reasoning="look it up")
+    memory_store.add_citations(a, [{"evidence_id": 7, "path": "manual.pdf", "page": 3, "quote": "the manual"}])
+    final = memory_store.finish_message(a, content="According to the manual, yes.", token_count=6,
+                                        meta={"finish_reason": "stop"})
     assert final == message_id("assistant", "According to the manual, yes.", u, cid)
-    m = store.get_message(final)
+    m = memory_store.get_message(final)
     assert (m.status, m.reasoning, m.token_count, m.meta) == ("complete", "look it up", 6,
                                                               {"model": "m", "finish_reason": "stop"})
-    assert [c.evidence_id for c in store.citations_for(final)] == ["7"]
-    assert store.get_conversation(cid).current_message_id == final
+    assert [c.evidence_id for c in memory_store.citations_for(final)] == ["7"]
+    assert memory_store.get_conversation(cid).current_message_id == final
     with pytest.raises(StoreError):
-        store.get_message(a)  # the provisional row is gone
-    e = store.begin_streaming_message(cid, u)
-    store.update_streaming_message(e, "half an ans")
-    assert store.finish_message(e, "error", meta={"error": "EngineCrashed"}) == e  # keeps its id
-    assert (store.get_message(e).status, store.get_message(e).content) == ("error", "half an ans")
+        memory_store.get_message(a)  # the provisional row is gone
+    e = memory_store.begin_streaming_message(cid, u)
+    memory_store.update_streaming_message(e, "half an ans")
+    assert memory_store.finish_message(e, "error", meta={"error": "EngineCrashed"}) == e  # keeps its id
+    assert (memory_store.get_message(e).status, memory_store.get_message(e).content) == ("error", "half an ans")
 
 
 # ---- search ---------------------------------------------------------------------------------------------------
 
 
-def test_search_original_text_is_safe_and_survives_summaries(store: Store) -> None:
-    cid = store.create_conversation("birds")
-    u, a = turn(store, cid, "Tell me about penguins running", "Emperor penguins walk 100 km.", None)
-    other = store.create_conversation("other")
-    turn(store, other, "Nothing about birds", "Right.", None)
-    assert {h.message_id for h in store.search("penguin")} == {u, a}  # stemmed
-    assert store.search("runs")[0].message_id == u
-    assert store.search("100 km")[0].message_id == a
-    assert "[penguins]" in store.search("penguins", conversation_id=cid)[0].snippet
+def test_search_original_text_is_safe_and_survives_summaries(memory_store: Store) -> None:
+    cid = memory_store.create_conversation("birds")
+    u, a = turn(memory_store, cid, "Tell me about penguins running", "Emperor penguins walk 100 km.", None)
+    other = memory_store.create_conversation("other")
+    turn(memory_store, other, "Nothing about birds", "Right.", None)
+    assert {h.message_id for h in memory_store.search("penguin")} == {u, a}  # stemmed
+    assert memory_store.search("runs")[0].message_id == u
+    assert memory_store.search("100 km")[0].message_id == a
+    assert "[penguins]" in memory_store.search("penguins", conversation_id=cid)[0].snippet
     for nasty in ['"', "AND", "OR NOT", "NEAR(", "a:b", "*", "-x", "(penguins", "penguins)", "'; DROP TABLE", "^"]:
-        store.search(nasty)  # never an FTS syntax error
-    assert store.search("penguins\"") and store.search("(emperor") and store.search("") == []
-    assert store.search("pengu*")
-    store.add_summary(cid, "The user asked about zebras instead.", u, a, model="m")
-    assert store.search("zebras") == []  # summaries are not what was said
-    assert {h.message_id for h in store.search("penguins")} == {u, a}
+        memory_store.search(nasty)  # never an FTS syntax error
+    assert memory_store.search("penguins\"") and memory_store.search("(emperor") and memory_store.search("") == []
+    assert memory_store.search("pengu*")
+    memory_store.add_summary(cid, "The user asked about zebras instead.", u, a, model="m")
+    assert memory_store.search("zebras") == []  # summaries are not what was said
+    assert {h.message_id for h in memory_store.search("penguins")} == {u, a}
 
 
 # ---- crash safety ---------------------------------------------------------------------------------------------
@@ -228,24 +221,24 @@ def test_sigkill_mid_stream_leaves_partial_answer_incomplete(db_path: Path) -> N
 # ---- corrupt rows ---------------------------------------------------------------------------------------------
 
 
-def test_corrupt_json_fields_load_with_warnings(store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    bad = store.create_conversation("bad", settings={"temperature": 0.2})
-    u, a = turn(store, bad, "q", "a", None)
-    store.add_summary(bad, "s", u, a)
-    good = store.create_conversation("good")
-    turn(store, good, "fine", "fine too", None)
-    good_before = snapshot(store, good)
-    store.db.execute("UPDATE conversations SET settings = '{bad' WHERE id = ?", [bad])  # edited by hand
-    store.db.execute("UPDATE messages SET meta = '{bad' WHERE id = ?", [a])
-    store.db.execute("UPDATE summaries SET settings = '[1, 2]' WHERE conversation_id = ?", [bad])
-    data = store.load_conversation(bad)
+def test_corrupt_json_fields_load_with_warnings(memory_store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    bad = memory_store.create_conversation("bad", settings={"temperature": 0.2})
+    u, a = turn(memory_store, bad, "q", "a", None)
+    memory_store.add_summary(bad, "s", u, a)
+    good = memory_store.create_conversation("good")
+    turn(memory_store, good, "fine", "fine too", None)
+    good_before = snapshot(memory_store, good)
+    memory_store.db.execute("UPDATE conversations SET settings = '{bad' WHERE id = ?", [bad])  # edited by hand
+    memory_store.db.execute("UPDATE messages SET meta = '{bad' WHERE id = ?", [a])
+    memory_store.db.execute("UPDATE summaries SET settings = '[1, 2]' WHERE conversation_id = ?", [bad])
+    data = memory_store.load_conversation(bad)
     assert data.conversation.settings == {} and [m.content for m in data.messages] == ["q", "a"]
     assert data.messages[1].meta == {} and data.summaries[0].settings == {}
     assert len(data.warnings) == 3 and any("meta" in w for w in data.warnings)
     assert "not valid JSON" in caplog.text
-    assert {c.id for c in store.list_conversations()} == {bad, good}
-    assert snapshot(store, good) == good_before
-    json.loads(store.export_conversation(bad))  # still exportable
+    assert {c.id for c in memory_store.list_conversations()} == {bad, good}
+    assert snapshot(memory_store, good) == good_before
+    json.loads(memory_store.export_conversation(bad))  # still exportable
 
 
 # ---- export / import ------------------------------------------------------------------------------------------
@@ -270,32 +263,32 @@ def rich_conversation(store: Store) -> str:
 
 
 @pytest.mark.parametrize("fmt", ["json", "md"])
-def test_export_import_round_trip_is_lossless(store: Store, tmp_path: Path, fmt: str) -> None:
-    cid = rich_conversation(store)
-    original = snapshot(store, cid)
-    text = store.export_conversation(cid, fmt)
+def test_export_import_round_trip_is_lossless(memory_store: Store, tmp_path: Path, fmt: str) -> None:
+    cid = rich_conversation(memory_store)
+    original = snapshot(memory_store, cid)
+    text = memory_store.export_conversation(cid, fmt)
     with Store(tmp_path / "other.db") as other:
         assert other.import_conversation(text) == cid
         assert snapshot(other, cid) == original
         assert other.export_conversation(cid, fmt) == text
         assert other.search("ferry")
     with pytest.raises(StoreError, match="already exists"):
-        store.import_conversation(text)
+        memory_store.import_conversation(text)
 
 
-def test_markdown_is_readable_and_edits_are_detected(store: Store) -> None:
-    cid = rich_conversation(store)
-    md = store.export_conversation(cid, "md")
+def test_markdown_is_readable_and_edits_are_detected(memory_store: Store) -> None:
+    cid = rich_conversation(memory_store)
+    md = memory_store.export_conversation(cid, "md")
     assert md.startswith("# Trip — Oslo ✈\n") and "## Assistant (incomplete)" in md and "Skip the ferry" in md
     assert "- source: oslo.pdf, page 2" in md
     with pytest.raises(InvalidRequest, match="edited|damaged"):
-        store.import_conversation(md.replace("Skip the ferry; walk.", "Take the ferry"), as_new=True)
+        memory_store.import_conversation(md.replace("Skip the ferry; walk.", "Take the ferry"), as_new=True)
 
 
-def test_import_as_new_recomputes_ids(store: Store) -> None:
-    cid = rich_conversation(store)
-    new = store.import_conversation(store.export_conversation(cid), as_new=True)
-    old, copy = store.load_conversation(cid), store.load_conversation(new)
+def test_import_as_new_recomputes_ids(memory_store: Store) -> None:
+    cid = rich_conversation(memory_store)
+    new = memory_store.import_conversation(memory_store.export_conversation(cid), as_new=True)
+    old, copy = memory_store.load_conversation(cid), memory_store.load_conversation(new)
     assert new != cid and [m.content for m in copy.messages] == [m.content for m in old.messages]
     assert {m.id for m in copy.messages}.isdisjoint({m.id for m in old.messages})
     by_id = {m.id: m for m in copy.messages}
@@ -305,17 +298,17 @@ def test_import_as_new_recomputes_ids(store: Store) -> None:
     assert {c.message_id for c in copy.citations} <= set(by_id)
 
 
-def test_conversation_management(store: Store) -> None:
-    a, b = store.create_conversation("a"), store.create_conversation("b")
-    turn(store, a, "q", "r", None)
-    store.rename(b, "renamed")
-    assert [c.title for c in store.list_conversations()] == ["renamed", "a"]
-    assert store.list_conversations()[1].message_count == 2
-    assert store.resolve_conversation_id(a[:6]) == a
-    store.delete(a)
-    assert [c.id for c in store.list_conversations()] == [b] and store.search("q") == []
+def test_conversation_management(memory_store: Store) -> None:
+    a, b = memory_store.create_conversation("a"), memory_store.create_conversation("b")
+    turn(memory_store, a, "q", "r", None)
+    memory_store.rename(b, "renamed")
+    assert [c.title for c in memory_store.list_conversations()] == ["renamed", "a"]
+    assert memory_store.list_conversations()[1].message_count == 2
+    assert memory_store.resolve_conversation_id(a[:6]) == a
+    memory_store.delete(a)
+    assert [c.id for c in memory_store.list_conversations()] == [b] and memory_store.search("q") == []
     with pytest.raises(StoreError):
-        store.get_conversation(a)
+        memory_store.get_conversation(a)
 
 
 # ---- module layering ----------------------------------------------------------------------------------------

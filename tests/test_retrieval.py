@@ -96,23 +96,16 @@ def corpus(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = DocumentStore(tmp_path / "documents.db")
-    yield s
-    s.close()
-
-
 def _texts(results) -> list[str]:
     return [e.text for e in results]
 
 
 # ----------------------------------------------------------------------------------------------- ingestion
 
-def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(corpus: Path, store):
+def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(corpus: Path, doc_store):
     seen = []
-    report = Ingester(store).ingest([corpus], progress=lambda p: seen.append((p.files_done, p.files_total,
-                                                                              p.chunks)))
+    report = Ingester(doc_store).ingest([corpus], progress=lambda p: seen.append((p.files_done, p.files_total,
+                                                                                  p.chunks)))
     status = {Path(f.path).name: f for f in report.files}
     assert {n: s.status for n, s in status.items()} == {
         "report.pdf": "indexed", "locked.pdf": "failed", "scan.pdf": "failed", "census.docx": "indexed",
@@ -125,22 +118,22 @@ def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(
     assert status["binary.txt"].reason == "not text (binary content)"
     assert status["empty.txt"].reason == "empty file (0 bytes)"
     assert status["photo.png"].reason == "unsupported type (.png)"
-    named = Ingester(store).ingest([corpus / "photo.png"]).files[0]  # named explicitly: a failure with a reason
+    named = Ingester(doc_store).ingest([corpus / "photo.png"]).files[0]  # named explicitly: a failure with a reason
     assert (named.status, named.reason) == ("failed", "unsupported type (.png)")
     assert status["report.pdf"].pages == 2
     # progress: one call per file, done/total and a growing chunk count
     assert [s[0] for s in seen] == list(range(1, 14)) and {s[1] for s in seen} == {13}
     assert seen[-1][2] == report.chunks > 0
     # only successes are indexed; failures are recorded with their reason
-    stats = store.stats()
+    stats = doc_store.stats()
     assert stats["documents"] == 7 and stats["failed"] == 6
-    failed = {Path(d.path).name: d.error for d in store.documents("status = 'failed'")}
+    failed = {Path(d.path).name: d.error for d in doc_store.documents("status = 'failed'")}
     assert failed["locked.pdf"] == "password-protected"
 
 
-def test_content_of_every_format_is_searchable_with_its_page(corpus: Path, store):
-    Ingester(store).ingest([corpus])
-    r = Retriever(store)
+def test_content_of_every_format_is_searchable_with_its_page(corpus: Path, doc_store):
+    Ingester(doc_store).ingest([corpus])
+    r = Retriever(doc_store)
     hit = r.search("Grüße aus München", k=1)[0]
     assert hit.text.strip() == "Grüße aus München" and hit.path.endswith("legacy.txt")
     assert r.search("Grusse aus Munchen", k=1)[0].path.endswith("legacy.txt")  # diacritics folded
@@ -158,17 +151,17 @@ def test_content_of_every_format_is_searchable_with_its_page(corpus: Path, store
     assert r.search("Secret text", k=5) == []
 
 
-def test_evidence_spans_are_exact_and_ids_resolve(corpus: Path, store):
-    Ingester(store).ingest([corpus])
+def test_evidence_spans_are_exact_and_ids_resolve(corpus: Path, doc_store):
+    Ingester(doc_store).ingest([corpus])
     path = corpus / "report.pdf"
     extracted = extract(path, path.read_bytes()).text
-    rows = store._query("SELECT c.evidence_id, c.text, c.char_start, c.char_end, c.ordinal, d.sha256 "
+    rows = doc_store._query("SELECT c.evidence_id, c.text, c.char_start, c.char_end, c.ordinal, d.sha256 "
                         "FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.path = ?", [str(path)])
     assert len(rows) == 2
     for row in rows:
         assert extracted[row["char_start"]:row["char_end"]] == row["text"]
         assert row["evidence_id"] == evidence_id(row["sha256"], row["ordinal"])
-    resolved = store.resolve([rows[1]["evidence_id"], "000000000000"])
+    resolved = doc_store.resolve([rows[1]["evidence_id"], "000000000000"])
     assert list(resolved) == [rows[1]["evidence_id"]]
     assert resolved[rows[1]["evidence_id"]].page == 2
 
@@ -216,12 +209,12 @@ def test_chunks_respect_paragraph_boundaries():
         assert c.token_count + SPECIAL_TOKENS <= 128
 
 
-def test_pelican_edit_rename_delete_only_current_truth_is_retrievable(tmp_path: Path, store):
+def test_pelican_edit_rename_delete_only_current_truth_is_retrievable(tmp_path: Path, doc_store):
     folder = tmp_path / "notes"
     folder.mkdir()
     f = folder / "code.txt"
     f.write_text("The code word is PELICAN.\n")
-    ing, r = Ingester(store), Retriever(store)
+    ing, r = Ingester(doc_store), Retriever(doc_store)
     assert ing.ingest([folder]).files[0].status == "indexed"
     first = r.search("code word", k=5)
     assert _texts(first) == ["The code word is PELICAN."] and first[0].path == str(f)
@@ -231,7 +224,7 @@ def test_pelican_edit_rename_delete_only_current_truth_is_retrievable(tmp_path: 
     now = r.search("code word", k=5)
     assert _texts(now) == ["The code word is OSPREY."]
     assert r.search("PELICAN", k=5) == []
-    assert store.resolve([first[0].evidence_id]) == {}  # the old evidence is gone
+    assert doc_store.resolve([first[0].evidence_id]) == {}  # the old evidence is gone
 
     g = folder / "renamed.txt"
     f.rename(g)
@@ -244,36 +237,36 @@ def test_pelican_edit_rename_delete_only_current_truth_is_retrievable(tmp_path: 
     g.unlink()
     assert [s.status for s in ing.ingest([folder]).files] == ["removed"]
     assert r.search("code word", k=5) == [] and r.search("OSPREY", k=5) == []
-    assert store.stats() == {"documents": 0, "failed": 0, "chunks": 0, "embeddings": 0}
+    assert doc_store.stats() == {"documents": 0, "failed": 0, "chunks": 0, "embeddings": 0}
 
 
-def test_reindex_skips_unchanged_and_touch_does_not_reindex(corpus: Path, store):
-    ing = Ingester(store)
+def test_reindex_skips_unchanged_and_touch_does_not_reindex(corpus: Path, doc_store):
+    ing = Ingester(doc_store)
     ing.ingest([corpus])
     again = ing.ingest([corpus])
     assert {f.status for f in again.files if f.ok} == {"unchanged", "skipped"}
     assert len(again.failed) == 5  # failures stay failures, with their reasons (the .png is skipped)
-    before = store._query("SELECT evidence_id FROM chunks ORDER BY id")
+    before = doc_store._query("SELECT evidence_id FROM chunks ORDER BY id")
     os.utime(corpus / "legacy.txt", ns=(1, 1))  # new mtime, same bytes
     third = ing.ingest([corpus / "legacy.txt"])
     assert third.files[0].status == "unchanged"
-    assert store._query("SELECT evidence_id FROM chunks ORDER BY id") == before
+    assert doc_store._query("SELECT evidence_id FROM chunks ORDER BY id") == before
 
 
-def test_duplicate_content_is_indexed_once_and_survives_deleting_the_original(tmp_path: Path, store):
+def test_duplicate_content_is_indexed_once_and_survives_deleting_the_original(tmp_path: Path, doc_store):
     d = tmp_path / "d"
     d.mkdir()
     (d / "a.txt").write_text("Albatross migration notes.")
     (d / "b.txt").write_text("Albatross migration notes.")
-    ing = Ingester(store)
+    ing = Ingester(doc_store)
     assert [f.status for f in ing.ingest([d]).files] == ["indexed", "duplicate"]
     assert [f.status for f in ing.ingest([d]).files] == ["unchanged", "duplicate"]
     (d / "a.txt").unlink()
     report = ing.ingest([d])
     assert [(Path(f.path).name, f.status) for f in report.files] == [("b.txt", "renamed")]
-    hits = Retriever(store).search("albatross", k=5)
+    hits = Retriever(doc_store).search("albatross", k=5)
     assert len(hits) == 1 and hits[0].path == str(d / "b.txt")
-    assert store.stats()["documents"] == 1 and len(store.documents()) == 1
+    assert doc_store.stats()["documents"] == 1 and len(doc_store.documents()) == 1
 
 
 def test_watch_polls_and_reports_changes(tmp_path: Path):
@@ -301,17 +294,17 @@ def test_watch_polls_and_reports_changes(tmp_path: Path):
         [("second.txt", "indexed")]
 
 
-def test_rescan_on_demand_finds_new_and_deleted_files(tmp_path: Path, store):
+def test_rescan_on_demand_finds_new_and_deleted_files(tmp_path: Path, doc_store):
     d = tmp_path / "d"
     d.mkdir()
     (d / "one.txt").write_text("Heron facts.")
-    ing = Ingester(store)
+    ing = Ingester(doc_store)
     ing.ingest([d])
     (d / "two.txt").write_text("Egret facts.")
     (d / "one.txt").unlink()
     statuses = {Path(f.path).name: f.status for f in ing.rescan().files}
     assert statuses == {"two.txt": "indexed", "one.txt": "removed"}
-    assert store.roots() == [str(d)]
+    assert doc_store.roots() == [str(d)]
 
 
 def test_a_killed_ingest_leaves_finished_files_intact_and_resumes(tmp_path: Path):
@@ -368,14 +361,14 @@ def test_store_migrations_are_named_applied_once_and_wal(tmp_path: Path):
     s.close()
 
 
-def test_bm25_mode_is_reported_without_an_embedding_model(tmp_path: Path, store):
+def test_bm25_mode_is_reported_without_an_embedding_model(tmp_path: Path, doc_store):
     (tmp_path / "a.txt").write_text("Puffins nest on cliffs.")
-    Ingester(store).ingest([tmp_path / "a.txt"])
-    res = Retriever(store).search("puffins", k=3)
+    Ingester(doc_store).ingest([tmp_path / "a.txt"])
+    res = Retriever(doc_store).search("puffins", k=3)
     assert res.mode == "bm25" and "keyword search (BM25) only" in res.notice
     assert res[0].score > 0
     with pytest.raises(InvalidRequest):
-        Retriever(store).search("puffins", k=0)
+        Retriever(doc_store).search("puffins", k=0)
 
 
 def test_fts_query_neutralises_syntax_and_drops_stopwords():

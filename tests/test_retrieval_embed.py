@@ -21,7 +21,6 @@ from app.retrieval.embed_model import ensure_embedding_model, find_embedding_mod
     read_safetensors
 from app.retrieval.ingest import Ingester
 from app.retrieval.search import Retriever
-from app.retrieval.store import DocumentStore
 
 pytest.importorskip("llama_cpp")
 REPO = Path(__file__).resolve().parents[1]
@@ -42,13 +41,6 @@ def embedder(model_path: Path):
     e = Embedder(model_path)
     yield e
     e.close()
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = DocumentStore(tmp_path / "documents.db")
-    yield s
-    s.close()
 
 
 # ------------------------------------------------------------------------------------------ the GGUF model
@@ -168,15 +160,15 @@ def test_a_20000_character_paragraph_fits_the_model_tokenizer(embedder):
     assert [c.token_count for c in chunks] == counts
 
 
-def test_hybrid_search_pelican_edit_rename_delete(tmp_path: Path, store, embedder):
+def test_hybrid_search_pelican_edit_rename_delete(tmp_path: Path, doc_store, embedder):
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / "birds.txt").write_text("Swallows migrate to Africa every autumn.\n")
     f = folder / "code.txt"
     f.write_text("The code word is PELICAN.\n")
-    ing, r = Ingester(store, embedder), Retriever(store, embedder)
+    ing, r = Ingester(doc_store, embedder), Retriever(doc_store, embedder)
     ing.ingest([folder])
-    assert store.stats()["embeddings"] == 2
+    assert doc_store.stats()["embeddings"] == 2
     res = r.search("what is the secret password?", k=1)  # no shared keyword: the vector ranking finds it
     assert res.mode == "hybrid" and res.notice is None and res[0].text == "The code word is PELICAN."
     assert res.query_embed_s > 0
@@ -191,18 +183,18 @@ def test_hybrid_search_pelican_edit_rename_delete(tmp_path: Path, store, embedde
     assert {s.status for s in ing.ingest([folder]).files} == {"unchanged", "renamed"}
     hit = r.search("code word", k=1)[0]
     assert hit.path == str(g) and hit.text == "The code word is OSPREY."
-    assert store.stats()["embeddings"] == 2  # the vectors moved with the document
+    assert doc_store.stats()["embeddings"] == 2  # the vectors moved with the document
 
     g.unlink()
     ing.ingest([folder])
     assert [e.text for e in r.search("code word", k=5)] == ["Swallows migrate to Africa every autumn."]
-    assert store.stats()["embeddings"] == 1
+    assert doc_store.stats()["embeddings"] == 1
 
 
-def test_vectors_are_added_later_for_chunks_indexed_without_a_model(tmp_path: Path, store, embedder):
+def test_vectors_are_added_later_for_chunks_indexed_without_a_model(tmp_path: Path, doc_store, embedder):
     (tmp_path / "a.txt").write_text("Otters hold hands while sleeping.")
-    Ingester(store).ingest([tmp_path / "a.txt"])
-    assert Retriever(store, embedder).search("otters", k=1).mode == "bm25"
-    assert Ingester(store, embedder).embed_missing() == 1
-    res = Retriever(store, embedder).search("sea mammals resting", k=1)
+    Ingester(doc_store).ingest([tmp_path / "a.txt"])
+    assert Retriever(doc_store, embedder).search("otters", k=1).mode == "bm25"
+    assert Ingester(doc_store, embedder).embed_missing() == 1
+    res = Retriever(doc_store, embedder).search("sea mammals resting", k=1)
     assert res.mode == "hybrid" and res[0].text.startswith("Otters")
