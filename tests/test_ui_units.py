@@ -320,11 +320,10 @@ def test_recommendation_is_a_value():
     assert r.verdict == "unknown"
 
 
-def test_sidebar_rename_delete_search(qtbot, tmp_path):
-    from app.memory.store import Store
+def test_sidebar_rename_delete_search(qtbot, memory_store):
     from app.ui.sidebar import Sidebar
 
-    store = Store(tmp_path / "h.db")
+    store = memory_store
     a = store.create_conversation("Trip planning")
     store.append_message(a, "user", "Which ferry goes to Lindholm?")
     b = store.create_conversation("Recipes")
@@ -347,4 +346,5 @@ def test_sidebar_rename_delete_search(qtbot, tmp_path):
     bar.delete(b, confirm=False)
     qtbot.waitUntil(lambda: bar.model.rowCount() == 2, timeout=2000)
     assert deleted == [b] and bar.model.index(1).data() == "Trip planning"
-    store.close()
+    # the search debounce started by clear() must not fire after the store is closed (in a later test)
+    qtbot.waitUntil(lambda: not bar._debounce.isActive(), timeout=2000)
