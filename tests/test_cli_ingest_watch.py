@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGINT and pree
 
 
 def _ignore_sigint() -> None:
+    """In the child before exec: SIGINT ignored, as a shell without job control starts a background job."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

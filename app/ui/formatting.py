@@ -70,6 +70,7 @@ _PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries")
 
 
 def _int(d: dict[str, Any] | None, key: str) -> int:
+    """``d[key]`` as an int; 0 when ``d`` is None or empty, or the key is missing or None."""
     return int((d or {}).get(key, 0) or 0)
 
 
