@@ -61,7 +61,7 @@ def _hearth_run(engine, prompt: str, n: int) -> dict:
 
 def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 128, rounds: int = 3,
         n_ctx: int = 4096, n_threads: int | None = None) -> dict:
-    from app.engine.engine import tune_openmp
+    from app.engine.process import default_threads, tune_openmp
 
     tune_openmp()  # the same OpenMP spin setting on both sides (Hearth's engine sets it in its process)
     import llama_cpp
@@ -70,8 +70,6 @@ def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 1
     from app.engine.registry import resolve_model
     from app.engine.runtime import GGML_TYPES
     from app.engine.types import LoadSettings
-
-    from app.engine.runtime import default_threads
 
     path = str(resolve_model(model))
     n_threads = n_threads or default_threads()  # the same thread count on both sides

@@ -191,3 +191,23 @@ def test_bad_files_give_specific_errors_while_engine_serves(engine, bundled_mode
         with pytest.raises(ModelLoadError, match=words):
             Engine(path).load()
     assert "Paris" in engine.complete(chat("What is the capital of France?", max_tokens=8)).text
+
+
+def test_vocabulary_lane_answers_during_a_generation_without_changing_it(engine):
+    req = raw("List of numbers: 1, 2, 3,", max_tokens=40)
+    alone = engine.complete(req).text
+    ids = engine.tokenize("Grüße, 世界")
+    gen = engine.generate(req)
+    deltas, waits = [], []
+    for ev in gen:
+        if isinstance(ev, Delta):
+            deltas.append(ev.text)
+            t0 = time.perf_counter()
+            assert engine.detokenize(ids) == "Grüße, 世界"
+            assert b"".join(engine.token_piece_bytes(t) for t in ids) == "Grüße, 世界".encode()
+            assert engine.count_tokens("Grüße, 世界") == len(ids)
+            assert "User: hi" in engine.render(chat("hi")).text
+            waits.append(time.perf_counter() - t0)
+    assert "".join(deltas) == alone  # the same greedy text as without the lookups in between
+    assert max(waits) < 0.5  # not the rest of the generation
+    assert engine.token_piece_bytes(engine.tokenize("<start_of_turn>", special=True)[0]) == b""  # control token

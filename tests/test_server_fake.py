@@ -1,5 +1,6 @@
-"""The HTTP server wired to ``FakeEngine`` (the real Engine queue and Generation, scripted answers): routing,
-OpenAI shapes, SSE framing, errors, security, queueing, disconnects. No model, no network (127.0.0.1 only)."""
+"""The HTTP server wired to ``FakeEngine`` (``tests/fakes.py``: the real Engine queue and Generation over a
+scripted runtime): routing, OpenAI shapes, SSE framing, errors, security, queueing, disconnects. No model, no
+network (127.0.0.1 only)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+from fakes import FakeEmbedder, FakeEngine
 from fastapi.testclient import TestClient
 
 from app.chat_service import DocumentContext
@@ -17,7 +19,6 @@ from app.errors import EngineCrashed
 from app.retrieval.rag import format_evidence_block
 from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
-from app.server.fake import FakeEngine
 from app.server.models import ModelCatalog
 from app.settings import ServerSettings
 
@@ -409,16 +410,6 @@ def test_documents_streamed_hearth_on_the_final_chunk_and_n2():
 
 
 # -- embeddings --------------------------------------------------------------------------------------------
-class FakeEmbedder:
-    model_id = "mini@0123456789ab"
-
-    def embed(self, texts):
-        return [[1.0, float(len(t)), 0.5] for t in texts]
-
-    def count_tokens(self, texts):
-        return [len(t.split()) for t in texts]
-
-
 def test_embeddings():
     c2 = client(embedder=FakeEmbedder())
     j = c2.post("/v1/embeddings", json={"model": "mini", "input": ["a b", "ccc"]}).json()

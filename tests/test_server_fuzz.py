@@ -7,25 +7,18 @@ from __future__ import annotations
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
+from fakes import FakeEmbedder, FakeEngine  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from app.server import create_app  # noqa: E402
-from app.server.fake import FakeEngine  # noqa: E402
 from app.server.models import ModelCatalog  # noqa: E402
 
-
-class _FakeEmbedder:
-    model_id = "fake-embed@000000000000"
-
-    def embed(self, texts):
-        return [[float(len(t)), 1.0, 0.0] for t in texts]
-
-
 _engine = FakeEngine(n_ctx=512)
-_app = create_app(_engine, embedder=_FakeEmbedder(), allow_hosts=["testserver", "localhost"],
-                  catalog=ModelCatalog(lambda: [("fake-model", "fake-model.gguf", "chat"),
-                                                ("other-model", "other-model.gguf", "chat")]))
+_catalog = ModelCatalog(lambda: [("fake-model", "fake-model.gguf", "chat"),
+                                  ("other-model", "other-model.gguf", "chat")])
+_app = create_app(_engine, embedder=FakeEmbedder("fake-embed@000000000000"), allow_hosts=["testserver", "localhost"],
+                  catalog=_catalog)
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app)
 
 

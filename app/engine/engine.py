@@ -1,15 +1,23 @@
-"""``Engine``: the in-process handle to the chat engine process.
+"""``Engine``: the in-process handle to the chat engine.
 
-llama.cpp can abort its process on some inputs, so the ``Llama`` lives in a child process (spawned, so it
-is safe next to Qt and threads). The handle:
+llama.cpp can abort its process on some inputs, so the ``Llama`` lives in a child process hosted by
+``app.engine.process.ChildHost`` (spawned, so it is safe next to Qt and threads; one wire protocol, timeout
+policy and parent watch shared with the embedder). The handle:
 
 - validates the model file with ``gguf_info`` before llama.cpp sees it (a bad file is a ``ModelLoadError``,
   never a dead process);
-- serves requests one at a time in FIFO order (a ticket queue; ``max_queue`` waiting requests at most, then
-  ``QueueFull``): the desktop UI and the HTTP port share it;
+- serves generations one at a time in FIFO order (a ticket queue; ``max_queue`` waiting requests at most,
+  then ``QueueFull``): the desktop UI and the HTTP port share it;
 - streams events (``Delta`` … ``Done``) to the caller; closing the stream or calling ``cancel`` stops the
   generation within one decode step or one prefill chunk;
+- answers vocabulary questions (``tokenize``, ``count_tokens``, ``detokenize``, ``token_piece_bytes``,
+  ``render``) on the child's *side lane*, without a turn in the FIFO: a server formatting logprobs or
+  counting evidence tokens never waits behind the generation it serves, and no other process maps llama.cpp;
 - turns a dead child into ``EngineCrashed`` (with the signal) and starts a fresh child on the next request.
+
+Where the runtime runs is the constructor's ``runtime`` argument: by default a llama.cpp ``Runtime`` in the
+child process; a scripted runtime (any ``EngineRuntime``) on threads of this process, behind the same queue,
+streams and metrics.
 
 Metrics clocks (``time.perf_counter`` in this process) are defined on ``app.engine.types.Metrics``.
 """
@@ -18,32 +26,75 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
-import signal
 import statistics
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional, Protocol
 
+from app.engine.process import ChildHost
 from app.engine.types import Delta, Done, GenerateRequest, LoadSettings, Metrics
 from app.errors import Cancelled, EngineCrashed, HearthError, ModelLoadError, QueueFull
 
 log = logging.getLogger(__name__)
 
-_CTX = mp.get_context("spawn")
-
 
 # ------------------------------------------------------------------------------------------------------
-# child process
+# the runtime, and the child-side handler that serves it
 # ------------------------------------------------------------------------------------------------------
-def _child_main(conn, cancel_event, model_path: str, settings: LoadSettings, meta: dict,
-                cache_cfg: dict | None) -> None:
-    """Engine process entry point: load, then serve commands from ``conn`` until ``close``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the parent, which cancels
-    _exit_with_parent()
-    tune_openmp()
+class EngineRuntime(Protocol):
+    """What the engine's child side runs (``app.engine.runtime.Runtime``, or a scripted one for tests).
+
+    ``generate`` runs on the main lane: ``emit("delta", text, token_ids, logprobs)`` per token (``logprobs``:
+    ``(token_id, logprob, [(token_id, logprob), ...])`` per token, or ``()``), ``cancelled()`` polled between
+    prefill chunks and tokens (raise ``Cancelled``); returns ``(finish_reason, text, child_metrics, info)``.
+    The vocabulary methods run on the side lane, possibly while ``generate`` runs: they must only read."""
+
+    def ready_info(self) -> dict: ...  # template, n_ctx, load_s, n_vocab
+
+    def generate(self, request: GenerateRequest, emit: Callable[..., None],
+                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]: ...
+
+    def cache_stats(self) -> dict: ...
+
+    def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def piece_bytes(self, token: int) -> bytes: ...
+
+    def render(self, request: GenerateRequest) -> Any: ...  # a RenderedPrompt
+
+
+_SIDE_OPS = frozenset({"tokenize", "detokenize", "piece_bytes", "render"})
+
+
+class _Service:
+    """The ``Handler`` of the engine child: ``generate`` / ``cache_stats`` on the main lane, the vocabulary on
+    the side lane."""
+
+    def __init__(self, runtime: EngineRuntime) -> None:
+        self.runtime = runtime
+
+    def ready_info(self) -> dict:
+        return self.runtime.ready_info()
+
+    def call(self, op: str, args: tuple, emit: Callable[..., None], cancelled: Callable[[], bool]) -> Any:
+        if op == "generate":
+            return self.runtime.generate(args[0], emit, cancelled)
+        if op == "cache_stats":
+            return self.runtime.cache_stats()
+        raise HearthError(f"unknown engine command {op!r}")
+
+    def side(self, op: str, args: tuple) -> Any:
+        if op not in _SIDE_OPS:
+            raise HearthError(f"unknown engine vocabulary command {op!r}")
+        return getattr(self.runtime, op)(*args)
+
+
+def _llama_service(model_path: str, settings: LoadSettings, meta: dict, cache_cfg: Optional[dict]) -> _Service:
+    """Runs in the engine child: load the model (and the prefix cache). Any failure is a ``ModelLoadError``."""
     from app.engine.runtime import Runtime
 
     try:
@@ -52,80 +103,15 @@ def _child_main(conn, cancel_event, model_path: str, settings: LoadSettings, met
             from app.engine.prefix_cache import PrefixCache
 
             cache = PrefixCache.for_runtime(model_path, settings, **cache_cfg)
-        rt = Runtime(model_path, settings, meta, prefix_cache=cache)
-    except HearthError as exc:
-        conn.send(("load_error", exc))
-        return
+        return _Service(Runtime(model_path, settings, meta, prefix_cache=cache))
+    except HearthError:
+        raise
     except Exception as exc:  # noqa: BLE001 - anything from llama.cpp becomes a load error
-        conn.send(("load_error", ModelLoadError(f"{type(exc).__name__}: {exc}", path=model_path)))
-        return
-    conn.send(("ready", {"template": rt.template_name, "n_ctx": settings.n_ctx, "load_s": rt.load_s,
-                         "n_vocab": rt.n_vocab}))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        op = msg[0]
-        if op == "close":
-            return
-        try:
-            if op == "generate":
-                req: GenerateRequest = msg[1]
-
-                def emit(kind, *payload):
-                    conn.send((kind, *payload))
-
-                result = rt.generate(req, emit, cancel_event.is_set)
-                conn.send(("done", *result))
-            elif op == "tokenize":
-                conn.send(("result", rt.tokenize(msg[1], add_bos=msg[2], special=msg[3])))
-            elif op == "detokenize":
-                conn.send(("result", rt.detokenize(msg[1])))
-            elif op == "render":
-                conn.send(("result", rt.render(msg[1])))
-            elif op == "cache_stats":
-                conn.send(("result", rt.prefix_cache.stats() if rt.prefix_cache else {}))
-            elif op == "abort":  # test hook: behave like llama.cpp's GGML_ABORT
-                import os
-
-                os.abort()
-            else:
-                conn.send(("error", HearthError(f"unknown engine command {op!r}")))
-        except HearthError as exc:
-            conn.send(("error", exc))
-        except (BrokenPipeError, EOFError, ConnectionResetError):
-            return  # the parent is gone
-        except Exception as exc:  # noqa: BLE001 - a bug: report it, keep serving
-            log.exception("engine command %s failed", op)
-            conn.send(("error", HearthError(f"unexpected engine error: {type(exc).__name__}: {exc}")))
+        raise ModelLoadError(f"{type(exc).__name__}: {exc}", path=model_path) from None
 
 
-def tune_openmp() -> None:
-    """Call before llama.cpp is loaded. llama.cpp's OpenMP threads spin-wait at every barrier (libgomp's default
-    spin count is 300,000); when another process holds a core, decode collapses. Measured here, 2 threads on 2
-    cores, decode tokens/s idle / with one busy process: default spin 48 / 7.5; ``GOMP_SPINCOUNT=1000`` 48.5 /
-    23.6; one thread 27.7 / 27.5. So Hearth sets 1000 unless the environment already sets it (or
-    ``OMP_WAIT_POLICY``)."""
-    import os
-
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = os.environ.get("HEARTH_GOMP_SPINCOUNT", "1000")
-
-
-def _exit_with_parent() -> None:
-    """If the parent dies (even by SIGKILL), end this process within a second instead of running on."""
-    import os
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+def _scripted_service(make_runtime: Callable[[], EngineRuntime]) -> _Service:
+    return _Service(make_runtime())
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -179,15 +165,21 @@ class Generation:
 
 
 class Engine:
-    """Owner of the chat engine process.
+    """Owner of the chat engine's runtime.
 
     ``model_path``: a GGUF file (validated on ``load``). ``settings``: ``LoadSettings``. ``prefix_cache``:
     a dict of ``PrefixCache`` options (``dir``, ``budget_bytes``, ``min_tokens``) or None to disable it.
     ``max_queue``: requests allowed to wait behind the running one.
+
+    ``runtime``: where the runtime runs. None (the default): a llama.cpp ``Runtime`` for ``model_path`` in a
+    spawned child process. A callable: it is called on a thread of this process and returns the
+    ``EngineRuntime`` to serve (no child process, no model file is read, ``prefix_cache`` is not used):
+    scripted runtimes run behind the same FIFO, streams, cancellation and metrics as the real one.
     """
 
     def __init__(self, model_path: str | Path, settings: LoadSettings | None = None, *,
-                 prefix_cache: dict | None = None, max_queue: int = 16) -> None:
+                 prefix_cache: dict | None = None, max_queue: int = 16,
+                 runtime: Optional[Callable[[], EngineRuntime]] = None) -> None:
         self.model_path = str(model_path)
         self.settings = (settings or LoadSettings()).validate()
         self.cache_cfg = prefix_cache
@@ -195,71 +187,64 @@ class Engine:
         self.stats = EngineStats()
         self.info: dict[str, Any] = {}
         self.model_info: Any = None
-        self._proc = None
-        self._conn = None
-        self._cancel = _CTX.Event()
+        self._runtime = runtime
+        self._host: Optional[ChildHost] = None
+        self._pieces: dict[int, bytes] = {}  # token id -> bytes (token_piece_bytes)
         self._cond = threading.Condition()
         self._tickets = itertools.count()
         self._serving = 0  # ticket now allowed to run
         self._waiting = 0
         self._current: Generation | None = None
         self._closed = False
-        self._loading = None  # the child process while ``load`` waits for it (``close`` kills it: abort)
+        self._load_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> dict:
-        """Validate the model file and start the engine process. Returns ``info`` (template, n_ctx, load_s).
-        Raises ``ModelLoadError`` with a specific message for a bad file."""
+        """Validate the model file and start the runtime (a fresh child process). Returns ``info`` (template,
+        n_ctx, load_s, n_vocab, model, model_path). Raises ``ModelLoadError`` with a specific message for a bad
+        file, or when ``close()`` aborted the load."""
+        host = self._make_host()
+        old, self._host = self._host, host
+        if old is not None:
+            old.close()
+        if self._closed:  # close() came first, or while the file was checked
+            host.close()
+            raise ModelLoadError("the engine was closed: the load was aborted", path=self.model_path)
+        ready = host.start()
+        self.info = {**ready, "model": Path(self.model_path).name, "model_path": self.model_path}
+        return self.info
+
+    def _make_host(self) -> ChildHost:
+        if self._runtime is not None:
+            return ChildHost("hearth-engine", _scripted_service, (self._runtime,), label="the engine",
+                             side_lane=True, in_thread=True, on_crash=self._on_crash)
         from app.engine.gguf_info import inspect_model
 
         info = inspect_model(self.model_path, require_chat=True)
         self.model_info = info
         meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name}
-        parent, child = _CTX.Pipe(duplex=True)
-        proc = _CTX.Process(target=_child_main, name="hearth-engine", daemon=True,
-                            args=(child, self._cancel, self.model_path, self.settings, meta, self.cache_cfg))
-        proc.start()
-        child.close()
-        self._loading = proc
-        try:
-            msg = parent.recv()
-        except (EOFError, OSError):
-            proc.join(5)
-            why = "the load was aborted" if self._closed else _exit_text(proc)
-            raise ModelLoadError(f"the engine process died while loading the model ({why})",
-                                 path=self.model_path) from None
-        finally:
-            self._loading = None
-        if msg[0] == "load_error":
-            proc.join(5)
-            raise msg[1]
-        self._proc, self._conn = proc, parent
-        self.info = {**msg[1], "model": Path(self.model_path).name, "model_path": self.model_path}
-        return self.info
+        return ChildHost("hearth-engine", _llama_service, (self.model_path, self.settings, meta, self.cache_cfg),
+                         label="the engine process", model_path=self.model_path, side_lane=True,
+                         on_crash=self._on_crash)
+
+    def _on_crash(self) -> None:
+        self.stats.crashes += 1
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
+        return self._host is not None and self._host.alive
+
+    @property
+    def pid(self) -> Optional[int]:
+        """Process id of the engine child (None when none runs, or for a runtime on threads)."""
+        return self._host.pid if self._host is not None else None
 
     def close(self) -> None:
-        """Stop the engine process (waits up to 5 s, then kills it)."""
+        """Stop the runtime (cancels a running generation; waits up to 5 s, then kills the child); a load in
+        progress in another thread is aborted."""
         self._closed = True
-        loading = self._loading
-        if loading is not None and loading.is_alive():  # abort a load in progress (another thread waits)
-            loading.kill()
-        proc, conn = self._proc, self._conn
-        self._proc = self._conn = None
-        if proc is None:
-            return
-        try:
-            conn.send(("close",))
-        except (OSError, EOFError, BrokenPipeError):
-            pass
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-        conn.close()
+        if self._host is not None:
+            self._host.close()
 
     def __enter__(self) -> "Engine":
         if not self.alive:
@@ -269,7 +254,7 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- requests -------------------------------------------------------------------------------------
+    # -- generation (FIFO) ----------------------------------------------------------------------------
     def generate(self, request: GenerateRequest) -> Generation:
         """Queue ``request`` and return its stream (nothing runs until it is iterated).
         Raises ``InvalidRequest`` at once for bad parameters."""
@@ -279,69 +264,57 @@ class Engine:
         """Run ``request`` to the end and return its ``Done`` (``text`` holds the whole answer)."""
         return self.generate(request).result()
 
-    def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
-        """Token ids of ``text`` under the loaded model's vocabulary."""
-        return self._call("tokenize", text, add_bos, special)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return self._call("detokenize", list(tokens))
-
-    def render(self, request: GenerateRequest):
-        """The ``RenderedPrompt`` (template applied) that ``request`` would be given."""
-        return self._call("render", request)
-
     def cache_stats(self) -> dict:
-        return self._call("cache_stats")
+        """The prefix cache's counters (``{}`` without one); takes a turn in the FIFO."""
+        with self._turn(None):
+            return self._running().request("cache_stats")
 
     def queue_depth(self) -> int:
         with self._cond:
             return self._waiting
 
-    def _call(self, op: str, *args):
+    def crash_for_test(self) -> None:
+        """Make the engine process abort (as llama.cpp's GGML_ABORT does); for tests. Raises the
+        ``EngineCrashed`` it causes."""
         with self._turn(None):
-            self._ensure_running()
-            try:
-                self._conn.send((op, *args))
-                msg = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
-                raise self._crashed(op) from None
-            if msg[0] == "error":
-                raise msg[1]
-            return msg[1]
+            raise self._running().crash_for_test()
 
-    def _ensure_running(self) -> None:
+    # -- vocabulary (side lane: no turn in the FIFO) --------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Token ids of ``text`` under the loaded model's vocabulary. ``add_bos``: prepend BOS; ``special``:
+        parse control-token text (``<start_of_turn>``) as control tokens. Raises ``EngineCrashed``."""
+        return self._running().side("tokenize", text, add_bos, special)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` (no BOS, control-token text counted as plain text)."""
+        return len(self.tokenize(text))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of ``tokens`` (invalid UTF-8 replaced)."""
+        return self._running().side("detokenize", list(tokens))
+
+    def token_piece_bytes(self, token_id: int) -> bytes:
+        """The exact bytes of one token's text (``b""`` for control tokens; may be part of a UTF-8
+        sequence). Cached in this process."""
+        got = self._pieces.get(token_id)
+        if got is None:
+            got = self._pieces[token_id] = self._running().side("piece_bytes", int(token_id))
+        return got
+
+    def render(self, request: GenerateRequest):
+        """The ``RenderedPrompt`` (template applied) that ``request`` would be given."""
+        return self._running().side("render", request)
+
+    def _running(self) -> ChildHost:
+        """The host, started (the first request loads the model if ``load`` was not called)."""
         if self._closed:
             raise EngineCrashed("the engine was closed")
-        if not self.alive:
-            if self._proc is not None:
-                log.warning("engine process is dead; restarting")
-            self.load()
-
-    def _crashed(self, doing: str) -> EngineCrashed:
-        proc = self._proc
-        if proc is not None:
-            proc.join(5)
-        why = _exit_text(proc) if proc is not None else "no process"
-        self.stats.crashes += 1
-        self._proc = None
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        return EngineCrashed(f"the engine process died during {doing} ({why}); it restarts on the next request")
-
-    def crash_for_test(self) -> None:
-        """Make the engine process abort (as llama.cpp's GGML_ABORT does); for tests."""
-        with self._turn(None):
-            self._ensure_running()
-            self._conn.send(("abort",))
-            try:
-                self._conn.recv()
-            except (EOFError, OSError):
-                pass
-            raise self._crashed("a forced abort")
+        if self._host is None:
+            with self._load_lock:
+                if self._host is None:
+                    self.load()
+        assert self._host is not None
+        return self._host
 
     # -- FIFO turn-taking -----------------------------------------------------------------------------
     class _Turn:
@@ -375,8 +348,8 @@ class Engine:
 
     def _cancel_if_current(self, gen: Generation) -> None:
         with self._cond:
-            if self._current is gen:
-                self._cancel.set()
+            if self._current is gen and self._host is not None:
+                self._host.cancel()
 
     # -- the stream -----------------------------------------------------------------------------------
     def _run(self, gen: Generation) -> Iterator[Delta | Done]:
@@ -385,66 +358,41 @@ class Engine:
         self.stats.requests += 1
         with self._turn(gen):
             t0 = time.perf_counter()
+            host = self._running()
+            host.clear_cancel()  # before the check: a cancel() from now on is seen by one or the other
             if gen.cancelled:
                 self.stats.cancelled += 1
                 raise Cancelled("cancelled before it started")
-            self._cancel.clear()
-            yield from self._stream(gen, t_call, t0)
+            yield from self._stream(host, gen, t_call, t0)
 
-    def _stream(self, gen: Generation, t_call: float, t0: float) -> Iterator[Delta | Done]:
-        """Run ``gen`` in the engine process (its turn is held). ``t_call`` / ``t0``: when it was called / when
-        its turn came (the clocks of ``Metrics``)."""
-        self._ensure_running()
-        conn = self._conn
-        try:
-            conn.send(("generate", gen.request))
-        except (OSError, BrokenPipeError):
-            raise self._crashed("generation") from None
+    def _stream(self, host: ChildHost, gen: Generation, t_call: float, t0: float) -> Iterator[Delta | Done]:
+        """Run ``gen`` on the runtime (its turn is held). ``t_call`` / ``t0``: when it was called / when its
+        turn came (the clocks of ``Metrics``)."""
+        call = host.call("generate", gen.request)
         times: list[float] = []
-        finished = False
         try:
-            while True:
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    self.stats.failed += 1
-                    raise self._crashed("generation") from None
-                kind = msg[0]
-                if kind == "delta":
-                    if msg[2]:
-                        times.append(time.perf_counter())
-                    yield Delta(msg[1], tuple(msg[2]), tuple(msg[3]))
-                elif kind == "done":
-                    finished = True
-                    _, finish, text, cm, info = msg
-                    m = _metrics(t_call, t0, times, cm)
-                    self._count(m)
-                    gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})
-                    yield gen.done
-                    return
-                elif kind == "error":
-                    finished = True
-                    if isinstance(msg[1], Cancelled):
-                        self.stats.cancelled += 1
-                    else:
-                        self.stats.failed += 1
-                    raise msg[1]
+            for _kind, text, ids, lps in call:
+                if ids:
+                    times.append(time.perf_counter())
+                yield Delta(text, tuple(ids), tuple(lps))
+        except Cancelled:
+            self.stats.cancelled += 1
+            raise
+        except Exception:
+            self.stats.failed += 1
+            raise
         finally:
-            if not finished and self._conn is conn and self.alive:
+            if call.open:
                 # The consumer left early (closed the stream, client disconnected): cancel and drain
                 # so the next request starts on a quiet engine.
-                self._cancel.set()
+                host.cancel()
                 self.stats.cancelled += 1
-                self._drain(conn)
-
-    def _drain(self, conn) -> None:
-        try:
-            while True:
-                msg = conn.recv()
-                if msg[0] in ("done", "error"):
-                    return
-        except (EOFError, OSError):
-            self._crashed("cancellation")
+                call.drain()
+        finish, text, cm, info = call.result
+        m = _metrics(t_call, t0, times, cm)
+        self._count(m)
+        gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})
+        yield gen.done
 
     def _count(self, m: Metrics) -> None:
         s = self.stats
@@ -452,18 +400,6 @@ class Engine:
         s.prompt_tokens += m.prompt_tokens
         s.cached_tokens += m.cached_tokens
         s.completion_tokens += m.completion_tokens
-
-
-def _exit_text(proc) -> str:
-    code = proc.exitcode
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _pct(xs: list[float], q: float) -> float:

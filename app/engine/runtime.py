@@ -8,7 +8,9 @@ logit-bias path goes through a Python callback; the sampler chain here is llama.
 (``llama_sampler_init_logit_bias``, ``penalties``, ``top_k``, ``typical``, ``top_p``, ``min_p``, ``temp``,
 ``dist`` / ``greedy``), in the order llama-cpp-python 0.3.36 ``Llama._init_sampler`` uses.
 
-Everything here runs in the child process (see ``engine.py``); it reports through an ``emit`` callable.
+Everything here runs in the child process (see ``engine.py``); it reports through an ``emit`` callable. The
+vocabulary methods (``tokenize``, ``detokenize``, ``piece_bytes``, ``render``) are served on the child's side
+lane, on another thread, possibly while ``generate`` runs: they only read the vocabulary and the template.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from app.engine.process import default_threads
 from app.engine.templates import RenderedPrompt, choose_template_name, render
 from app.engine.textstream import StopStreamer
 from app.engine.types import GenerateRequest, LoadSettings
@@ -69,17 +72,6 @@ def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
                 type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
                 use_mmap=settings.use_mmap, use_mlock=settings.use_mlock, swa_full=settings.swa_full,
                 logits_all=False, verbose=False, seed=settings.seed)
-
-
-def default_threads() -> int:
-    """CPU threads when the settings give none: every core on small machines (llama-cpp-python's own default,
-    cpu_count // 2, leaves half of a 2-core machine idle during decode: 23 vs 38 tokens/s measured here),
-    half the logical CPUs on larger ones (hyper-threads do not help llama.cpp)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
-    return n if n <= 4 else max(4, n // 2)
 
 
 def peak_rss_bytes() -> int:
@@ -140,7 +132,37 @@ class Runtime:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: list[int]) -> str:
+        self._check_ids(tokens)
         return self.llm.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def _check_ids(self, tokens: list[int]) -> None:
+        """llama.cpp aborts on a token id outside the vocabulary: refuse it first."""
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})",
+                                 param="tokens")
+
+    def piece_bytes(self, token: int, size: int = 64) -> bytes:
+        """The exact bytes of one token's text (``llama_token_to_piece``, control tokens as ``b""``), whatever
+        its length (llama-cpp-python's own ``detokenize`` assumes at most 32 bytes)."""
+        import ctypes
+
+        import llama_cpp
+
+        self._check_ids([token])
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+        if n < 0:
+            return self.piece_bytes(token, -n)
+        return buf.raw[:n]
+
+    def ready_info(self) -> dict[str, Any]:
+        """What the parent learns once the model is loaded (``load_s`` in seconds)."""
+        return {"template": self.template_name, "n_ctx": self.settings.n_ctx, "load_s": self.load_s,
+                "n_vocab": self.n_vocab}
+
+    def cache_stats(self) -> dict:
+        return self.prefix_cache.stats() if self.prefix_cache else {}
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (<eos>, <end_of_turn>, <|eot_id|>…); called once per token."""

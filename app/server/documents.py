@@ -24,7 +24,6 @@ from app.errors import InvalidRequest
 from app.server.convert import Plan
 from app.server.errors import DocumentsUnavailable
 from app.server.openai_schema import HearthOptions
-from app.server.vocab import count_fn
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class Documents:
 
     def _ground(self, plan: Plan, query: str, k: Optional[int], engine: Any) -> Plan:
         block, evidence, notice = self._search(query, k)
-        tokens = count_fn(engine)(block) if block else 0
+        tokens = engine.count_tokens(block) if block else 0
         requests = plan.requests
         if block:
             requests = tuple(replace(r, messages=with_evidence(r.messages, block)) for r in requests)

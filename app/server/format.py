@@ -17,11 +17,12 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from app.engine.types import Done
 from app.server.convert import Plan
-from app.server.vocab import PieceFn, token_text
+
+PieceFn = Callable[[int], bytes]  # token id -> the bytes of its text (``Engine.token_piece_bytes``)
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -165,6 +166,14 @@ def error_event(error: dict[str, Any]) -> bytes:
 
 
 # -- logprobs ---------------------------------------------------------------------------------------------
+def token_text(b: bytes) -> str:
+    """OpenAI's convention: the token's text, or ``bytes:\\xe2\\x80`` for a partial UTF-8 sequence."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
+
+
 def logprobs(plan: Plan, entries: list[Any], piece: PieceFn, offset: int = 0) -> dict[str, Any]:
     """``entries``: the engine's ``(token_id, logprob, [(token_id, logprob), ...])`` per token."""
     k = plan.logprobs or 0

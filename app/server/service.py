@@ -9,6 +9,9 @@
   says so). A prompt that alone fills the context stays a 400 with both counts.
 - A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
   another, each queued behind whatever the UI or other clients sent meanwhile (fair FIFO sharing).
+- Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
+  vocabulary lane: no turn in the queue, so it never waits for the generation it describes). A lookup may
+  cross to the engine process, so logprob entries are formatted off the event loop.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from app.server.convert import Plan
 from app.server.errors import from_exception
 from app.server.metrics import ServerMetrics
 from app.server.pump import DisconnectWatcher, Pump
-from app.server.vocab import PieceFn, piece_fn
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +42,16 @@ class Service:
 
     async def respond(self, plan: Plan, engine: Any, request: Request):
         watcher = DisconnectWatcher(request.receive, self.metrics.cancelled_by_client)
-        # The first logprobs request loads the vocabulary (about a second): off the event loop.
-        piece = await run_in_threadpool(piece_fn, engine) if plan.logprobs is not None else None
+        piece: fmt.PieceFn | None = engine.token_piece_bytes if plan.logprobs is not None else None
         frame = fmt.Frame.new(plan)
         if not plan.stream:
             try:
                 choices = [await self._collect(engine, req, watcher) for req in plan.requests]
             finally:
                 watcher.close()
-            return JSONResponse(fmt.response(frame, choices, piece))
+            if piece is None:
+                return JSONResponse(fmt.response(frame, choices, piece))
+            return JSONResponse(await run_in_threadpool(fmt.response, frame, choices, piece))
         try:
             first = await self._start(engine, plan.requests[0], watcher)
         except BaseException:
@@ -86,7 +89,7 @@ class Service:
         return fmt.Choice(ev, lps, clamped, req.decoding.max_tokens)
 
     async def _events(self, frame: fmt.Frame, engine: Any, watcher: DisconnectWatcher, first: tuple,
-                      piece: PieceFn | None) -> AsyncIterator[bytes]:
+                      piece: fmt.PieceFn | None) -> AsyncIterator[bytes]:
         plan = frame.plan
         choices: list[fmt.Choice] = []
         pump = first[0]
@@ -99,7 +102,9 @@ class Service:
                 gate = LogprobGate()
                 while isinstance(ev, Delta):
                     entries = gate.feed(ev)
-                    lp = fmt.logprobs(plan, entries, piece, offset) if piece is not None and entries else None
+                    lp = None
+                    if piece is not None and entries:
+                        lp = await run_in_threadpool(fmt.logprobs, plan, entries, piece, offset)
                     if ev.text:
                         yield fmt.chunk(frame, i, text=ev.text, lp=lp)
                     offset += len(ev.text)

@@ -1,0 +1,163 @@
+"""The shared test doubles: one fake engine, one fake embedder. (Test doubles never live in ``app/``.)
+
+``FakeEngine`` is the real ``app.engine.engine.Engine`` (FIFO queue, ``QueueFull``, ``Generation``, cancel,
+stats, metrics, the vocabulary lane) over ``FakeRuntime``, a scripted runtime served through the Engine's
+public ``runtime=`` seam on threads of this process (no model, no child process: the suite stays fast).
+
+The script: one token per character (token id = code point), so token counts are easy to predict; the
+rendered prompt is ``role: content`` lines then ``assistant:``, and a generation's prompt is that plus BOS.
+``reply(request) -> str`` chooses the answer (default: ``echo: <last message>``, or ``{}`` under a grammar);
+``token_delay_s`` paces tokens (a cancel is honoured within one token); ``fail_next`` makes the next
+generation raise that error before its first token; ``seen`` lists the requests generated; ``started`` is
+set when a generation begins. A prompt that leaves no room for ``max_tokens`` raises
+``ContextLengthExceeded``, as the real runtime does.
+
+``FakeEmbedder`` has the ``Embedder`` interface: ``model_id``, ``name``, ``dim``, ``embed(texts)`` →
+float32 ``(n, 3)`` rows ``[1, len(text), 0.5]``, ``count_tokens(texts)`` → whitespace-separated words.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from app.engine.engine import Engine
+from app.engine.templates import RenderedPrompt
+from app.engine.types import GenerateRequest, LoadSettings
+from app.errors import Cancelled, ContextLengthExceeded
+
+BOS = 0  # the fake vocabulary's BOS token (no text)
+
+
+def default_reply(req: GenerateRequest) -> str:
+    if req.decoding.grammar:
+        return "{}"
+    last = req.prompt if req.prompt is not None else req.messages[-1].content
+    seed = f" (seed {req.decoding.seed})" if req.decoding.seed is not None else ""
+    return f"echo: {last}{seed}"
+
+
+def render_text(req: GenerateRequest) -> str:
+    if req.prompt is not None:
+        return req.prompt
+    return "".join(f"{m.role}: {m.content}\n" for m in req.messages) + "assistant:"
+
+
+class FakeRuntime:
+    """A scripted ``app.engine.engine.EngineRuntime`` (see the module docstring)."""
+
+    def __init__(self, n_ctx: int, model_name: str, token_delay_s: float = 0.0,
+                 reply: Optional[Callable[[GenerateRequest], str]] = None) -> None:
+        self.n_ctx, self.model_name = n_ctx, model_name
+        self.token_delay_s = token_delay_s
+        self.reply = reply or default_reply
+        self.fail_next: Optional[BaseException] = None
+        self.seen: list[GenerateRequest] = []
+        self.started = threading.Event()
+
+    def ready_info(self) -> dict:
+        return {"template": "fake", "n_ctx": self.n_ctx, "load_s": 0.0, "n_vocab": 0x110000}
+
+    # -- main lane ------------------------------------------------------------------------------------
+    def generate(self, req: GenerateRequest, emit: Callable[..., None],
+                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]:
+        self.seen.append(req)
+        text, finish, n_prompt = self._plan(req)
+        self.started.set()
+        for ch in text:
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            if cancelled():
+                raise Cancelled("cancelled during decode")
+            emit("delta", ch, (ord(ch),), self._logprobs(ch, req.want_logprobs))
+        metrics = {"prompt_tokens": n_prompt, "completion_tokens": len(text)}
+        return finish, text, metrics, {"template": "fake", "model": self.model_name}
+
+    def cache_stats(self) -> dict:
+        return {}
+
+    def _plan(self, req: GenerateRequest) -> tuple[str, str, int]:
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        d, n_ctx = req.decoding, self.n_ctx
+        n_prompt = len(render_text(req)) + 1  # + BOS
+        if n_prompt >= n_ctx or n_prompt + (d.max_tokens or 0) > n_ctx:
+            raise ContextLengthExceeded(n_prompt, n_ctx, d.max_tokens or 0)
+        text = self.reply(req)
+        cuts = [text.find(s) for s in d.stop if s in text]
+        text = text[:min(cuts)] if cuts else text
+        limit = min(d.max_tokens or n_ctx, n_ctx - n_prompt)
+        if len(text) > limit:
+            return text[:limit], "length", n_prompt
+        return text, "stop", n_prompt  # a stop string, or the end of the scripted answer (end of turn)
+
+    @staticmethod
+    def _logprobs(ch: str, want: int) -> tuple:
+        if not want:
+            return ()
+        alts = [(ord(ch), -0.25), (ord("?"), -1.5), (ord("!"), -2.5)][:max(1, want)]
+        return ((ord(ch), -0.25, alts),)
+
+    # -- side lane (vocabulary) -----------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return ([BOS] if add_bos else []) + [ord(c) for c in text]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return "".join(chr(t) for t in tokens if t != BOS)
+
+    def piece_bytes(self, token: int) -> bytes:
+        return b"" if token == BOS else chr(token).encode("utf-8")
+
+    def render(self, req: GenerateRequest) -> RenderedPrompt:
+        return RenderedPrompt(render_text(req), "fake", req.add_bos if req.prompt is not None else True)
+
+
+class FakeEngine(Engine):
+    """The real ``Engine`` over a ``FakeRuntime`` (loaded at once: threads, no model). ``fail_next``,
+    ``seen`` and ``started`` are the runtime's (``runtime`` holds the rest of the script)."""
+
+    def __init__(self, model_path: str | Path = "fake-model.gguf", n_ctx: int = 512, *, max_queue: int = 16,
+                 token_delay_s: float = 0.0, reply: Optional[Callable[[GenerateRequest], str]] = None) -> None:
+        self.runtime = FakeRuntime(n_ctx, Path(model_path).name, token_delay_s, reply)
+        super().__init__(model_path, LoadSettings(n_ctx=n_ctx), max_queue=max_queue, runtime=lambda: self.runtime)
+        self.load()
+
+    @property
+    def fail_next(self) -> Optional[BaseException]:
+        return self.runtime.fail_next
+
+    @fail_next.setter
+    def fail_next(self, exc: Optional[BaseException]) -> None:
+        self.runtime.fail_next = exc
+
+    @property
+    def seen(self) -> list[GenerateRequest]:
+        return self.runtime.seen
+
+    @property
+    def started(self) -> threading.Event:
+        return self.runtime.started
+
+
+class FakeEmbedder:
+    """``app.retrieval.embedder.Embedder``'s interface without a model (see the module docstring)."""
+
+    dim = 3
+
+    def __init__(self, model_id: str = "mini@0123456789ab") -> None:
+        self.model_id = model_id
+        self.name = f"fake:{model_id}"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return np.array([[1.0, float(len(t)), 0.5] for t in texts], dtype=np.float32).reshape(-1, self.dim)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(t.split()) for t in texts]
+
+    def close(self) -> None:
+        pass
