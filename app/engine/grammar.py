@@ -4,11 +4,18 @@ llama-cpp-python 0.3.36's ``LlamaSampler.add_grammar`` adds whatever ``llama_sam
 the sampler chain; for a grammar llama.cpp cannot parse that is NULL, and the chain then crashes
 (docs/llama-cpp-notes.md). Here the pointer is checked first and a bad grammar becomes ``InvalidRequest``.
 JSON schemas are turned into GBNF by llama-cpp-python's port of llama.cpp's ``json_schema_to_grammar``.
+
+That port (``llama_cpp/llama_grammar.py``) is pure Python, but importing it as ``llama_cpp.llama_grammar``
+runs the package's ``__init__``, which loads libllama into the importing process: the HTTP server converts
+schemas, and only the engine children may map llama.cpp. So the file is loaded on its own, by path.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidRequest
@@ -17,8 +24,7 @@ from app.errors import InvalidRequest
 def schema_to_gbnf(schema: Any) -> str:
     """GBNF text for a JSON schema (dict). Raises ``InvalidRequest(param="response_format")`` when the schema
     is not an object or uses something the converter cannot compile."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+    json_schema_to_gbnf = _llama_grammar().json_schema_to_gbnf
     if not isinstance(schema, dict):
         raise InvalidRequest("response_format.json_schema.schema must be a JSON object",
                              param="response_format")
@@ -31,9 +37,22 @@ def schema_to_gbnf(schema: Any) -> str:
 
 def json_object_gbnf() -> str:
     """GBNF for any JSON object (OpenAI ``response_format: {"type": "json_object"}``)."""
-    from llama_cpp.llama_grammar import JSON_GBNF
+    return _llama_grammar().JSON_GBNF
 
-    return JSON_GBNF
+
+@lru_cache(maxsize=1)
+def _llama_grammar() -> Any:
+    """llama-cpp-python's ``llama_grammar`` module, loaded from its file without importing ``llama_cpp``
+    (whose ``__init__`` loads the shared library)."""
+    spec = importlib.util.find_spec("llama_cpp")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("llama-cpp-python is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "llama_grammar.py"
+    mod_spec = importlib.util.spec_from_file_location("hearth_llama_grammar", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
 
 
 def add_grammar_checked(sampler: Any, model: Any, gbnf: str, root: str = "root") -> None:
