@@ -124,7 +124,9 @@ def test_a_crash_names_the_signal_counts_once_and_restarts(host, crashes):
     assert host.request("echo", 1) == (1,) and host.pid != first  # a fresh child
     second = host.pid
     os.kill(second, signal.SIGKILL)  # died while idle: the next request starts another
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while host.alive and time.monotonic() < deadline:  # until waitpid reports it
+        time.sleep(0.05)
     assert host.side("ping")[1] not in (first, second)
 
 
