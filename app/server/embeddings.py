@@ -1,8 +1,8 @@
 """``/v1/embeddings``: request checks and the answer body.
 
-The embedder is any object with ``model_id`` and ``embed(texts) -> vectors`` (``app.retrieval.embedder.
-Embedder`` runs its own engine process, apart from the chat engine's queue); ``count_tokens(texts)`` is used
-for ``usage`` when it exists. Token-id inputs and a ``dimensions`` other than the model's are refused.
+The embedder is an ``app.retrieval.embedder.Embedder`` (its own engine process, apart from the chat engine's
+queue) or anything with its interface: ``model_id``, ``embed(texts) -> vectors`` and ``count_tokens(texts)``
+(for ``usage``). Token-id inputs and a ``dimensions`` other than the model's are refused.
 """
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ def inputs(body: EmbeddingRequest) -> list[str]:
 
 
 def run(embedder: Any, texts: list[str]) -> tuple[np.ndarray, int]:
-    """Blocking: vectors (float32, one row per text) and the prompt token count (0 when unknown)."""
+    """Blocking: vectors (float32, one row per text) and the prompt token count."""
     vectors = np.asarray(embedder.embed(texts), dtype=np.float32)
-    counter = getattr(embedder, "count_tokens", None)
-    tokens = int(sum(counter(texts))) if callable(counter) else 0
-    return vectors, tokens
+    return vectors, int(sum(embedder.count_tokens(texts)))
 
 
 def response(body: EmbeddingRequest, model: str, vectors: np.ndarray, tokens: int) -> dict[str, Any]:
