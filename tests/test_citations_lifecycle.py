@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.chat_service import DocumentContext, prune_stale_citations
+from app.assistant import DocumentSource, citations, prune_stale_citations
+from app.assistant.evidence import evidence_text
 from app.memory import Store
 from app.retrieval.ingest import Ingester
 from app.retrieval.store import DocumentStore
@@ -21,12 +22,12 @@ def _setup(tmp_path: Path):
     mem = Store(tmp_path / "hearth.db")
     cid = mem.create_conversation("t")
     uid = mem.append_message(cid, "user", "What is the code word?")
-    ctx = DocumentContext(4, store=dstore, embedder=None)
-    block, evidence = ctx.evidence_for("code word")
-    assert evidence and "PELICAN" in evidence[0].text and "[E:" in block
+    ctx = DocumentSource(dstore)
+    evidence = ctx.search("code word", 4).evidence
+    assert evidence and "PELICAN" in evidence[0].text and "[E:" in evidence_text(evidence).block()
     answer = f"It is PELICAN [E:{evidence[0].evidence_id}]."
     aid = mem.append_message(cid, "assistant", answer, uid)
-    cites = ctx.citations(answer, evidence)
+    cites = citations(answer, evidence)
     assert cites and cites[0]["path"] == str(f)
     mem.add_citations(aid, cites)
     return f, docs_dir, dstore, mem, aid, ctx
@@ -44,13 +45,12 @@ def test_rename_moves_citation_then_edit_and_delete_remove_it(tmp_path: Path):
     Ingester(dstore).rescan()
     assert prune_stale_citations(mem, dstore) == 1
     assert mem.citations_for(aid) == []
-    _block, evidence = ctx.evidence_for("code word")
+    evidence = ctx.search("code word", 4).evidence
     assert [e.text.strip() for e in evidence] == ["The code word is OSPREY."]
 
     renamed.unlink()
     Ingester(dstore).rescan()
-    _block, evidence = ctx.evidence_for("code word")
-    assert evidence == []
+    assert ctx.search("code word", 4).evidence == ()
     assert "PELICAN" in mem.path_to(aid)[-1].content  # the answer itself is never rewritten
 
 

@@ -85,3 +85,23 @@ def test_chat_new_then_continue_then_history(home: Path):
     assert shown["messages"][0]["content"] == "What is the capital of France?"
     r = hearth(home, "history", "show", "nonexistent")
     assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_chat_with_docs_goes_through_the_turn_pipeline(home: Path, tmp_path: Path):
+    """``hearth ingest`` then ``hearth chat --docs``: the passage is given to the model (one header), the
+    answer and its citations are stored, and the conversation records the model id without ".gguf"."""
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The code word is PELICAN.\n", encoding="utf-8")
+    assert hearth(home, "ingest", str(doc)).returncode == 0
+    r = hearth(home, "chat", "--docs", "--new", "--message", "What is the code word?", "--json",
+               "--temperature", "0", "--max-tokens", "16")
+    out = json.loads(r.stdout)
+    (given,) = out["evidence"]
+    assert given["text"].strip() == "The code word is PELICAN." and given["path"] == str(doc)
+    assert out["context"]["evidence"] > 0 and "PELICAN" in out["text"]
+    assert all(c["evidence_id"] == given["evidence_id"] for c in out["citations"])
+    shown = json.loads(hearth(home, "history", "show", out["conversation_id"], "--json").stdout)
+    assert shown["conversation"]["model"] == "gemma-3-270m-q4_k_m"
+    stored = shown["messages"][-1]
+    assert stored["content"] == out["text"] and stored["status"] == "complete"
+    assert [c["evidence_id"] for c in shown["citations"]] == [c["evidence_id"] for c in out["citations"]]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from app.chat_service import open_chat_session
+from app.assistant import Assistant
 from app.engine.engine import Engine
 from app.engine.types import DecodingParams, LoadSettings
 from app.memory import Store
@@ -26,14 +26,14 @@ def test_sixty_turns_fit_are_summarized_and_nothing_is_lost(bundled_model, tmp_p
     store = Store(tmp_path / "hearth.db")
     cache = {"dir": str(tmp_path / "kv"), "budget_bytes": 1 << 30}
     with Engine(bundled_model, LoadSettings(n_ctx=n_ctx), prefix_cache=cache) as eng:
-        session = open_chat_session(eng, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=max_tokens),
-                                    system_prompt="You are a helpful assistant. Keep answers short.")
+        session = Assistant(eng, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=max_tokens),
+                            system_prompt="You are a helpful assistant. Keep answers short.")
         cid = session.new_conversation("sixty turns")
         rows = []
         for i in range(60):
             text = (f"Note {i}: the courier named Alice{i} delivered {i * 7} parcels to dock {i % 9} "
                     f"on a rainy day. What should she do next?")
-            r = session.send(cid, text)
+            r = session.send(cid, text).result
             m = r.metrics
             assert m["prompt_tokens"] + max_tokens <= n_ctx, f"turn {i} does not fit"
             rows.append((i, m["prompt_tokens"], m["cached_tokens"], bool(r.summaries_added)))
@@ -59,20 +59,21 @@ def test_sixty_turns_fit_are_summarized_and_nothing_is_lost(bundled_model, tmp_p
 
 _STREAMER = r"""
 import sys
-from app.chat_service import open_chat_session
+from app.assistant import Assistant
 from app.engine.engine import Engine
 from app.engine.types import DecodingParams, LoadSettings
 from app.memory import Store
 store = Store(sys.argv[2])
 with Engine(sys.argv[1], LoadSettings(n_ctx=2048)) as eng:
-    s = open_chat_session(eng, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=1500))
-    s.update_interval_s = 0.05
-    cid = s.new_conversation("killed")
-    print(cid, flush=True)
     # This small base model ends its answers quickly; banning its end-of-turn, newline and "User" tokens keeps
     # it writing long enough to be killed mid-answer.
     ban = set(eng.tokenize("\n") + eng.tokenize("\n\n") + eng.tokenize("User") + eng.tokenize(" User") + [1, 106])
-    s.send(cid, "Count from 1 to 500: 1, 2, 3,", logit_bias={t: -100.0 for t in ban})
+    dec = DecodingParams.make(temperature=0.0, max_tokens=1500, logit_bias={t: -100.0 for t in ban})
+    s = Assistant(eng, store, decoding=dec)
+    s.session.update_interval_s = 0.05
+    cid = s.new_conversation("killed")
+    print(cid, flush=True)
+    s.send(cid, "Count from 1 to 500: 1, 2, 3,")
 """
 
 

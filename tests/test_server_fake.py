@@ -14,9 +14,9 @@ import pytest
 from fakes import FakeEmbedder, FakeEngine
 from fastapi.testclient import TestClient
 
-from app.chat_service import DocumentContext
+from app.assistant import Found
+from app.assistant.evidence import evidence_text
 from app.errors import EngineCrashed
-from app.retrieval.rag import format_evidence_block
 from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
 from app.server.models import ModelCatalog
@@ -311,21 +311,19 @@ HISTORY = [{"role": "system", "content": "Be brief."}, {"role": "user", "content
 
 
 class FakeDocs:
-    """``DocumentContext``'s interface over fixed passages: a passage matches when it shares a word with the
-    query; it records the queries and the k each was searched with."""
+    """``app.assistant.DocumentSource``'s ``search`` over fixed passages: a passage matches when it shares a
+    word with the query; it records the queries and the k each was searched with."""
+
+    notice = "no embedding model installed: keyword search (BM25) only"
 
     def __init__(self, passages=(PELICAN, PAGE3)) -> None:
-        self.k, self.notice, self.passages, self.queries = 4, None, passages, []
+        self.passages, self.queries = passages, []
 
-    def evidence_for(self, query, k=None):
-        k = k or self.k
+    def search(self, query, k, paths=None, mode=None):
         self.queries.append((query, k))
-        self.notice = "no embedding model installed: keyword search (BM25) only"
         words = set(query.lower().strip("?").split()) - {"what", "is", "the"}
         items = [e for e in self.passages if words & set(e.text.lower().strip(".").split())][:k]
-        return (format_evidence_block(items) if items else None), items
-
-    citations = staticmethod(DocumentContext.citations)
+        return Found(tuple(items), self.notice, "bm25")
 
 
 def cite_pelican(req):
@@ -368,11 +366,12 @@ def test_documents_unavailable_is_400_and_off_by_default(c):
 def test_documents_evidence_before_last_user_message_and_citations():
     eng, docs, c = rag()
     j = ask(c, k=1).json()
-    assert docs.queries == [(QUESTION, 1)] and docs.k == 4  # the request's k, then the provider's again
-    msgs = [(m.role, m.content) for m in eng.seen[-1].messages]
+    ask(c)
+    assert docs.queries == [(QUESTION, 1), (QUESTION, 4)]  # the request's k, then the default
+    msgs = [(m.role, m.content) for m in eng.seen[-2].messages]
     assert msgs[:3] == [(m["role"], m["content"]) for m in HISTORY]  # system and history untouched: cacheable
-    block = format_evidence_block([PELICAN])
-    assert msgs[3] == ("user", block.rstrip("\n") + "\n\n" + QUESTION) and len(msgs) == 4
+    block = evidence_text([PELICAN]).block()  # the stored chat's placement: the evidence, then the question
+    assert msgs[3] == ("user", block + QUESTION) and len(msgs) == 4
     h = j["hearth"]
     assert j["choices"][0]["message"]["content"] == "The code word is PELICAN [E:a1b2c3d4e5f6]."
     assert h["citations"] == [{"evidence_id": "a1b2c3d4e5f6", "path": "/docs/birds.txt", "page": None,

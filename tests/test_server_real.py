@@ -275,7 +275,7 @@ def test_11_parallel_streams_no_cross_talk(server):
 def test_documents_rag_evidence_citations_and_context(engine, tmp_path):
     """hearth.documents through the official client (extra_body): BM25 over a store built here finds the
     passage, the base model answers from it, and the answer's hearth object lists the evidence it was given."""
-    from app.chat_service import DocumentContext
+    from app.assistant import DocumentSource
     from app.retrieval.ingest import Ingester
     from app.retrieval.store import DocumentStore
 
@@ -283,7 +283,7 @@ def test_documents_rag_evidence_citations_and_context(engine, tmp_path):
     doc.write_text("The code word is PELICAN.\n", encoding="utf-8")
     store = DocumentStore(tmp_path / "documents.db")
     assert Ingester(store).ingest([doc]).count("indexed") == 1
-    docs = DocumentContext(store=store)  # no embedder: BM25 only, and the notice says so
+    docs = DocumentSource(store, owns_store=True)  # no embedder: BM25 only, and the notice says so
     try:
         with ServerThread(create_app(engine, ServerSettings(), documents=docs)) as srv:
             r = chat(oai(srv), "What is the code word?", temperature=0, max_tokens=8,

@@ -24,11 +24,18 @@ ANSWER_MS = 120_000
 
 
 @pytest.fixture
-def home_with_model(bundled_model: Path) -> Path:
-    """HEARTH_HOME with the bundled model linked in (not assembled again) and greedy, short answers."""
+def home_with_model(bundled_model: Path, embedding_model: Path) -> Path:
+    """HEARTH_HOME with the bundled model and the embedding model linked in (not assembled again) and greedy,
+    short answers."""
+    from app.retrieval.embed_model import default_embedding_model_path
+
     link = paths.bundled_model_path()
     if not link.exists():
         link.symlink_to(bundled_model)
+    emb = default_embedding_model_path()
+    emb.parent.mkdir(parents=True, exist_ok=True)
+    if not emb.exists():
+        emb.symlink_to(embedding_model)
     save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
                                     decoding=DecodingParams(temperature=0.0, max_tokens=48)))
     return paths.home()
@@ -205,6 +212,18 @@ def test_port_panel_serves_the_loaded_model(qtbot, window):
     qtbot.waitUntil(lambda: bool(answers), timeout=ANSWER_MS)
     assert answers[0].status_code == 200 and "Paris" in answers[0].json()["choices"][0]["message"]["content"]
     qtbot.waitUntil(lambda: w.port.requests.text().startswith("1 request"), timeout=5_000)
+    # the window's documents and embedding model, as `hearth serve --documents --embeddings` serves them
+    grounded = {**body, "hearth": {"documents": True}}
+    embed = {"input": ["a ferry timetable"]}
+    for path, payload in (("chat/completions", grounded), ("embeddings", embed)):
+        w.ctx.pool.run(lambda p=path, b=payload: httpx.post(f"http://127.0.0.1:{port}/v1/{p}", json=b, timeout=60,
+                                                            headers={"Authorization": "Bearer test-key-123"}),
+                       on_return=answers.append)
+    qtbot.waitUntil(lambda: len(answers) == 3, timeout=ANSWER_MS)
+    by_path = {r.request.url.path: r for r in answers[1:]}
+    chat_r, embed_r = by_path["/v1/chat/completions"], by_path["/v1/embeddings"]
+    assert chat_r.status_code == 200 and chat_r.json()["hearth"]["evidence"] == []  # no documents indexed yet
+    assert embed_r.status_code == 200 and len(embed_r.json()["data"][0]["embedding"]) == 384
     assert load_user_settings().server.enabled and load_user_settings().server.api_key == "test-key-123"
 
 

@@ -9,6 +9,7 @@ prints ``{"conversation_id", "message_id", "text", "finish_reason", "metrics", "
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -40,7 +41,7 @@ def _defaults(args: argparse.Namespace) -> None:
 
 
 def run_terminal_chat(args: argparse.Namespace) -> int:
-    from app.chat_service import open_chat_session
+    from app.assistant import Assistant
     from app.memory import Store
     from app.settings import load_user_settings
 
@@ -49,46 +50,44 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         raise InvalidRequest("--json needs --message (one message, non-interactive)", param="json")
     if args.message is not None and not args.message.strip():
         raise InvalidRequest("the message is empty", param="message")
-    store = Store()
     system = args.system if args.system is not None else load_user_settings().system_prompt
-    docs = None
-    if args.docs:
-        from app.chat_service import DocumentContext
+    with Store() as store, _documents(args) as docs, make_engine(args) as eng:
+        assistant = Assistant(eng, store, decoding=decoding(args), system_prompt=system or "", documents=docs,
+                              k=args.k)
+        cid = store.resolve_conversation_id(args.conversation) if args.conversation else \
+            assistant.new_conversation()
+        if args.message is not None:
+            return _one_message(assistant, cid, args)
+        return _interactive(eng, assistant, cid)
 
-        docs = DocumentContext(args.k)
+
+@contextlib.contextmanager
+def _documents(args: argparse.Namespace):
+    """The document index for ``--docs`` (None without it), closed at the end."""
+    if not args.docs:
+        yield None
+        return
+    from app.assistant import DocumentSource
+
+    docs = DocumentSource.open_default()
     try:
-        with make_engine(args) as eng:
-            session = open_chat_session(eng, store, decoding=decoding(args), system_prompt=system or "")
-            cid = _conversation(store, session, args)
-            if args.message is not None:
-                return _one_message(session, docs, cid, args)
-            return _interactive(eng, store, session, docs, cid)
+        yield docs
     finally:
-        if docs is not None:
-            docs.close()
+        docs.close()
 
 
-def _conversation(store, session, args) -> str:
-    if args.conversation:
-        return store.resolve_conversation_id(args.conversation)
-    return session.new_conversation()
-
-
-def _one_message(session, docs, cid: str, args) -> int:
-    from app.chat_service import send_with_documents
-
+def _one_message(assistant, cid: str, args) -> int:
     on_delta = None if args.json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
-    result, cites, given = send_with_documents(session, docs, cid, args.message, on_delta=on_delta)
+    done = assistant.send(cid, args.message, on_delta=on_delta)
     if args.json:
-        out = {"conversation_id": result.conversation_id, "message_id": result.message_id, "text": result.text,
-               "finish_reason": result.finish_reason, "metrics": result.metrics, "context": result.context,
-               "summaries_added": result.summaries_added}
-        if docs is not None:
-            out.update(citations=cites, evidence=given, search_notice=docs.notice)
+        out = done.to_dict()
+        if assistant.documents is None:
+            for key in ("citations", "evidence", "search_notice"):
+                out.pop(key)
         print(json.dumps(out, ensure_ascii=False))
     else:
         print()
-        _print_sources(cites, given)
+        _print_sources(done.citations, done.evidence)
     return 0
 
 
@@ -101,7 +100,7 @@ def _print_sources(cites: list[dict], given: list[dict]) -> None:
                                                                      for g in given) + ")", file=sys.stderr)
 
 
-def _interactive(eng, store, session, docs, cid: str) -> int:
+def _interactive(eng, assistant, cid: str) -> int:
     print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · conversation "
           f"{cid[:12]} · /new to start over, /quit to leave", file=sys.stderr)
     if eng.info.get("template") == "transcript":
@@ -118,28 +117,25 @@ def _interactive(eng, store, session, docs, cid: str) -> int:
         if cmd in ("/quit", "/exit"):
             return 0
         if cmd == "/new":
-            cid = session.new_conversation()
+            cid = assistant.new_conversation()
             print(f"  [new conversation {cid[:12]}]", file=sys.stderr)
             continue
-        _stream_turn(session, docs, cid, line)
+        _stream_turn(assistant, cid, line)
 
 
-def _stream_turn(session, docs, cid: str, text: str) -> None:
-    from app.chat_service import send_with_documents
-
+def _stream_turn(assistant, cid: str, text: str) -> None:
     sys.stdout.write("hearth> ")
     try:
-        r, cites, given = send_with_documents(session, docs, cid, text,
-                                              on_delta=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        done = assistant.send(cid, text, on_delta=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
     except (KeyboardInterrupt, Cancelled):
         print("\n  [stopped]", file=sys.stderr)
         return
     except HearthError as exc:
         print(f"\n  error: {exc}", file=sys.stderr)
         return
-    m = r.metrics
+    r, m = done.result, done.result.metrics
     print(f"\n  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · {m.get('decode_tps', 0):.1f} tok/s · "
           f"{m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} prompt tokens reused · context "
           f"{m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/{r.context.get('n_ctx', 0)} tokens]",
           file=sys.stderr)
-    _print_sources(cites, given)
+    _print_sources(done.citations, done.evidence)

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             _merge(report, ingester.rescan(progress=bar.update))
         bar.finish()
         if any(f.status in ("indexed", "renamed", "removed") for f in report.files):
-            from app.chat_service import prune_stale_citations
+            from app.assistant import prune_stale_citations
 
             prune_stale_citations(doc_store=store)
         if args.watch is not None:
@@ -71,7 +71,7 @@ def _watch(ingester, store, interval_s: float) -> int:
     """Poll the ingested paths until Ctrl+C; print what changed."""
     import threading
 
-    from app.chat_service import prune_stale_citations
+    from app.assistant import prune_stale_citations
     from app.errors import InvalidRequest
 
     if interval_s <= 0:

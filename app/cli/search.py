@@ -26,20 +26,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.retrieval.ingest import open_default
-    from app.retrieval.search import Retriever
+    from app.assistant import DocumentSource
 
-    store, embedder = open_default(with_embedder=args.mode != "bm25")
-    retriever = Retriever(store, embedder)
+    docs = DocumentSource.open_default()
     try:
-        results = retriever.search(args.query, k=args.k, mode=args.mode)
+        found = docs.search(args.query, args.k, mode=args.mode)
     finally:
-        retriever.close()
-        if embedder is not None:
-            embedder.close()
-        store.close()
-    if results.notice:
-        print(f"hearth: {results.notice}", file=sys.stderr)
+        docs.close()
+    results = found.evidence
+    if found.notice:
+        print(f"hearth: {found.notice}", file=sys.stderr)
     if args.json:
         print(json.dumps([{"evidence_id": e.evidence_id, "path": e.path, "page": e.page, "score": e.score,
                            "text": e.text} for e in results], ensure_ascii=False, indent=2))

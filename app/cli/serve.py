@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args)
     engine.max_queue = settings.max_queue
     embedder = _embedder() if args.embeddings else None
-    documents = _documents() if args.documents else None
+    documents = _documents(embedder) if args.documents else None
     app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host, documents=documents)
     print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1 "
           f"(Ctrl+C stops)", file=sys.stderr)
@@ -101,10 +101,12 @@ def _check_port_free(host: str, port: int) -> None:
                                  "using it? choose another with --port)", param="port") from None
 
 
-def _documents():
-    from app.chat_service import DocumentContext
+def _documents(embedder):
+    """The default document index for ``hearth.documents``, searched with the served ``embedder`` when there
+    is one (one embedding process for both), else its own."""
+    from app.assistant import DocumentSource
 
-    docs = DocumentContext()
+    docs = DocumentSource.open_default(embedder)
     if docs.embedder is None:
         print("hearth: documents: no embedding model installed, keyword search (BM25) only", file=sys.stderr)
     return docs

@@ -5,17 +5,15 @@
 The engine is two callables, so this module never imports it and is tested with fakes:
 
 - ``generate_fn(messages: list[ChatMessage], **opts) -> Iterator[event]``: ``opts`` carries ``max_tokens``
-  (tokens) and whatever the caller put in ``generate_options`` / per-turn options. Events are consumed by
-  shape (``app.engine.types`` defines them): an object with ``finish_reason`` ends the answer (``Done``: its
-  ``metrics`` has ``to_dict()``, e.g. ``Metrics``); an object with ``error`` (``Failed``) raises it; a
-  ``Reasoning`` (by class name) adds to the reasoning text; any other object with ``text`` (``Delta``) adds
-  to the answer.
+  (tokens) and whatever the caller put in ``generate_options`` / per-turn options. It yields the engine's
+  events (``app.engine.types``): each ``Delta`` adds to the answer, a ``Done`` ends it (its ``metrics`` has
+  ``to_dict()``); an engine error is raised by the iterator, as ``Engine.generate`` raises it.
 - ``summarizer(prompt, max_tokens) -> str`` (``app.memory.context.Summarizer``); by default the same
   ``generate_fn`` with the prompt as one user message.
 
-Layering as in mlx-lm ``generate.py``: ``stream()`` yields each event as it comes and finally a ``TurnResult``;
-``send()`` consumes it and returns the ``TurnResult``. The UI runs ``stream()`` in a worker, the CLI and the
-server call either.
+Layering as in mlx-lm ``generate.py``: ``stream()`` yields the turn's ``ContextPlan`` (what the model is given,
+before any token), each engine event as it comes, and finally a ``TurnResult``; ``send()`` consumes it and
+returns the ``TurnResult``. The one caller is ``app.assistant`` (the turn pipeline every adapter uses).
 """
 
 from __future__ import annotations
@@ -24,28 +22,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from app.engine.types import ChatMessage
+from app.engine.types import ChatMessage, Delta, Done
 from app.errors import HearthError
-from app.memory.context import ContextBuilder, ContextPlan, SummaryRequest, Summarizer
+from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, SummaryRequest, Summarizer
 from app.memory.store import Citation, Store
 
 log = logging.getLogger(__name__)
-
-
-class TextEvent(Protocol):
-    """A piece of the answer (``app.engine.types.Delta``)."""
-
-    text: str
-
-
-class DoneEvent(Protocol):
-    """The end of an answer (``app.engine.types.Done``): ``finish_reason`` "stop" or "length"; ``metrics``
-    with ``to_dict()``."""
-
-    finish_reason: str
-    metrics: Any
 
 
 GenerateFn = Callable[..., Iterator[Any]]
@@ -66,7 +50,6 @@ class TurnResult:
     context: dict
     summaries_added: list[str] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
-    reasoning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,17 +108,18 @@ class ChatSession:
         for item in self.stream(conversation_id, text, **kw):
             if isinstance(item, TurnResult):
                 result = item
-            elif on_delta is not None and hasattr(item, "text") and not hasattr(item, "finish_reason"):
+            elif on_delta is not None and isinstance(item, Delta):
                 on_delta(item.text)
         assert result is not None
         return result
 
     def stream(self, conversation_id: str, text: str, *, parent_id: str | None = None,
-               evidence: str | Sequence[str] | None = None, citations: Sequence[Citation | dict] = (),
+               evidence: EvidenceInput = None, citations: Sequence[Citation | dict] = (),
                **options: Any) -> Iterator[Any]:
         """Store ``text`` as a user message under ``parent_id`` (default: the conversation's tip; give the
-        edited message's parent to edit), then answer it. Yields the engine's events, then a ``TurnResult``.
-        ``evidence``: retrieved passages for this turn; ``citations``: stored with the answer."""
+        edited message's parent to edit), then answer it. Yields the ``ContextPlan``, the engine's events, then a
+        ``TurnResult``. ``evidence``: retrieved passages for this turn (``EvidenceText``, trimmed passage by
+        passage to fit); ``citations``: stored with the answer."""
         conv = self.store.get_conversation(conversation_id)
         parent = parent_id if parent_id is not None else conv.current_message_id
         user_id = self.store.append_message(conversation_id, "user", text, parent,
@@ -145,7 +129,7 @@ class ChatSession:
         yield from self._answer(conversation_id, user_id, evidence, citations, options)
 
     def regenerate(self, conversation_id: str, user_message_id: str, *,
-                   evidence: str | Sequence[str] | None = None, citations: Sequence[Citation | dict] = (),
+                   evidence: EvidenceInput = None, citations: Sequence[Citation | dict] = (),
                    **options: Any) -> Iterator[Any]:
         """A new answer to an existing user message: a sibling branch of the earlier answers."""
         yield from self._answer(conversation_id, user_message_id, evidence, citations, options)
@@ -153,7 +137,7 @@ class ChatSession:
     # ---- the turn ---------------------------------------------------------------------------------------------
 
     def plan(self, conversation_id: str, user_message_id: str,
-             evidence: str | Sequence[str] | None = None) -> tuple[ContextPlan, list[str]]:
+             evidence: EvidenceInput = None) -> tuple[ContextPlan, list[str]]:
         """The context for answering ``user_message_id``, summarizing first while the history does not fit.
         Returns the plan and the ids of summaries added."""
         path = self.store.path_to(user_message_id)
@@ -201,11 +185,9 @@ class ChatSession:
         events = iter(self.generate_fn([ChatMessage("user", prompt)], **opts))
         try:
             for ev in events:
-                if hasattr(ev, "finish_reason"):
+                if isinstance(ev, Done):
                     break
-                if hasattr(ev, "error"):
-                    raise ev.error if isinstance(ev.error, BaseException) else HearthError(str(ev.error))
-                if type(ev).__name__ != "Reasoning" and hasattr(ev, "text"):
+                if isinstance(ev, Delta):
                     parts.append(ev.text)
         finally:
             _close(events)
@@ -214,44 +196,42 @@ class ChatSession:
     def _answer(self, conversation_id: str, user_id: str, evidence: Any, citations: Sequence[Any],
                 options: dict) -> Iterator[Any]:
         plan, added = self.plan(conversation_id, user_id, evidence)
+        yield plan
         meta = {"model": self.model, "context": plan.breakdown, "summary_ids": plan.summary_ids}
         aid = self.store.begin_streaming_message(conversation_id, user_id, meta=meta)
         opts = {**self.generate_options, "max_tokens": self.builder.max_tokens, **options}
-        text, reasoning, done = [], [], None
+        text: list[str] = []
+        done = None
         last = self.clock()
         events = iter(self.generate_fn(plan.messages, **opts))
         try:
             for ev in events:
-                if hasattr(ev, "finish_reason"):
+                if isinstance(ev, Done):
                     done = ev
-                elif hasattr(ev, "error"):
-                    raise ev.error if isinstance(ev.error, BaseException) else HearthError(str(ev.error))
-                else:
-                    (reasoning if type(ev).__name__ == "Reasoning" else text).append(ev.text)
+                elif isinstance(ev, Delta):
+                    text.append(ev.text)
                     if self.clock() - last >= self.update_interval_s:
-                        self.store.update_streaming_message(aid, "".join(text), "".join(reasoning) or None)
+                        self.store.update_streaming_message(aid, "".join(text))
                         last = self.clock()
                 yield ev
                 if done is not None:
                     break
         except BaseException as exc:  # cancelled, engine crashed, consumer went away: keep what was said
-            self.store.finish_message(aid, "error", content="".join(text), reasoning="".join(reasoning) or None,
+            self.store.finish_message(aid, "error", content="".join(text),
                                       meta={"error": type(exc).__name__, "message": str(exc)})
             raise
         finally:
             _close(events)  # release the engine (a Generation stops and frees its slot)
-        yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), "".join(reasoning), done,
-                           citations)
+        yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), done, citations)
 
     def _finish(self, conversation_id: str, user_id: str, aid: str, plan: ContextPlan, added: list[str],
-                text: str, reasoning: str, done: Any, citations: Sequence[Any]) -> TurnResult:
-        metrics = _metrics_dict(getattr(done, "metrics", None))
-        finish_reason = getattr(done, "finish_reason", None) or "unknown"
+                text: str, done: Done | None, citations: Sequence[Any]) -> TurnResult:
+        metrics = _metrics_dict(done.metrics if done is not None else None)
+        finish_reason = (done.finish_reason if done is not None else None) or "unknown"
         tokens = metrics.get("completion_tokens") or self.builder.count(text)
-        final = self.store.finish_message(aid, "complete", content=text, reasoning=reasoning or None,
-                                          token_count=tokens,
+        final = self.store.finish_message(aid, "complete", content=text, token_count=tokens,
                                           meta={"finish_reason": finish_reason, "metrics": metrics})
         if citations:
             self.store.add_citations(final, citations)
         return TurnResult(conversation_id, user_id, final, text, finish_reason, metrics, plan.breakdown,
-                          added, plan.dropped_ids, reasoning)
+                          added, plan.dropped_ids)

@@ -43,6 +43,41 @@ SUMMARY_HEADER = "Summary of the earlier part of this conversation (the full mes
 EVIDENCE_HEADER = "Sources that may help with the question below:"
 
 
+@dataclass(frozen=True)
+class EvidenceText:
+    """Retrieved passages as prompt text: one ``header`` (the instructions that go with them), then the
+    ``passages`` in rank order, each already rendered (``app.assistant.evidence`` renders ``[E:<id>] path``
+    headed passages). The builder keeps passages from the front while they fit, so evidence is trimmed passage
+    by passage, never cut inside one."""
+
+    header: str
+    passages: tuple[str, ...]
+
+    def block(self, n: int | None = None) -> str:
+        """The header and the first ``n`` passages (all by default), ending in a blank line; "" for none."""
+        kept = [p.strip() for p in self.passages[:n]]
+        return self.header.strip() + "\n\n" + "\n\n".join(kept) + "\n\n" if kept else ""
+
+
+EvidenceInput = "EvidenceText | str | Sequence[str] | None"  # what ``build`` accepts as evidence
+
+
+def as_evidence(evidence: EvidenceInput) -> EvidenceText | None:
+    """``evidence`` as ``EvidenceText``: plain strings are passages under ``EVIDENCE_HEADER``; empty → None."""
+    if evidence is None or isinstance(evidence, EvidenceText):
+        return evidence if evidence is None or evidence.passages else None
+    parts = [evidence] if isinstance(evidence, str) else list(evidence)
+    parts = [p for p in parts if p and p.strip()]
+    return EvidenceText(EVIDENCE_HEADER, tuple(parts)) if parts else None
+
+
+def with_evidence(block: str, text: str) -> str:
+    """The user turn that carries evidence: the evidence ``block`` (``EvidenceText.block``), then ``text``. The
+    stored chat (``ContextBuilder``) and stateless HTTP grounding (``app.assistant``) both build it here, so the
+    model sees the same prompt text either way."""
+    return block + text
+
+
 class HistoryItem(Protocol):
     """What the builder reads from a stored message (``app.memory.store.Message`` fits)."""
 
@@ -109,8 +144,10 @@ class SummaryRequest:
 
 @dataclass
 class ContextPlan:
-    """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user, reserved
-    (max_tokens), free (n_ctx − prompt − reserved) and n_ctx."""
+    """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user, template (only
+    with an exact ``count_messages``: what the chat template adds, so that the parts sum to the exact prompt),
+    reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept`` / ``evidence_dropped``: passages
+    given to the model / left out for room (the kept ones are the first ``evidence_kept`` in rank order)."""
 
     messages: list[ChatMessage]
     breakdown: dict[str, int]
@@ -120,11 +157,12 @@ class ContextPlan:
     history_ids: list[str] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
     evidence_dropped: int = 0
+    evidence_kept: int = 0
 
     @property
     def prompt_tokens(self) -> int:
         b = self.breakdown
-        return b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"]
+        return b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"] + b.get("template", 0)
 
 
 def _turns(messages: Sequence[HistoryItem]) -> list[list[HistoryItem]]:
@@ -212,39 +250,47 @@ class ContextBuilder:
             return system, 0
         return system, self.count(block) + (2 if self.system_prompt else self.message_overhead)
 
-    def _evidence(self, evidence: str | Sequence[str] | None, room: int) -> tuple[str, int, int]:
-        """(block, tokens, passages dropped): passages kept in order while they fit ``room`` tokens."""
-        parts = [evidence] if isinstance(evidence, str) else list(evidence or [])
-        parts = [p for p in parts if p and p.strip()]
-        kept: list[str] = []
-        for p in parts:
-            block = EVIDENCE_HEADER + "\n\n" + "\n\n".join([*kept, p]) + "\n\n"
-            if self.count(block) > room:
-                break
-            kept.append(p)
-        if not kept:
-            return "", 0, len(parts)
-        block = EVIDENCE_HEADER + "\n\n" + "\n\n".join(kept) + "\n\n"
-        return block, self.count(block), len(parts) - len(kept)
+    def fit_evidence(self, evidence: EvidenceInput, room: int) -> tuple[str, int, int]:
+        """(block, tokens, passages kept): the longest front run of passages whose block fits ``room`` tokens;
+        ("", 0, 0) when not even the first fits."""
+        ev = as_evidence(evidence)
+        if ev is None:
+            return "", 0, 0
+        kept = 0
+        while kept < len(ev.passages) and self.count(ev.block(kept + 1)) <= room:
+            kept += 1
+        block = ev.block(kept)
+        return block, (self.count(block) if block else 0), kept
+
+    def evidence_room(self, prompt_tokens: int) -> int:
+        """Tokens evidence may take next to a prompt of ``prompt_tokens``: at most ``evidence_fraction`` of the
+        prompt budget, and never more than what the prompt leaves."""
+        return max(0, min(int(self.available * self.evidence_fraction), self.available - prompt_tokens))
 
     # ---- the plan ---------------------------------------------------------------------------------------------
 
     def build(self, history: Sequence[HistoryItem], user_message: str, *, summaries: Sequence[SummaryItem] = (),
-              evidence: str | Sequence[str] | None = None) -> ContextPlan:
+              evidence: EvidenceInput = None) -> ContextPlan:
         """Plan one turn. ``history``: the branch before the new message, oldest first (``Store.path_to``);
         ``summaries``: stored summaries of the conversation (any branch; those not on this one are ignored);
         ``evidence``: retrieved passages (a string, or a list in rank order). The plan always fits."""
         plan = self._build(history, user_message, summaries, evidence, self.margin)
-        if self.count_messages is not None:
-            for _ in range(3):
-                over = self.count_messages(plan.messages) - (self.n_ctx - self.max_tokens)
-                if over <= 0:
-                    break
-                plan = self._build(history, user_message, summaries, evidence, self.margin + over + 8)
+        if self.count_messages is None:
+            return plan
+        for _ in range(3):
+            exact = self.count_messages(plan.messages)
+            over = exact - (self.n_ctx - self.max_tokens)
+            if over <= 0:
+                break
+            plan = self._build(history, user_message, summaries, evidence, self.margin + over + 8)
+            exact = self.count_messages(plan.messages)
+        b = plan.breakdown  # the template's own tokens (role markers, BOS, an example exchange) made explicit
+        b["template"] = max(0, exact - plan.prompt_tokens)
+        b["free"] = self.n_ctx - self.max_tokens - plan.prompt_tokens
         return plan
 
     def _build(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
-               evidence: str | Sequence[str] | None, margin: int) -> ContextPlan:
+               evidence: EvidenceInput, margin: int) -> ContextPlan:
         avail = self.n_ctx - self.max_tokens - margin
         history = [m for m in history if m.role in ("user", "assistant")]
         chain = self.summary_chain(history, summaries)
@@ -259,8 +305,10 @@ class ContextBuilder:
         while shown and sum(self._system_costs(self._summary_block(shown))) + user > avail:
             shown.pop(0)  # summaries from a larger n_ctx: keep the newest that fit; a roll-up is requested
         system, summ = self._system_costs(self._summary_block(shown))
-        ev_block, ev, ev_dropped = self._evidence(
-            evidence, min(int(avail * self.evidence_fraction), avail - system - summ - user))
+        ev_text = as_evidence(evidence)
+        ev_block, ev, ev_kept = self.fit_evidence(
+            ev_text, min(int(avail * self.evidence_fraction), avail - system - summ - user))
+        ev_dropped = len(ev_text.passages) - ev_kept if ev_text else 0
         room = avail - system - summ - ev - user
         request = None
         if sum(self._cost(m) for m in uncovered) > room or len(shown) < len(chain):
@@ -275,7 +323,7 @@ class ContextBuilder:
         breakdown["free"] = self.n_ctx - self.max_tokens - (system + summ + hist + ev + user)
         return ContextPlan(messages, breakdown,
                            (request.first_message_id, request.last_message_id) if request else None, request,
-                           [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped)
+                           [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped, ev_kept)
 
     def _fit_turns(self, uncovered: Sequence[HistoryItem], room: int) -> tuple[list, list]:
         """Leave out the oldest whole turns until the rest fits ``room`` tokens."""
@@ -298,7 +346,7 @@ class ContextBuilder:
                 out[-1] = ChatMessage(m.role, out[-1].content + "\n\n" + m.content)
             else:
                 out.append(ChatMessage(m.role, m.content))
-        final = evidence_block + user_message
+        final = with_evidence(evidence_block, user_message)
         if out and out[-1].role == "user":
             out[-1] = ChatMessage("user", out[-1].content + "\n\n" + final)
         else:

@@ -36,19 +36,31 @@ INSTRUCTIONS = (
 )
 
 
-def format_evidence_block(evidence: Iterable[Evidence], max_chars: int | None = None) -> str:
-    """A prompt block: instructions, then each passage under a header ``[E:<id>] <path> (page N)``.
-
-    ``max_chars``: stop adding passages once the block would exceed this many characters (the context
-    builder budgets in tokens; this is a coarse guard). The passages are given best first and kept verbatim."""
+def evidence_header(evidence: Iterable[Evidence]) -> str:
+    """The instructions that go before the passages (one header for the whole block): answer from the
+    evidence, cite ``[E:<id>]`` (the example is the first passage's ID), quote the words relied on."""
     items = list(evidence)
     example = items[0].evidence_id if items else "0123456789ab"
-    head = INSTRUCTIONS.format(example=example) + "\n\nEvidence:"
+    return INSTRUCTIONS.format(example=example) + "\n\nEvidence:"
+
+
+def format_passage(e: Evidence) -> str:
+    """One passage as the model sees it: ``[E:<id>] <path> (page N)``, then its text verbatim."""
+    where = e.path + (f" (page {e.page})" if e.page is not None else "")
+    return f"[E:{e.evidence_id}] {where}\n{e.text.strip()}"
+
+
+def format_evidence_block(evidence: Iterable[Evidence], max_chars: int | None = None) -> str:
+    """A prompt block: ``evidence_header``, then each passage (``format_passage``), best first.
+
+    ``max_chars``: stop adding passages once the block would exceed this many characters (a coarse guard for
+    callers without a tokenizer; chat turns are trimmed in tokens by ``app.memory.context.ContextBuilder``)."""
+    items = list(evidence)
+    head = evidence_header(items)
     entries: list[str] = []
     size = len(head)
     for e in items:
-        where = e.path + (f" (page {e.page})" if e.page is not None else "")
-        entry = f"[E:{e.evidence_id}] {where}\n{e.text.strip()}"
+        entry = format_passage(e)
         if max_chars is not None and entries and size + len(entry) + 2 > max_chars:
             break
         entries.append(entry)

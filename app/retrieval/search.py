@@ -40,6 +40,15 @@ def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, fl
     return sorted(scores.items(), key=lambda kv: -kv[1])
 
 
+def check_search_args(k: object, mode: object) -> None:
+    """``InvalidRequest`` naming the parameter unless ``k`` is an integer in 1..MAX_K and ``mode`` is None,
+    ``"hybrid"``, ``"bm25"`` or ``"vector"``."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidRequest(f"k must be an integer from 1 to {MAX_K}, got {k!r}", param="k")
+    if mode not in (None, MODE_HYBRID, MODE_BM25, MODE_VECTOR):
+        raise InvalidRequest(f"mode must be hybrid, bm25 or vector, got {mode!r}", param="mode")
+
+
 class Retriever:
     """Searches a ``DocumentStore``; ``embedder`` (an ``Embedder`` or None) embeds queries.
 
@@ -56,10 +65,7 @@ class Retriever:
     def search(self, query: str, k: int = 5, mode: str | None = None) -> SearchResults:
         """The ``k`` best passages for ``query``. ``mode``: None (hybrid when possible), ``"hybrid"``,
         ``"bm25"`` or ``"vector"``."""
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-            raise InvalidRequest(f"k must be an integer from 1 to {MAX_K}, got {k!r}", param="k")
-        if mode not in (None, MODE_HYBRID, MODE_BM25, MODE_VECTOR):
-            raise InvalidRequest(f"mode must be hybrid, bm25 or vector, got {mode!r}", param="mode")
+        check_search_args(k, mode)
         started = time.perf_counter()
         n = max(self.candidates, k)
         pending = self._start_query_embedding(query) if mode != MODE_BM25 else None

@@ -56,7 +56,7 @@ def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, 
                metrics: Optional[ServerMetrics] = None, documents: Any = None) -> FastAPI:
     """The ASGI app. ``settings``: host (for the Host check), api_key, cors_origins (``max_queue`` belongs to
     the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback).
-    ``documents``: a ``DocumentContext``-like provider for ``hearth.documents`` (None: such requests get a
+    ``documents``: an ``app.assistant.DocumentSource`` for ``hearth.documents`` (None: such requests get a
     400 ``documents_unavailable``)."""
     settings = settings or ServerSettings()
     st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics(), documents)

@@ -36,8 +36,9 @@ class AppContext(QObject):
         self.engine = EngineController(self.pool, self)
         self.docs = DocumentsController(self.pool, self)
         self.chat = ChatController(self.pool, self.store, self.engine, lambda: self.settings,
-                                   retrieve=self._retrieve, parent=self)
-        self.server = ServerController(self.pool, self.engine.current, self)
+                                   documents=self.docs.source, parent=self)
+        self.server = ServerController(self.pool, self.engine.current, documents=self.docs.source,
+                                       embedder=self.docs.embedder, parent=self)
         self.downloads = DownloadController(self.pool, hub, self)
         self.engine.about_to_change.connect(self.chat.stop)
 
@@ -65,7 +66,7 @@ class AppContext(QObject):
             return None
         return self.job_for(str(path), model_id(path))
 
-    # -- retrieval for a chat turn (runs on the chat worker) ----------------------------------------------
+    # -- the documents chosen for a conversation (turns search only these; None: all) ---------------------
     def conversation_documents(self, conversation_id: str) -> list[str] | None:
         conv = self.store.get_conversation(conversation_id)
         docs = conv.settings.get("documents")
@@ -77,13 +78,6 @@ class AppContext(QObject):
         if paths is not None:
             settings["documents"] = list(paths)
         self.store.update_conversation(conversation_id, settings=settings)
-
-    def _retrieve(self, conversation_id: str, query: str) -> list:
-        try:
-            return self.docs.retrieve(query, self.conversation_documents(conversation_id))
-        except Exception:  # noqa: BLE001 - a broken index must not stop the chat
-            log.exception("document search failed; answering without documents")
-            return []
 
     def close(self) -> None:
         self.chat.stop()
@@ -100,11 +94,9 @@ def _preload() -> None:
     """Import the modules workers and slots need now, at start-up: a first import later (tens of ms, holding
     the GIL) would stall the GUI thread in the middle of a model load or the first answer."""
     import app.engine.engine  # noqa: F401
-    import app.memory.chat_session  # noqa: F401
     import app.ui.chat_view  # noqa: F401
 
     try:
-        import app.retrieval.rag  # noqa: F401
-        import app.retrieval.search  # noqa: F401
+        import app.assistant  # noqa: F401  (the turn pipeline, with memory and retrieval)
     except ImportError:  # a build without retrieval: the documents panel says so
         pass

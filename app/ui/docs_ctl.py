@@ -4,8 +4,8 @@ Ingest and rescan run on a worker with their own ``DocumentStore`` (sqlite conne
 report each file as it is handled (``file_done``). Listing and removal are small queries on the GUI thread's
 own store. An embedding model is used when one is installed (``hearth setup`` converts the packaged one);
 without it, chunks are sized by the approximate counter and search is keyword (BM25) only, which the panel
-says. ``retrieve`` (called on the chat worker) searches the index limited to the conversation's chosen
-documents. If ``app.retrieval`` is missing from this build, ``available`` is False and the panel says so.
+says. ``source()`` is the ``app.assistant.DocumentSource`` that chat turns and the local port search (its own
+connection, the same embedder). If ``app.retrieval`` is missing from this build, ``available`` is False and the panel says so.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
-EVIDENCE_K = 4  # passages per turn
-SEARCH_K = 24  # candidates searched before filtering by the conversation's documents
 
 
 def retrieval_available() -> bool:
     try:
+        import app.assistant.evidence  # noqa: F401
         import app.retrieval.ingest  # noqa: F401
-        import app.retrieval.search  # noqa: F401
     except ImportError:
         return False
     return True
@@ -61,6 +59,7 @@ class DocumentsController(QObject):
         self.available = retrieval_available()
         self._store: Any = None
         self._embedder: Any = None
+        self._source: Any = None
         self._embedder_lock = threading.Lock()
         self._busy = False
         self._progress_item.connect(self._on_progress)
@@ -106,10 +105,9 @@ class DocumentsController(QObject):
         return True
 
     def _ingest_job(self, action: Any) -> Any:
+        from app.assistant import prune_stale_citations
         from app.retrieval.ingest import Ingester
         from app.retrieval.store import DocumentStore
-
-        from app.chat_service import prune_stale_citations
 
         with DocumentStore() as store:
             report = action(Ingester(store, self.embedder()), self._progress_item.emit)
@@ -132,42 +130,43 @@ class DocumentsController(QObject):
             store.delete_document(doc.id)
         if path in store.roots():
             store.remove_root(path)
-        from app.chat_service import prune_stale_citations
+        from app.assistant import prune_stale_citations
 
         prune_stale_citations(doc_store=store)
 
     # -- search (chat worker thread) ------------------------------------------------------------------
     def embedder(self) -> Any:
+        """The installed embedding model's ``Embedder`` (started on first use), or None."""
         with self._embedder_lock:
-            if self._embedder is None:
-                from app.retrieval.embed_model import find_embedding_model
+            return self._embedder_unlocked()
 
-                model = find_embedding_model()
-                if model is not None:
-                    from app.retrieval.embedder import Embedder
+    def _embedder_unlocked(self) -> Any:
+        if self._embedder is None:
+            from app.retrieval.embed_model import find_embedding_model
 
-                    self._embedder = Embedder(model)
-            return self._embedder
+            model = find_embedding_model()
+            if model is not None:
+                from app.retrieval.embedder import Embedder
 
-    def retrieve(self, query: str, paths: list[str] | None) -> list:
-        """The best passages for ``query`` among ``paths`` (None: all documents); [] when none is chosen."""
-        if not self.available or paths == []:
-            return []
-        from app.retrieval.search import Retriever
-        from app.retrieval.store import DocumentStore
+                self._embedder = Embedder(model)
+        return self._embedder
 
-        with DocumentStore() as store:
-            if not store.stats()["chunks"]:
-                return []
-            retriever = Retriever(store, self.embedder())
-            try:
-                found = retriever.search(query, k=SEARCH_K)
-            finally:
-                retriever.close()
-        chosen = set(paths) if paths is not None else None
-        return [e for e in found if chosen is None or e.path in chosen][:EVIDENCE_K]
+    def source(self) -> Any:
+        """The ``DocumentSource`` for chat turns and the port (None when retrieval is not in this build)."""
+        if not self.available:
+            return None
+        with self._embedder_lock:
+            if self._source is None:
+                from app.assistant import DocumentSource
+                from app.retrieval.store import DocumentStore
+
+                self._source = DocumentSource(DocumentStore(), self._embedder_unlocked(), owns_store=True)
+            return self._source
 
     def shutdown(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

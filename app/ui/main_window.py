@@ -224,13 +224,14 @@ class MainWindow(QMainWindow):
 
     def _evidence(self, evidence: list) -> None:
         self.last_evidence = evidence
-        self.chat_model.update_last(retrieved=[e.to_dict() for e in evidence])
+        self.chat_model.update_last(retrieved=list(evidence))
 
-    def _turn_finished(self, out: dict) -> None:
+    def _turn_finished(self, done: Any) -> None:
+        """``done``: the turn's ``app.assistant.TurnDone``."""
         self.show_branch()
-        result = out["result"]
-        if out["evidence"] and not out["citations"]:
-            self.chat_model.update_last(retrieved=[e.to_dict() for e in out["evidence"]])
+        result = done.result
+        if done.evidence and not done.citations:
+            self.chat_model.update_last(retrieved=list(done.evidence))
         self.status.show_answer(result.metrics, result.context)
         self.sidebar.refresh()
         self.sidebar.select(self.conversation_id)

@@ -1,7 +1,9 @@
 """``ServerController``: the local OpenAI-compatible port inside the desktop app.
 
 ``app.server.create_app`` with the engine controller's ``current`` as the engine provider (a model swap in the
-window is picked up by the next request), run by ``app.server.run.ServerThread``. Starting (binding, uvicorn
+window is picked up by the next request), the window's documents (``hearth.documents``) and embedding model
+(``/v1/embeddings``), as ``hearth serve --documents --embeddings`` serves them; run by
+``app.server.run.ServerThread``. Starting (binding, uvicorn
 start-up) and stopping run on a worker; a settings change while it runs restarts it. The live request count is
 read from the app's ``ServerMetrics`` by a 1 s timer in the panel. If ``app.server`` is not in this build,
 ``available`` is False and the panel says so.
@@ -54,9 +56,13 @@ class ServerController(QObject):
     running_changed = Signal(bool, str)
     failed = Signal(object)
 
-    def __init__(self, pool: WorkerPool, engine_provider: Any, parent: QObject | None = None) -> None:
+    def __init__(self, pool: WorkerPool, engine_provider: Any, *, documents: Any = None, embedder: Any = None,
+                 parent: QObject | None = None) -> None:
+        """``documents`` / ``embedder``: callables giving the window's ``DocumentSource`` / ``Embedder`` (or
+        None), asked when the port starts."""
         super().__init__(parent)
         self.pool, self.provider = pool, engine_provider
+        self.documents, self.embedder = documents, embedder
         self.available = server_available()
         self.thread: Any = None
         self.metrics: Any = None
@@ -92,7 +98,9 @@ class ServerController(QObject):
         from app.server.run import ServerThread
 
         metrics = ServerMetrics()
-        app = create_app(self.provider, s, metrics=metrics)
+        docs = self.documents() if self.documents is not None else None
+        embedder = self.embedder() if self.embedder is not None else None
+        app = create_app(self.provider, s, metrics=metrics, documents=docs, embedder=embedder)
         return ServerThread(app, s.host, s.port).start(), metrics
 
     def _started(self, started: Any) -> None:

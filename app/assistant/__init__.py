@@ -1,0 +1,10 @@
+"""The turn pipeline: one chat turn (evidence → context → generation → store → citations) written once, for
+the CLI, the desktop window and the HTTP port (``turn.Assistant``), stateless grounding for requests that carry
+their own history (``grounding.ground``), and the evidence/citation conversions they share (``evidence``)."""
+
+from app.assistant.evidence import DocumentSource, Found, citations, given, prune_stale_citations
+from app.assistant.grounding import Grounding, ground
+from app.assistant.turn import Assistant, EvidenceFound, TextDelta, TurnDone, TurnEvent
+
+__all__ = ["Assistant", "DocumentSource", "EvidenceFound", "Found", "Grounding", "TextDelta", "TurnDone",
+           "TurnEvent", "citations", "given", "ground", "prune_stale_citations"]

@@ -1,0 +1,130 @@
+"""Evidence for a turn and citations out of its answer, written once for every adapter.
+
+- ``DocumentSource``: the document index a turn searches (one ``DocumentStore`` connection and, when an
+  embedding model is installed, an ``Embedder``), searches serialised by a lock so the desktop's chat worker
+  and the port's request threads can share it. ``search(query, k, paths)`` limits results to the documents
+  chosen for a conversation.
+- ``evidence_text(evidence)``: passages as prompt text (``app.memory.context.EvidenceText``: one header with the
+  citation instructions, one rendered passage each), which the context builder trims passage by passage.
+- ``citations(answer, evidence)`` / ``given(evidence)``: the dicts stored with an answer and reported by the
+  CLI, the window and the API (``evidence_id``, ``path``, ``page``, ``quote`` / ``text``).
+- ``prune_stale_citations``: after documents are re-indexed, renamed or deleted, citations follow them.
+
+Citation parsing itself (``[E:<id>]`` markers, quoted spans) is ``app.retrieval.rag``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.memory.context import EvidenceText
+from app.retrieval.rag import evidence_header, format_passage, parse_citations
+from app.retrieval.types import Evidence
+
+SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen documents
+CITATION_KEYS = ("evidence_id", "path", "page", "quote")
+
+
+@dataclass(frozen=True)
+class Found:
+    """The passages a search returned, best first, and ``notice``: a sentence when search was degraded (no
+    embedding model: keyword search only), else None; ``mode``: the ranking used (``hybrid``, ``bm25``,
+    ``vector``; "" when nothing was searched)."""
+
+    evidence: tuple[Evidence, ...]
+    notice: str | None = None
+    mode: str = ""
+
+
+class DocumentSource:
+    """Searchable documents for turns (RAG).
+
+    ``store``: a ``DocumentStore``; ``embedder``: an ``Embedder`` or None (BM25 only). ``owns_store`` /
+    ``owns_embedder``: close them with ``close()``. Thread-safe: searches run one at a time."""
+
+    def __init__(self, store: Any, embedder: Any = None, *, owns_store: bool = False,
+                 owns_embedder: bool = False) -> None:
+        from app.retrieval.search import Retriever
+
+        self.store, self.embedder = store, embedder
+        self._owns = (owns_store, owns_embedder)
+        self._retriever = Retriever(store, embedder)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open_default(cls, embedder: Any = None) -> "DocumentSource":
+        """The data directory's index (``documents.db``) searched with ``embedder`` (kept open on close: its
+        owner shares it, e.g. the desktop's ingest) or, when None, with an ``Embedder`` of its own on the
+        installed embedding model (none installed: BM25 only)."""
+        from app.retrieval.ingest import open_default
+
+        store, own = open_default(with_embedder=embedder is None)
+        return cls(store, embedder or own, owns_store=True, owns_embedder=embedder is None)
+
+    def search(self, query: str, k: int, paths: Sequence[str] | None = None, mode: str | None = None) -> Found:
+        """The ``k`` best passages for ``query``, limited to ``paths`` when given (an empty list: nothing).
+        ``mode``: None (hybrid when an embedding model is there), ``"hybrid"``, ``"bm25"`` or ``"vector"``
+        (``app.retrieval.search.Retriever``). Raises ``InvalidRequest`` for a bad ``k`` or ``mode``."""
+        from app.retrieval.search import check_search_args
+
+        check_search_args(k, mode)
+        if paths is not None and not paths:
+            return Found(())
+        with self._lock:
+            if not self.store.stats()["chunks"]:
+                return Found((), None)
+            results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
+        chosen = set(paths) if paths is not None else None
+        kept = [e for e in results if chosen is None or e.path in chosen][:k]
+        return Found(tuple(kept), results.notice, results.mode)
+
+    def close(self) -> None:
+        """Stop the search thread; close the store and the embedder this source owns."""
+        self._retriever.close()
+        owns_store, owns_embedder = self._owns
+        if owns_embedder and self.embedder is not None:
+            self.embedder.close()
+        if owns_store:
+            self.store.close()
+
+
+def evidence_text(evidence: Sequence[Evidence]) -> EvidenceText | None:
+    """``evidence`` as prompt text (None for none): the citation instructions once, then each passage."""
+    if not evidence:
+        return None
+    return EvidenceText(evidence_header(evidence), tuple(format_passage(e) for e in evidence))
+
+
+def citations(answer: str, evidence: Sequence[Evidence]) -> list[dict]:
+    """The passages ``answer`` cites by ``[E:<id>]``, as dicts with ``CITATION_KEYS`` (quote: the quoted span,
+    else the passage), in answer order; [] when it cites none (IDs the model made up produce nothing)."""
+    if not evidence:
+        return []
+    return [{"evidence_id": c.evidence_id, "path": c.path, "page": c.page, "quote": c.quote}
+            for c in parse_citations(answer, list(evidence))]
+
+
+def given(evidence: Sequence[Evidence]) -> list[dict]:
+    """What the model was given: ``evidence_id``, ``path``, ``page``, ``text`` per passage, in prompt order."""
+    return [{"evidence_id": e.evidence_id, "path": e.path, "page": e.page, "text": e.text} for e in evidence]
+
+
+def prune_stale_citations(memory_store: Any = None, doc_store: Any = None) -> int:
+    """After documents were re-indexed, renamed or deleted: drop stored citations whose evidence is gone and
+    move the rest to their document's current path. Opens the default stores when none are given. Returns the
+    number of citations removed."""
+    from app.memory import Store
+    from app.retrieval.store import DocumentStore
+
+    mem = memory_store or Store()
+    docs = doc_store or DocumentStore()
+    try:
+        return mem.prune_citations(docs.resolve)
+    finally:
+        if memory_store is None:
+            mem.close()
+        if doc_store is None:
+            docs.close()

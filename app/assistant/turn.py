@@ -1,0 +1,222 @@
+"""``Assistant``: one chat turn of a stored conversation, for every adapter (CLI, desktop, HTTP).
+
+A turn is: find evidence for the message (when the assistant has documents; limited to the documents chosen
+for the conversation) → assemble the context (``app.memory.ChatSession``: system prompt, summaries, history,
+evidence trimmed passage by passage, the message) → generate on the engine → store the streamed answer
+(``incomplete`` → ``complete``, or ``error`` with what was said) → parse and store the citations. It yields
+typed events; adapters differ only in how they show them:
+
+    EvidenceFound(evidence, notice)    the passages the model is given (after trimming), before any token
+    TextDelta(text)                    a piece of the answer
+    TurnDone(result, citations, evidence, notice)   the stored answer with metrics and context breakdown
+
+``cancel()`` (any thread) stops the running generation within one decode step or prefill chunk, also during
+a long prefill when no event is flowing; the partial answer is kept with status ``error`` (``Cancelled``).
+
+One factory sets what every adapter used to set its own way: the model id recorded with the conversation
+(``app.engine.registry.model_id``: the file stem), exact templated token counts (``Engine.render`` +
+``Engine.tokenize``), summaries greedy (temperature 0) so they are reproducible, and the answer's reserve
+(``decoding.max_tokens``, default ``DEFAULT_MAX_TOKENS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any, Union
+
+from app.assistant import evidence as ev
+from app.engine.registry import model_id
+from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest
+from app.memory.chat_session import ChatSession, TurnResult
+from app.memory.context import ContextPlan
+from app.retrieval.types import Evidence
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256  # tokens reserved for an answer when the decoding settings give none
+DEFAULT_K = 4  # passages per turn
+SUMMARY_OPTIONS = {"temperature": 0.0}  # summaries are greedy: the same history gives the same summary
+
+
+@dataclass(frozen=True)
+class EvidenceFound:
+    """The passages given to the model for this turn (best first, after trimming to the context), and
+    ``notice`` when search was degraded."""
+
+    evidence: tuple[Evidence, ...]
+    notice: str | None = None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the answer, as the engine streamed it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    """The end of a turn. ``result``: the stored answer (``TurnResult``: ids, text, finish_reason, metrics,
+    context breakdown); ``citations``: what the answer cites (stored with it); ``evidence``: what the model was
+    given (``evidence.given`` dicts); ``notice``: the search notice, if any."""
+
+    result: TurnResult
+    citations: list[dict]
+    evidence: list[dict]
+    notice: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of ``hearth chat --message --json``."""
+        r = self.result
+        return {"conversation_id": r.conversation_id, "message_id": r.message_id, "text": r.text,
+                "finish_reason": r.finish_reason, "metrics": r.metrics, "context": r.context,
+                "summaries_added": r.summaries_added, "citations": self.citations, "evidence": self.evidence,
+                "search_notice": self.notice}
+
+
+TurnEvent = Union[EvidenceFound, TextDelta, TurnDone]
+
+
+class EngineCalls:
+    """``generate_fn`` for ``ChatSession`` over ``Engine.generate``: per-call options override ``base``
+    decoding fields; the running ``Generation`` is remembered so that ``cancel()`` stops it from any thread."""
+
+    def __init__(self, engine: Any, base: DecodingParams) -> None:
+        self.engine, self.base = engine, base
+        self._known = {f.name for f in fields(DecodingParams)}
+        self._lock = threading.Lock()
+        self._current: Any = None
+        self.cancelled = False
+
+    def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, **opts: Any) -> Iterator[Any]:
+        dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
+        gen = self.engine.generate(GenerateRequest(messages=tuple(messages), decoding=dec))
+        with self._lock:
+            self._current = gen
+            if self.cancelled:
+                gen.cancel()
+        try:
+            yield from gen
+        finally:
+            gen.close()
+            with self._lock:
+                self._current = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._current is not None:
+                self._current.cancel()
+
+    def count_messages(self, messages: list[ChatMessage]) -> int:
+        return prompt_tokens(self.engine, messages)
+
+
+def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...]) -> int:
+    """Exact prompt tokens of ``messages`` once ``engine``'s chat template is applied (BOS included)."""
+    rp = engine.render(GenerateRequest(messages=tuple(messages)))
+    return len(engine.tokenize(rp.text, add_bos=rp.add_bos, special=True))
+
+
+class Assistant:
+    """Turns of stored conversations on one loaded ``engine``, stored in ``store`` (``app.memory.Store``).
+
+    ``decoding``: sampling defaults (the person's saved settings with any per-command overrides);
+    ``system_prompt``: text of the system message; ``documents``: a ``DocumentSource`` to ground turns in, or
+    None; ``k``: passages per turn. One turn runs at a time per assistant."""
+
+    def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
+                 system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K) -> None:
+        self.engine, self.store, self.documents, self.k = engine, store, documents, k
+        self.decoding = decoding or DecodingParams()
+        self.calls = EngineCalls(engine, self.decoding)
+        self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
+
+    @property
+    def model(self) -> str:
+        """The model id recorded with conversations and answers."""
+        return self.session.model
+
+    def new_conversation(self, title: str = "") -> str:
+        return self.session.new_conversation(title)
+
+    def cancel(self) -> None:
+        """Stop the answer being written (any thread)."""
+        self.calls.cancel()
+
+    def send(self, conversation_id: str, text: str | None, **kw: Any) -> TurnDone:
+        """``turn`` run to its end; ``on_delta(text)`` (optional) sees each piece of the answer."""
+        on_delta = kw.pop("on_delta", None)
+        done = None
+        for item in self.turn(conversation_id, text, **kw):
+            if isinstance(item, TextDelta) and on_delta is not None:
+                on_delta(item.text)
+            elif isinstance(item, TurnDone):
+                done = item
+        assert done is not None
+        return done
+
+    def turn(self, conversation_id: str, text: str | None, *, parent_id: str | None = None, edit: bool = False,
+             regenerate_of: str | None = None) -> Iterator[TurnEvent]:
+        """Answer ``text`` in ``conversation_id`` (see the module docstring). ``parent_id``: answer under this
+        message instead of the tip (with ``edit``: ``text`` replaces the message after it; None with ``edit``
+        means a new first message); ``regenerate_of``: a new answer to this stored user message (``text``
+        unused). Errors: ``StoreError`` for an unknown conversation, ``ContextLengthExceeded``,
+        ``Cancelled``, ``EngineCrashed`` (the partial answer is kept)."""
+        self.calls.cancelled = False
+        query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
+        found = self._search(conversation_id, query or "")
+        stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence)
+        given: tuple[Evidence, ...] = ()
+        for item in stream:
+            if isinstance(item, ContextPlan):
+                given = found.evidence[:item.evidence_kept]
+                if given:
+                    yield EvidenceFound(given, found.notice)
+            elif isinstance(item, Delta):
+                if item.text:
+                    yield TextDelta(item.text)
+            elif isinstance(item, TurnResult):
+                yield self._done(item, given, found.notice)
+
+    def _search(self, conversation_id: str, query: str) -> ev.Found:
+        """Evidence for ``query`` among the conversation's chosen documents (its ``documents`` setting; absent:
+        all). A broken index does not stop the chat: the turn is answered without evidence and says why."""
+        if self.documents is None or not query.strip():
+            return ev.Found(())
+        paths = self.store.get_conversation(conversation_id).settings.get("documents")
+        try:
+            return self.documents.search(query, self.k, None if paths is None else list(paths))
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback; the answer goes on without documents
+            log.exception("document search failed; answering without documents")
+            return ev.Found((), f"document search failed ({type(exc).__name__}: {exc}); answered without documents")
+
+    def _stream(self, conversation_id: str, text: str | None, parent_id: str | None, edit: bool,
+                regenerate_of: str | None, evidence: tuple[Evidence, ...]) -> Iterator[Any]:
+        block = ev.evidence_text(evidence)
+        if regenerate_of is not None:
+            return self.session.regenerate(conversation_id, regenerate_of, evidence=block)
+        if edit and parent_id is None:
+            self.store.set_current(conversation_id, None)  # editing the first message: a new first message
+        return self.session.stream(conversation_id, text or "", parent_id=parent_id, evidence=block)
+
+    def _done(self, result: TurnResult, given: tuple[Evidence, ...], notice: str | None) -> TurnDone:
+        cites = ev.citations(result.text, given)
+        if cites:
+            self.store.add_citations(result.message_id, cites)
+        return TurnDone(result, cites, ev.given(given), notice)
+
+
+def _open_session(engine: Any, store: Any, calls: EngineCalls, decoding: DecodingParams,
+                  system_prompt: str) -> ChatSession:
+    """The ``ChatSession`` every adapter uses (see the module docstring for what it fixes)."""
+    n_ctx = engine.settings.n_ctx
+    kept = {k: v for k, v in engine.settings.to_dict().items() if k in ("n_ctx", "type_k", "type_v", "flash_attn")}
+    overhead = 5 if engine.info.get("template") in ("gemma", "transcript") else 6
+    return ChatSession(store, calls.generate, engine.count_tokens, n_ctx=n_ctx,
+                       max_tokens=decoding.max_tokens or DEFAULT_MAX_TOKENS, system_prompt=system_prompt,
+                       model=model_id(engine.model_path), settings=kept, summary_options=dict(SUMMARY_OPTIONS),
+                       message_overhead=overhead, count_messages=calls.count_messages)
