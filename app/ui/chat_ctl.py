@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from app.assistant import Assistant, EvidenceFound, TextDelta, TurnDone, given
+from app.errors import Cancelled
 from app.ui.workers import GeneratorWorker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -78,13 +79,21 @@ class ChatController(QObject):
         worker = GeneratorWorker(run_turn, self._assistant, conversation_id, text, **kw)
         self._worker = worker
         self.busy_changed.emit(True)
-        self.pool.start(worker, on_yield=self._item, on_return=self.finished.emit, on_error=self.failed.emit,
+        self.pool.start(worker, on_yield=self._item, on_return=self._returned, on_error=self.failed.emit,
                         on_finish=self._done)
         return True
 
     def _item(self, item: tuple) -> None:
         kind, payload = item
         (self.delta if kind == "delta" else self.evidence).emit(payload)
+
+    def _returned(self, done: Any) -> None:
+        """The worker's result: the ``TurnDone``, or None when Stop closed the turn before it ended (then the
+        turn failed as ``Cancelled``, whichever of the two stops got there first)."""
+        if isinstance(done, TurnDone):
+            self.finished.emit(done)
+        else:
+            self.failed.emit(Cancelled("stopped by the person"))
 
     def _done(self) -> None:
         self._worker = self._assistant = None
