@@ -20,8 +20,9 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-class FakeEngine:
-    """Streams a canned answer word by word; answers a summary prompt with "covers turns A-B" where A..B are
+class ScriptedGenerate:
+    """A ``generate_fn`` for ``ChatSession`` (not an engine: tests/fakes.py has the one fake engine), with one
+    token per word so budgets are easy to predict. Streams a canned answer word by word; answers a summary prompt with "covers turns A-B" where A..B are
     the turn numbers it can see (in the excerpt and in earlier summaries)."""
 
     def __init__(self, n_ctx: int, answer_words: int = 30) -> None:
@@ -54,7 +55,7 @@ class FakeEngine:
         yield Done("stop", Metrics(prompt_tokens=prompt, completion_tokens=len(out)))
 
 
-def session(store: Store, engine: FakeEngine, **kw) -> ChatSession:
+def session(store: Store, engine: ScriptedGenerate, **kw) -> ChatSession:
     args = dict(n_ctx=engine.n_ctx, max_tokens=64, system_prompt="You are a helpful assistant.", model="fake-1",
                 message_overhead=OVERHEAD, margin=8, update_interval_s=0.0)
     args.update(kw)
@@ -62,7 +63,7 @@ def session(store: Store, engine: FakeEngine, **kw) -> ChatSession:
 
 
 def test_one_turn_is_stored_and_reported(memory_store: Store) -> None:
-    engine = FakeEngine(n_ctx=1024)
+    engine = ScriptedGenerate(n_ctx=1024)
     chat = session(memory_store, engine)
     cid = chat.new_conversation()
     seen: list[str] = []
@@ -83,7 +84,7 @@ def test_one_turn_is_stored_and_reported(memory_store: Store) -> None:
 
 
 def test_answer_is_incomplete_while_streaming(memory_store: Store) -> None:
-    engine = FakeEngine(n_ctx=1024, answer_words=5)
+    engine = ScriptedGenerate(n_ctx=1024, answer_words=5)
     chat = session(memory_store, engine)
     cid = chat.new_conversation()
     states = []
@@ -95,7 +96,7 @@ def test_answer_is_incomplete_while_streaming(memory_store: Store) -> None:
 
 @pytest.mark.parametrize("how", ["engine error", "consumer leaves"])
 def test_interrupted_answer_keeps_partial_text_as_error(memory_store: Store, how: str) -> None:
-    engine = FakeEngine(n_ctx=1024)
+    engine = ScriptedGenerate(n_ctx=1024)
     chat = session(memory_store, engine)
     cid = chat.new_conversation()
     if how == "engine error":
@@ -117,7 +118,7 @@ def test_interrupted_answer_keeps_partial_text_as_error(memory_store: Store, how
 
 
 def test_edit_and_regenerate_make_branches(memory_store: Store) -> None:
-    engine = FakeEngine(n_ctx=1024, answer_words=3)
+    engine = ScriptedGenerate(n_ctx=1024, answer_words=3)
     chat = session(memory_store, engine)
     cid = chat.new_conversation()
     first = chat.send(cid, "turn0user plan a trip")
@@ -136,7 +137,7 @@ def test_failed_summarizer_still_fits_by_leaving_old_turns_out(memory_store: Sto
     def broken(prompt: str, max_tokens: int) -> str:
         raise EngineCrashed("the engine died")
 
-    engine = FakeEngine(n_ctx=300)
+    engine = ScriptedGenerate(n_ctx=300)
     chat = session(memory_store, engine, summarizer=broken)
     cid = chat.new_conversation()
     results = [chat.send(cid, f"turn{i}user question {i}") for i in range(10)]
@@ -147,7 +148,7 @@ def test_failed_summarizer_still_fits_by_leaving_old_turns_out(memory_store: Sto
 
 def test_sixty_turns_in_a_small_window(memory_store: Store) -> None:
     n_ctx = 512
-    engine = FakeEngine(n_ctx=n_ctx, answer_words=30)
+    engine = ScriptedGenerate(n_ctx=n_ctx, answer_words=30)
     chat = session(memory_store, engine)
     cid = chat.new_conversation()
     results = []
