@@ -146,8 +146,9 @@ class SummaryRequest:
 class ContextPlan:
     """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user, template (only
     with an exact ``count_messages``: what the chat template adds, so that the parts sum to the exact prompt),
-    reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept`` / ``evidence_dropped``: passages
-    given to the model / left out for room (the kept ones are the first ``evidence_kept`` in rank order)."""
+    reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept`` / ``evidence_dropped``:
+    passages given to the model / left out for room (the kept ones are the first ``evidence_kept`` in rank
+    order)."""
 
     messages: list[ChatMessage]
     breakdown: dict[str, int]
