@@ -17,7 +17,6 @@ import json
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 UNIT = ("In the archive of the old harbour town, ledgers recorded every ship that came and went, its cargo, "
         "its captain and the weather on the day it sailed. ")

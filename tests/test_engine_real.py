@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.engine.engine import Engine
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, LoadSettings
+from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings
 from app.errors import Cancelled, ContextLengthExceeded, EngineCrashed, ModelLoadError
 
 pytestmark = pytest.mark.model

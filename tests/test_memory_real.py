@@ -3,7 +3,6 @@ prefix-cache reuse across turns) and a SIGKILL while an answer streams."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

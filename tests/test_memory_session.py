@@ -22,8 +22,9 @@ def words(text: str) -> int:
 
 class ScriptedGenerate:
     """A ``generate_fn`` for ``ChatSession`` (not an engine: tests/fakes.py has the one fake engine), with one
-    token per word so budgets are easy to predict. Streams a canned answer word by word; answers a summary prompt with "covers turns A-B" where A..B are
-    the turn numbers it can see (in the excerpt and in earlier summaries)."""
+    token per word so budgets are easy to predict. Streams a canned answer word by word; answers a summary
+    prompt with "covers turns A-B" where A..B are the turn numbers it can see (in the excerpt and in earlier
+    summaries)."""
 
     def __init__(self, n_ctx: int, answer_words: int = 30) -> None:
         self.n_ctx, self.answer_words = n_ctx, answer_words

@@ -5,7 +5,8 @@ report each file as it is handled (``file_done``). Listing and removal are small
 own store. An embedding model is used when one is installed (``hearth setup`` converts the packaged one);
 without it, chunks are sized by the approximate counter and search is keyword (BM25) only, which the panel
 says. ``source()`` is the ``app.assistant.DocumentSource`` that chat turns and the local port search (its own
-connection, the same embedder). If ``app.retrieval`` is missing from this build, ``available`` is False and the panel says so.
+connection, the same embedder). If ``app.retrieval`` is missing from this build, ``available`` is False and
+the panel says so.
 """
 
 from __future__ import annotations
