@@ -43,7 +43,7 @@ def test_watch_picks_up_new_and_deleted_files_and_stops_on_sigint(tmp_path: Path
     (folder / "a.txt").write_text("alpha notes\n")
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     env = {**os.environ, "HEARTH_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "app.cli", "ingest", str(folder), "--no-embed", "--watch", "0.3"]
+    argv = [sys.executable, "-m", "app.cli", "ingest", str(folder), "--no-embed", "--watch", "--interval", "0.3"]
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env, preexec_fn=_ignore_sigint)
     try:

@@ -165,3 +165,13 @@ def test_summary_prompt_keeps_what_matters() -> None:
                    "Assistant: Noted.", "Earlier: Oslo", "at most 50 words"):
         assert needle in p
     assert p.endswith("Summary:")
+
+
+def test_a_passage_too_long_for_the_room_is_skipped_whole_and_a_shorter_one_still_goes_in() -> None:
+    b = builder(evidence_fraction=0.1)  # ≈ 34 tokens of evidence
+    passages = [" ".join(["big"] * 60), "small passage", " ".join(["mid"] * 8)]
+    plan = b.build(history(1), "q", evidence=passages)
+    final = plan.messages[-1].content
+    assert plan.evidence_kept == (1, 2) and plan.evidence_dropped == 1
+    assert "big" not in final and final.index("small passage") < final.index("mid mid")  # rank order kept
+    assert final.count(EVIDENCE_HEADER) == 1

@@ -35,6 +35,8 @@ def test_sixty_turns_fit_are_summarized_and_nothing_is_lost(bundled_model, tmp_p
             r = session.send(cid, text).result
             m = r.metrics
             assert m["prompt_tokens"] + max_tokens <= n_ctx, f"turn {i} does not fit"
+            parts = ("system", "summaries", "history", "evidence", "user", "template")
+            assert m["prompt_tokens"] == sum(r.context[k] for k in parts), f"turn {i}: {r.context}"
             rows.append((i, m["prompt_tokens"], m["cached_tokens"], bool(r.summaries_added)))
     conv = store.load_conversation(cid)
     messages = [m for m in conv.messages]

@@ -70,6 +70,18 @@ def test_a_turn_yields_evidence_text_and_done_and_stores_the_cited_answer(engine
     assert ctx["free"] == ctx["n_ctx"] - ctx["reserved"] - planned
 
 
+def test_the_context_breakdown_sums_to_the_prefilled_prompt(engine, docs, memory):
+    """System prompt, history and evidence: each part is its own text's tokens, ``template`` the markers."""
+    a = Assistant(engine, memory, decoding=greedy(8), documents=docs, k=2, system_prompt="Answer in one word.")
+    cid = a.new_conversation()
+    parts = ("system", "summaries", "history", "evidence", "user", "template")
+    for text in (QUESTION, "What is the capital of France?", "And of Italy?"):
+        r = a.send(cid, text).result
+        assert r.metrics["prompt_tokens"] == sum(r.context[k] for k in parts), r.context
+        assert r.context["system"] > 0 and r.context["template"] > 0
+    assert r.context["history"] > 0
+
+
 def test_evidence_is_trimmed_passage_by_passage_under_one_header(engine, docs, memory):
     small = Engine(engine.model_path, LoadSettings(n_ctx=512))
     with small:
@@ -78,8 +90,11 @@ def test_evidence_is_trimmed_passage_by_passage_under_one_header(engine, docs, m
         done = a.send(a.new_conversation(), QUESTION)
     given = done.evidence
     assert 0 < len(given) < len(found.evidence), "some passages fitted, the rest were left out whole"
-    assert [g["evidence_id"] for g in given] == [e.evidence_id for e in found.evidence[:len(given)]]
-    prompt = evidence_text(found.evidence[:len(given)]).block()
+    ids = [e.evidence_id for e in found.evidence]
+    kept = [ids.index(g["evidence_id"]) for g in given]
+    assert kept == sorted(kept) and given[0]["evidence_id"] == ids[0]  # rank order kept, the best one first
+    assert f"{len(found.evidence) - len(given)} matching passages left out" in done.notice
+    prompt = evidence_text([found.evidence[i] for i in kept]).block()
     assert prompt.count("Answer from the evidence below") == 1  # one header, not two stacked
 
 

@@ -222,7 +222,8 @@ def test_port_panel_serves_the_loaded_model(qtbot, window):
     qtbot.waitUntil(lambda: len(answers) == 3, timeout=ANSWER_MS)
     by_path = {r.request.url.path: r for r in answers[1:]}
     chat_r, embed_r = by_path["/v1/chat/completions"], by_path["/v1/embeddings"]
-    assert chat_r.status_code == 200 and chat_r.json()["hearth"]["evidence"] == []  # no documents indexed yet
+    assert chat_r.status_code == 200 and chat_r.json()["hearth"]["evidence"] == []
+    assert "no documents are indexed yet" in chat_r.json()["hearth"]["search_notice"]
     assert embed_r.status_code == 200 and len(embed_r.json()["data"][0]["embedding"]) == 384
     assert load_user_settings().server.enabled and load_user_settings().server.api_key == "test-key-123"
 

@@ -25,6 +25,7 @@ from app.retrieval.rag import evidence_header, format_passage, parse_citations
 from app.retrieval.types import Evidence
 
 SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen documents
+MAX_K = 20  # passages one turn may ask for (``--k``, ``hearth.k``)
 CITATION_KEYS = ("evidence_id", "path", "page", "quote")
 
 
@@ -67,15 +68,20 @@ class DocumentSource:
     def search(self, query: str, k: int, paths: Sequence[str] | None = None, mode: str | None = None) -> Found:
         """The ``k`` best passages for ``query``, limited to ``paths`` when given (an empty list: nothing).
         ``mode``: None (hybrid when an embedding model is there), ``"hybrid"``, ``"bm25"`` or ``"vector"``
-        (``app.retrieval.search.Retriever``). Raises ``InvalidRequest`` for a bad ``k`` or ``mode``."""
+        (``app.retrieval.search.Retriever``). Raises ``InvalidRequest`` for an empty query, a bad ``k`` or
+        ``mode``."""
+        from app.errors import InvalidRequest
         from app.retrieval.search import check_search_args
 
         check_search_args(k, mode)
+        if not query.strip():
+            raise InvalidRequest("the search query is empty", param="query")
         if paths is not None and not paths:
             return Found(())
         with self._lock:
             if not self.store.stats()["chunks"]:
-                return Found((), None)
+                return Found((), "no documents are indexed yet (add some with `hearth ingest PATH` or the "
+                                 "Documents panel)")
             results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
@@ -89,6 +95,31 @@ class DocumentSource:
             self.embedder.close()
         if owns_store:
             self.store.close()
+
+
+def check_k(k: object, param: str = "k") -> int:
+    """``k`` (passages per turn) when it is an integer from 1 to ``MAX_K``; else ``InvalidRequest`` naming
+    ``param``."""
+    from app.errors import InvalidRequest
+
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidRequest(f"{param} must be an integer from 1 to {MAX_K} (passages per turn), got {k!r}",
+                             param=param)
+    return k
+
+
+def dropped_notice(dropped: int) -> str | None:
+    """The sentence saying that ``dropped`` passages matched but did not fit the context (None for 0)."""
+    if not dropped:
+        return None
+    return (f"{dropped} matching passage{'s' if dropped > 1 else ''} left out: no room in the context window "
+            "(a larger n_ctx, a smaller max_tokens or a shorter history makes room)")
+
+
+def join_notices(*notices: str | None) -> str | None:
+    """The notices that are set, joined into one sentence list (None when none is)."""
+    kept = [n for n in notices if n]
+    return "; ".join(kept) if kept else None
 
 
 def evidence_text(evidence: Sequence[Evidence]) -> EvidenceText | None:

@@ -67,7 +67,9 @@ def ground(engine: Any, documents: ev.DocumentSource, messages: tuple[ChatMessag
     builder = ContextBuilder(engine.count_tokens, n_ctx, reserve)
     room = builder.evidence_room(prompt_tokens(engine, messages))
     block, tokens, kept = builder.fit_evidence(text, room)
+    notice = ev.join_notices(found.notice, ev.dropped_notice(len(found.evidence) - len(kept)))
     if not kept:
-        return messages, Grounding((), found.notice, 0)
+        return messages, Grounding((), notice, 0)
     turn = ChatMessage("user", with_evidence(block, query))
-    return (*messages[:i], turn, *messages[i + 1:]), Grounding(found.evidence[:kept], found.notice, tokens)
+    given = tuple(found.evidence[j] for j in kept)
+    return (*messages[:i], turn, *messages[i + 1:]), Grounding(given, notice, tokens)

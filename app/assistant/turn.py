@@ -73,8 +73,8 @@ class TurnDone:
         r = self.result
         return {"conversation_id": r.conversation_id, "message_id": r.message_id, "text": r.text,
                 "finish_reason": r.finish_reason, "metrics": r.metrics, "context": r.context,
-                "summaries_added": r.summaries_added, "citations": self.citations, "evidence": self.evidence,
-                "search_notice": self.notice}
+                "summaries_added": r.summaries_added, "dropped_ids": r.dropped_ids, "citations": self.citations,
+                "evidence": self.evidence, "search_notice": self.notice}
 
 
 TurnEvent = Union[EvidenceFound, TextDelta, TurnDone]
@@ -126,11 +126,12 @@ class Assistant:
 
     ``decoding``: sampling defaults (the person's saved settings with any per-command overrides);
     ``system_prompt``: text of the system message; ``documents``: a ``DocumentSource`` to ground turns in, or
-    None; ``k``: passages per turn. One turn runs at a time per assistant."""
+    None; ``k``: passages per turn (1 to ``evidence.MAX_K``, else ``InvalidRequest``). One turn runs at a time
+    per assistant."""
 
     def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
                  system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K) -> None:
-        self.engine, self.store, self.documents, self.k = engine, store, documents, k
+        self.engine, self.store, self.documents, self.k = engine, store, documents, ev.check_k(k)
         self.decoding = decoding or DecodingParams()
         self.calls = EngineCalls(engine, self.decoding)
         self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
@@ -171,16 +172,18 @@ class Assistant:
         found = self._search(conversation_id, query or "")
         stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence)
         given: tuple[Evidence, ...] = ()
+        notice = found.notice
         for item in stream:
             if isinstance(item, ContextPlan):
-                given = found.evidence[:item.evidence_kept]
+                given = tuple(found.evidence[i] for i in item.evidence_kept)
+                notice = ev.join_notices(notice, ev.dropped_notice(item.evidence_dropped))
                 if given:
-                    yield EvidenceFound(given, found.notice)
+                    yield EvidenceFound(given, notice)
             elif isinstance(item, Delta):
                 if item.text:
                     yield TextDelta(item.text)
             elif isinstance(item, TurnResult):
-                yield self._done(item, given, found.notice)
+                yield self._done(item, given, notice)
 
     def _search(self, conversation_id: str, query: str) -> ev.Found:
         """Evidence for ``query`` among the conversation's chosen documents (its ``documents`` setting; absent:

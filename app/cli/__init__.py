@@ -23,6 +23,15 @@ _COMMANDS = ["setup", "generate", "chat", "models", "inspect", "serve", "ingest"
 log = logging.getLogger("hearth")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hearth")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hearth",
@@ -31,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "is available, else the terminal chat.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
+    parser.add_argument("--version", action="version", version=f"hearth {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:
         try:

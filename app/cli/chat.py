@@ -50,6 +50,12 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         raise InvalidRequest("--json needs --message (one message, non-interactive)", param="json")
     if args.message is not None and not args.message.strip():
         raise InvalidRequest("the message is empty", param="message")
+    if args.conversation is not None and not args.conversation.strip():
+        raise InvalidRequest("--conversation needs a conversation id (or a unique prefix)", param="conversation")
+    if args.docs:
+        from app.assistant.evidence import check_k
+
+        check_k(args.k, "--k")  # before the model loads
     system = args.system if args.system is not None else load_user_settings().system_prompt
     with Store() as store, _documents(args) as docs, make_engine(args) as eng:
         assistant = Assistant(eng, store, decoding=decoding(args), system_prompt=system or "", documents=docs,
@@ -88,6 +94,7 @@ def _one_message(assistant, cid: str, args) -> int:
     else:
         print()
         _print_sources(done.citations, done.evidence)
+        _print_notices(done)
     return 0
 
 
@@ -120,6 +127,9 @@ def _interactive(eng, assistant, cid: str) -> int:
             cid = assistant.new_conversation()
             print(f"  [new conversation {cid[:12]}]", file=sys.stderr)
             continue
+        if cmd.startswith("/") and " " not in cmd:
+            print(f"  [unknown command {cmd}: /new starts a new conversation, /quit leaves]", file=sys.stderr)
+            continue
         _stream_turn(assistant, cid, line)
 
 
@@ -133,9 +143,22 @@ def _stream_turn(assistant, cid: str, text: str) -> None:
     except HearthError as exc:
         print(f"\n  error: {exc}", file=sys.stderr)
         return
+    finally:
+        print(flush=True)  # the answer's line ends on stdout too (when it is piped)
     r, m = done.result, done.result.metrics
-    print(f"\n  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · {m.get('decode_tps', 0):.1f} tok/s · "
+    print(f"  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · {m.get('decode_tps', 0):.1f} tok/s · "
           f"{m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} prompt tokens reused · context "
           f"{m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/{r.context.get('n_ctx', 0)} tokens]",
           file=sys.stderr)
     _print_sources(done.citations, done.evidence)
+    _print_notices(done)
+
+
+def _print_notices(done) -> None:
+    """What the person should know about this turn's context: evidence left out, search degraded, older turns
+    left out of the prompt because they could not be summarized."""
+    if done.notice:
+        print(f"  ({done.notice})", file=sys.stderr)
+    if done.result.dropped_ids:
+        print(f"  ({len(done.result.dropped_ids)} older messages were left out of this prompt: they could not be "
+              "summarized; they stay in the history)", file=sys.stderr)

@@ -6,7 +6,8 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gui", help="open the desktop app")
+    p = sub.add_parser("gui", help="open the desktop app",
+                       description="Open Hearth's desktop window: chat, models, documents and the local port.")
     p.add_argument("--model", default=None, help="model id or path to load at start (default: the last one)")
     p.add_argument("--port", type=int, default=None, help="serve the local API on this port at start")
     p.set_defaults(func=run)

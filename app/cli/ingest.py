@@ -23,9 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-embed", action="store_true", help="keyword index only (no embedding model)")
     p.add_argument("--all", action="store_true", help="also list unchanged files")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only failures and the summary")
-    p.add_argument("--watch", type=float, nargs="?", const=5.0, default=None, metavar="SECONDS",
-                   help="after indexing, keep watching every ingested path and re-index changes (polls every "
-                        "SECONDS, default 5; Ctrl+C stops)")
+    p.add_argument("--watch", action="store_true",
+                   help="after indexing, keep watching every ingested path and re-index changes (Ctrl+C stops)")
+    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                   help="with --watch: seconds between polls (default 5)")
     p.set_defaults(func=run)
 
 
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.paths and not args.rescan:
         raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
+    if args.watch and not args.interval > 0:
+        raise InvalidRequest(f"--interval needs a positive number of seconds, got {args.interval:g}",
+                             param="interval")
     store, embedder = open_default(with_embedder=not args.no_embed)
     bar = _ProgressBar(enabled=not args.quiet and sys.stderr.isatty())
     try:
@@ -49,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
             from app.assistant import prune_stale_citations
 
             prune_stale_citations(doc_store=store)
-        if args.watch is not None:
+        if args.watch:
             _print_report(report, args, embedder)
-            return _watch(ingester, store, args.watch)
+            return _watch(ingester, store, args.interval)
     finally:
         if embedder is not None:
             embedder.close()
@@ -72,10 +76,7 @@ def _watch(ingester, store, interval_s: float) -> int:
     import threading
 
     from app.assistant import prune_stale_citations
-    from app.errors import InvalidRequest
 
-    if interval_s <= 0:
-        raise InvalidRequest(f"--watch needs a positive number of seconds, got {interval_s}", param="watch")
     _restore_ctrl_c()
     print(f"watching {len(store.roots())} path(s) every {interval_s:g} s (Ctrl+C stops)", file=sys.stderr)
 

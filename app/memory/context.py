@@ -53,10 +53,11 @@ class EvidenceText:
     header: str
     passages: tuple[str, ...]
 
-    def block(self, n: int | None = None) -> str:
-        """The header and the first ``n`` passages (all by default), ending in a blank line; "" for none."""
-        kept = [p.strip() for p in self.passages[:n]]
-        return self.header.strip() + "\n\n" + "\n\n".join(kept) + "\n\n" if kept else ""
+    def block(self, keep: Sequence[int] | None = None) -> str:
+        """The header and the passages at indices ``keep`` (all by default), in rank order, ending in a blank
+        line; "" for none."""
+        chosen = [self.passages[i].strip() for i in (range(len(self.passages)) if keep is None else keep)]
+        return self.header.strip() + "\n\n" + "\n\n".join(chosen) + "\n\n" if chosen else ""
 
 
 EvidenceInput = "EvidenceText | str | Sequence[str] | None"  # what ``build`` accepts as evidence
@@ -144,11 +145,12 @@ class SummaryRequest:
 
 @dataclass
 class ContextPlan:
-    """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user, template (only
-    with an exact ``count_messages``: what the chat template adds, so that the parts sum to the exact prompt),
-    reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept`` / ``evidence_dropped``:
-    passages given to the model / left out for room (the kept ones are the first ``evidence_kept`` in rank
-    order)."""
+    """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user (with an exact
+    ``count_messages``: each part's own text, plus ``template``: what the chat template adds, so that the parts
+    sum to the exact prompt; without it, estimates that include ``message_overhead`` per message),
+    reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept``: indices (rank order) of
+    the passages given to the model; ``evidence_dropped``: how many were left out for room.
+    ``content_tokens``: each part's own text, in tokens, without the template's markers."""
 
     messages: list[ChatMessage]
     breakdown: dict[str, int]
@@ -158,12 +160,29 @@ class ContextPlan:
     history_ids: list[str] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
     evidence_dropped: int = 0
-    evidence_kept: int = 0
+    evidence_kept: tuple[int, ...] = ()
+    content_tokens: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
         b = self.breakdown
         return b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"] + b.get("template", 0)
+
+
+def _exact_breakdown(plan: ContextPlan, exact: int) -> ContextPlan:
+    """``plan`` with its breakdown made exact: each part is its own text's token count, ``template`` the rest of
+    the ``exact`` templated prompt (role markers, BOS, a transcript's example exchange), so the parts sum to
+    ``exact``. Where tokens merge across a part boundary (a rare token or two), the largest part absorbs it."""
+    b = plan.breakdown
+    b.update(plan.content_tokens)
+    parts = ("system", "summaries", "history", "evidence", "user")
+    rest = exact - sum(b[k] for k in parts)
+    if rest < 0:
+        b[max(parts, key=lambda k: b[k])] += rest
+        rest = 0
+    b["template"] = rest
+    b["free"] = plan.breakdown["n_ctx"] - b["reserved"] - exact
+    return plan
 
 
 def _turns(messages: Sequence[HistoryItem]) -> list[list[HistoryItem]]:
@@ -251,17 +270,18 @@ class ContextBuilder:
             return system, 0
         return system, self.count(block) + (2 if self.system_prompt else self.message_overhead)
 
-    def fit_evidence(self, evidence: EvidenceInput, room: int) -> tuple[str, int, int]:
-        """(block, tokens, passages kept): the longest front run of passages whose block fits ``room`` tokens;
-        ("", 0, 0) when not even the first fits."""
+    def fit_evidence(self, evidence: EvidenceInput, room: int) -> tuple[str, int, tuple[int, ...]]:
+        """(block, tokens, indices of the passages kept): passages in rank order, each kept when the block
+        with it still fits ``room`` tokens; ("", 0, ()) when none fits."""
         ev = as_evidence(evidence)
         if ev is None:
-            return "", 0, 0
-        kept = 0
-        while kept < len(ev.passages) and self.count(ev.block(kept + 1)) <= room:
-            kept += 1
+            return "", 0, ()
+        kept: list[int] = []
+        for i in range(len(ev.passages)):
+            if self.count(ev.block([*kept, i])) <= room:
+                kept.append(i)
         block = ev.block(kept)
-        return block, (self.count(block) if block else 0), kept
+        return block, (self.count(block) if block else 0), tuple(kept)
 
     def evidence_room(self, prompt_tokens: int) -> int:
         """Tokens evidence may take next to a prompt of ``prompt_tokens``: at most ``evidence_fraction`` of the
@@ -285,10 +305,7 @@ class ContextBuilder:
                 break
             plan = self._build(history, user_message, summaries, evidence, self.margin + over + 8)
             exact = self.count_messages(plan.messages)
-        b = plan.breakdown  # the template's own tokens (role markers, BOS, an example exchange) made explicit
-        b["template"] = max(0, exact - plan.prompt_tokens)
-        b["free"] = self.n_ctx - self.max_tokens - plan.prompt_tokens
-        return plan
+        return _exact_breakdown(plan, exact)
 
     def _build(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
                evidence: EvidenceInput, margin: int) -> ContextPlan:
@@ -309,7 +326,7 @@ class ContextBuilder:
         ev_text = as_evidence(evidence)
         ev_block, ev, ev_kept = self.fit_evidence(
             ev_text, min(int(avail * self.evidence_fraction), avail - system - summ - user))
-        ev_dropped = len(ev_text.passages) - ev_kept if ev_text else 0
+        ev_dropped = len(ev_text.passages) - len(ev_kept) if ev_text else 0
         room = avail - system - summ - ev - user
         request = None
         if sum(self._cost(m) for m in uncovered) > room or len(shown) < len(chain):
@@ -322,9 +339,14 @@ class ContextBuilder:
         breakdown = {"system": system, "summaries": summ, "history": hist, "evidence": ev, "user": user,
                      "reserved": self.max_tokens, "n_ctx": self.n_ctx}
         breakdown["free"] = self.n_ctx - self.max_tokens - (system + summ + hist + ev + user)
+        content = {"system": self.count(self.system_prompt) if self.system_prompt else 0,
+                   "summaries": self.count(self._summary_block(shown)) if shown else 0,
+                   "history": sum(self.count(m.content) for m in kept), "evidence": ev,
+                   "user": self.count(user_message)}
         return ContextPlan(messages, breakdown,
                            (request.first_message_id, request.last_message_id) if request else None, request,
-                           [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped, ev_kept)
+                           [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped, ev_kept,
+                           content)
 
     def _fit_turns(self, uncovered: Sequence[HistoryItem], room: int) -> tuple[list, list]:
         """Leave out the oldest whole turns until the rest fits ``room`` tokens."""

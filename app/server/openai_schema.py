@@ -20,8 +20,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from app.assistant.evidence import MAX_K as MAX_EVIDENCE  # passages one request may ask for (hearth.k)
+
 MAX_N = 8  # n > 1 runs n generations one after another; more than this is refused
-MAX_EVIDENCE = 20  # passages one request may ask for (hearth.k)
 
 
 class _Allow(BaseModel):
