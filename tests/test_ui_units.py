@@ -348,3 +348,10 @@ def test_sidebar_rename_delete_search(qtbot, memory_store):
     assert deleted == [b] and bar.model.index(1).data() == "Trip planning"
     # the search debounce started by clear() must not fire after the store is closed (in a later test)
     qtbot.waitUntil(lambda: not bar._debounce.isActive(), timeout=2000)
+
+
+def test_exact_breakdown_lists_the_template_part():
+    bd = {"system": 3, "summaries": 0, "history": 10, "evidence": 0, "user": 12, "template": 22, "reserved": 16,
+          "free": 4033, "n_ctx": 4096}
+    tip = context_tooltip(bd, {"prompt_tokens": 47, "completion_tokens": 2})
+    assert "Per part:" in tip and "Estimated" not in tip and "Chat template (role markers, BOS): 22" in tip

@@ -66,7 +66,8 @@ def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
 
 
 _PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),
-          ("Document evidence", "evidence"), ("Your message", "user"))
+          ("Document evidence", "evidence"), ("Your message", "user"),
+          ("Chat template (role markers, BOS)", "template"))
 
 
 def _int(d: dict[str, Any] | None, key: str) -> int:
@@ -113,8 +114,9 @@ def context_tooltip(breakdown: dict[str, Any], metrics: dict[str, Any] | None = 
     lines = [f"Context: {used} / {n_ctx} tokens"]
     if metrics and metrics.get("prompt_tokens") is not None:
         lines.append(f"  Prompt, as the model counted it (with the chat template): {_int(metrics, 'prompt_tokens')}")
-        lines.append("  Estimated per part:")
-    lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS]
+        # answers since the turn pipeline carry an exact breakdown (its ``template`` part); older ones an estimate
+        lines.append("  Per part:" if "template" in breakdown else "  Estimated per part:")
+    lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS if key != "template" or key in breakdown]
     lines.append(f"  Answer: {_int(metrics, 'completion_tokens')}")
     lines.append(f"  Reserved for the answer: {_int(breakdown, 'reserved')}")
     lines.append(f"  Free: {_int(breakdown, 'free')}")
