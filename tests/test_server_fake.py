@@ -323,7 +323,7 @@ class FakeDocs:
         self.queries.append((query, k))
         words = set(query.lower().strip("?").split()) - {"what", "is", "the"}
         items = [e for e in self.passages if words & set(e.text.lower().strip(".").split())][:k]
-        return Found(tuple(items), self.notice, "bm25")
+        return Found(tuple(items), self.notice)
 
 
 def cite_pelican(req):

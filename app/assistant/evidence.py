@@ -32,12 +32,10 @@ CITATION_KEYS = ("evidence_id", "path", "page", "quote")
 @dataclass(frozen=True)
 class Found:
     """The passages a search returned, best first, and ``notice``: a sentence when search was degraded (no
-    embedding model: keyword search only), else None; ``mode``: the ranking used (``hybrid``, ``bm25``,
-    ``vector``; "" when nothing was searched)."""
+    embedding model: keyword search only) or found nothing to search, else None."""
 
     evidence: tuple[Evidence, ...]
     notice: str | None = None
-    mode: str = ""
 
 
 class DocumentSource:
@@ -85,7 +83,7 @@ class DocumentSource:
             results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
-        return Found(tuple(kept), results.notice, results.mode)
+        return Found(tuple(kept), results.notice)
 
     def close(self) -> None:
         """Stop the search thread; close the store and the embedder this source owns."""
@@ -99,13 +97,10 @@ class DocumentSource:
 
 def check_k(k: object, param: str = "k") -> int:
     """``k`` (passages per turn) when it is an integer from 1 to ``MAX_K``; else ``InvalidRequest`` naming
-    ``param``."""
-    from app.errors import InvalidRequest
+    ``param`` (the search's own check, with the turn's smaller bound)."""
+    from app.retrieval.search import check_k as check_search_k
 
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise InvalidRequest(f"{param} must be an integer from 1 to {MAX_K} (passages per turn), got {k!r}",
-                             param=param)
-    return k
+    return check_search_k(k, limit=MAX_K, param=param)
 
 
 def dropped_notice(dropped: int) -> str | None:
@@ -134,8 +129,7 @@ def citations(answer: str, evidence: Sequence[Evidence]) -> list[dict]:
     else the passage), in answer order; [] when it cites none (IDs the model made up produce nothing)."""
     if not evidence:
         return []
-    return [{"evidence_id": c.evidence_id, "path": c.path, "page": c.page, "quote": c.quote}
-            for c in parse_citations(answer, list(evidence))]
+    return [{key: getattr(c, key) for key in CITATION_KEYS} for c in parse_citations(answer, list(evidence))]
 
 
 def given(evidence: Sequence[Evidence]) -> list[dict]:

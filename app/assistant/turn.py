@@ -105,6 +105,11 @@ class EngineCalls:
             with self._lock:
                 self._current = None
 
+    def reset(self) -> None:
+        """A new turn: forget a cancel of the previous one."""
+        with self._lock:
+            self.cancelled = False
+
     def cancel(self) -> None:
         with self._lock:
             self.cancelled = True
@@ -167,7 +172,7 @@ class Assistant:
         means a new first message); ``regenerate_of``: a new answer to this stored user message (``text``
         unused). Errors: ``StoreError`` for an unknown conversation, ``ContextLengthExceeded``,
         ``Cancelled``, ``EngineCrashed`` (the partial answer is kept)."""
-        self.calls.cancelled = False
+        self.calls.reset()
         query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
         found = self._search(conversation_id, query or "")
         stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence)

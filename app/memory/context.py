@@ -47,8 +47,9 @@ EVIDENCE_HEADER = "Sources that may help with the question below:"
 class EvidenceText:
     """Retrieved passages as prompt text: one ``header`` (the instructions that go with them), then the
     ``passages`` in rank order, each already rendered (``app.assistant.evidence`` renders ``[E:<id>] path``
-    headed passages). The builder keeps passages from the front while they fit, so evidence is trimmed passage
-    by passage, never cut inside one."""
+    headed passages). The builder takes passages in rank order, each one that still fits (a passage too long
+    for the room left is skipped whole, and a shorter one after it may still go in), so evidence is trimmed
+    passage by passage, never cut inside one."""
 
     header: str
     passages: tuple[str, ...]
@@ -65,8 +66,10 @@ EvidenceInput = "EvidenceText | str | Sequence[str] | None"  # what ``build`` ac
 
 def as_evidence(evidence: EvidenceInput) -> EvidenceText | None:
     """``evidence`` as ``EvidenceText``: plain strings are passages under ``EVIDENCE_HEADER``; empty → None."""
-    if evidence is None or isinstance(evidence, EvidenceText):
-        return evidence if evidence is None or evidence.passages else None
+    if isinstance(evidence, EvidenceText):
+        return evidence if evidence.passages else None
+    if evidence is None:
+        return None
     parts = [evidence] if isinstance(evidence, str) else list(evidence)
     parts = [p for p in parts if p and p.strip()]
     return EvidenceText(EVIDENCE_HEADER, tuple(parts)) if parts else None
@@ -283,10 +286,11 @@ class ContextBuilder:
         block = ev.block(kept)
         return block, (self.count(block) if block else 0), tuple(kept)
 
-    def evidence_room(self, prompt_tokens: int) -> int:
+    def evidence_room(self, prompt_tokens: int, available: int | None = None) -> int:
         """Tokens evidence may take next to a prompt of ``prompt_tokens``: at most ``evidence_fraction`` of the
-        prompt budget, and never more than what the prompt leaves."""
-        return max(0, min(int(self.available * self.evidence_fraction), self.available - prompt_tokens))
+        prompt budget (``available``, default ``self.available``), and never more than what the prompt leaves."""
+        avail = self.available if available is None else available
+        return max(0, min(int(avail * self.evidence_fraction), avail - prompt_tokens))
 
     # ---- the plan ---------------------------------------------------------------------------------------------
 
@@ -324,8 +328,7 @@ class ContextBuilder:
             shown.pop(0)  # summaries from a larger n_ctx: keep the newest that fit; a roll-up is requested
         system, summ = self._system_costs(self._summary_block(shown))
         ev_text = as_evidence(evidence)
-        ev_block, ev, ev_kept = self.fit_evidence(
-            ev_text, min(int(avail * self.evidence_fraction), avail - system - summ - user))
+        ev_block, ev, ev_kept = self.fit_evidence(ev_text, self.evidence_room(system + summ + user, avail))
         ev_dropped = len(ev_text.passages) - len(ev_kept) if ev_text else 0
         room = avail - system - summ - ev - user
         request = None

@@ -40,11 +40,17 @@ def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, fl
     return sorted(scores.items(), key=lambda kv: -kv[1])
 
 
+def check_k(k: object, *, limit: int = MAX_K, param: str = "k") -> int:
+    """``k`` when it is an integer from 1 to ``limit``; else ``InvalidRequest`` naming ``param``."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
+        raise InvalidRequest(f"{param} must be an integer from 1 to {limit}, got {k!r}", param=param)
+    return k
+
+
 def check_search_args(k: object, mode: object) -> None:
     """``InvalidRequest`` naming the parameter unless ``k`` is an integer in 1..MAX_K and ``mode`` is None,
     ``"hybrid"``, ``"bm25"`` or ``"vector"``."""
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise InvalidRequest(f"k must be an integer from 1 to {MAX_K}, got {k!r}", param="k")
+    check_k(k)
     if mode not in (None, MODE_HYBRID, MODE_BM25, MODE_VECTOR):
         raise InvalidRequest(f"mode must be hybrid, bm25 or vector, got {mode!r}", param="mode")
 

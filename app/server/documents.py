@@ -13,12 +13,10 @@ from typing import Any, Optional
 
 from starlette.concurrency import run_in_threadpool
 
+from app.assistant.turn import DEFAULT_K
 from app.server.convert import Plan
 from app.server.errors import DocumentsUnavailable
 from app.server.openai_schema import HearthOptions
-
-DEFAULT_K = 4  # passages when the request gives no ``hearth.k``
-
 
 class Documents:
     """The server's documents provider (a ``DocumentSource``, or None)."""
