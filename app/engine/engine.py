@@ -429,5 +429,6 @@ def _metrics(t_call: float, t0: float, times: list[float], cm: dict) -> Metrics:
         decode_tps=(len(itl) / decode_span) if decode_span > 0 else 0.0,
         total_s=end - t0, queue_s=t0 - t_call, restore_s=cm.get("restore_s", 0.0),
         cache_source=cm.get("cache_source", "none"), cache_error=cm.get("cache_error", ""),
+        cache_reuse=cm.get("cache_reuse", "cold"), cache_reuse_reason=cm.get("cache_reuse_reason", ""),
         peak_rss_bytes=cm.get("peak_rss_bytes", 0),
     )

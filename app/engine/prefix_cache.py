@@ -15,13 +15,21 @@ only if an entry's every token equals the start of the new prompt (checked by ha
 Similar text is never a hit.
 
 Fingerprint: llama-cpp-python version, llama.cpp system info, the model file's sha256, type_k, type_v,
-flash attention, swa_full and n_ctx: everything the state layout depends on. An entry from another
+flash attention, swa_full, n_ctx, n_batch, n_ubatch, n_gpu_layers and offload_kqv: everything the state layout
+or its bits depend on (n_batch sets the canonical chunks, so an entry prefilled in other chunks would differ
+from this engine's cold prefill in the last bits; the GPU layers compute with other kernels). The thread count
+is not in it: the prefilled KV state was measured bit-identical with 1 and 2 threads. An entry from another
 fingerprint is never restored.
+
+Exactness needs the same bits *and* the same cells: llama.cpp sums a token's attention over KV cells in cell
+order (split across threads by cell index in the decode kernel), so a restored entry must put every position
+back in the cell the cold prefill used. ``PrefixCache._set_state`` says how (the sequence restore, not the
+whole-context one, whose head reset moved the next token of a sliding-window cache to cell 0).
 
 Sliding-window models (Gemma 3): Hearth loads them with ``swa_full=True`` (the full-size SWA cache), so every
 layer keeps every cell and a restored prefix gives the same logits as a cold prefill. With a window-only cache
 a restored shorter prefix would be wrong (docs/llama-cpp-notes.md); the engine therefore does not use the prefix
-cache when ``swa_full`` is off on a model with a sliding window.
+cache when ``swa_full`` is off on a model with a sliding window, and says so (``cache_reuse_reason``).
 
 Files: ``kv-cache/<fingerprint[:16]>/<prefix hash>.kv`` with header
 ``MAGIC | u32 version | 64-byte fingerprint hex | u32 n_tokens | n_tokens × i32 token ids | u64 payload bytes |
@@ -107,7 +115,8 @@ def fingerprint(model_sha256: str, settings: Any, extra: dict | None = None) -> 
     d = {"format": FORMAT_VERSION, "llama_cpp_python": lib, "llama_cpp_system": sysinfo,
          "model_sha256": model_sha256, "type_k": settings.type_k, "type_v": settings.type_v,
          "flash_attn": bool(settings.flash_attn), "swa_full": bool(settings.swa_full), "n_ctx": settings.n_ctx,
-         **(extra or {})}
+         "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch, "n_gpu_layers": settings.n_gpu_layers,
+         "offload_kqv": bool(settings.offload_kqv), **(extra or {})}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest(), d
 
 
@@ -151,6 +160,25 @@ def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> bytes:
     if hashlib.sha256(payload).digest() != digest:
         raise EntryError("checksum mismatch")
     return payload
+
+
+_SEQ_MAGIC = 0xAF143CD8  # llama.cpp llama-context.cpp ``io_magic``: the head of a sequence state
+
+
+def seq_payload(whole: bytes, seq_id: int = 0) -> bytes:
+    """The sequence-state form (``llama_state_seq_set_data``) of a whole-context state of one sequence.
+
+    llama.cpp 0.3.36 writes a whole-context state as ``u32 n | n bytes of architecture name | memory`` and a
+    sequence state as ``u32 magic | i32 seq_id | memory``; for a context of one sequence the memory part is the
+    same bytes (each cell: position, one sequence id, its K and V rows). Raises ``EntryError`` when ``whole``
+    does not start with a plausible architecture name."""
+    if len(whole) < 4:
+        raise EntryError("state too short")
+    (n,) = struct.unpack_from("<I", whole, 0)
+    name = whole[4:4 + n]
+    if n == 0 or n > 64 or len(whole) < 4 + n or not name.isascii() or not name.decode().isprintable():
+        raise EntryError("state does not start with an architecture name (unknown llama.cpp state format)")
+    return struct.pack("<Ii", _SEQ_MAGIC, seq_id) + whole[4 + n:]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -393,13 +421,27 @@ class PrefixCache:
 
     @staticmethod
     def _set_state(rt: Any, payload: bytes, tokens: list[int]) -> None:
+        """Put the saved KV cells back so that the cache is laid out exactly as the cold prefill left it.
+
+        Not ``llama_state_set_data``: that whole-context restore writes the cells back from index 0 but sets
+        the cache head to 0, and a sliding-window cache (Gemma 3) then stores the next token in the first cell
+        that is out of the window (position 0) instead of the next free one. The next token's attention sums
+        its KV cells in another order (the split-KV flash-attention kernel cuts them by cell index), so its
+        logits differ in the last bits and a near tie flips (docs/prefix-cache.md). The sequence restore
+        (``llama_state_seq_set_data``) places the cells through the cache's own slot search, from cell 0 of a
+        cleared cache, and leaves the head after the last one: every cell at the index the cold prefill gave it.
+        The entry keeps the whole-context format (every cell, out-of-window ones too, so a shorter prefix can
+        be kept); for a single sequence its memory part is byte for byte the sequence format, so only the
+        header is rewritten (``seq_payload``). Raises ``EntryError`` if llama.cpp refuses it."""
         import llama_cpp
 
         llm = rt.llm
         llm._ctx.kv_cache_clear()
         llm.n_tokens = 0
-        buf = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
-        if llama_cpp.llama_state_set_data(llm._ctx.ctx, buf, len(payload)) == 0:
+        data = seq_payload(payload)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(data), 0) != len(data):
+            llm._ctx.kv_cache_clear()
             raise EntryError("llama.cpp refused the state data")
         llm.input_ids[:len(tokens)] = tokens
         llm.n_tokens = len(tokens)

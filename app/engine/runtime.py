@@ -222,7 +222,8 @@ class Runtime:
         n = min(n, self.canonical_upto)
         return n - n % self.settings.n_batch
 
-    def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict) -> None:
+    def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict,
+                reuse_ok: bool = True) -> None:
         """Make the KV cache hold exactly ``tokens`` with logits for the last one.
 
         Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
@@ -232,14 +233,16 @@ class Runtime:
         prefix is either whole chunks, or all L−1 tokens when they were laid out for a prompt of the same
         length; so the KV and the last token's logits are bit for bit those of a cold prefill, and the answer
         equals the cold run's. The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
-        is honoured between chunks."""
+        is honoured between chunks. ``reuse_ok=False`` (the request's ``prefix_cache``) prefills cold: no live
+        reuse, no disk lookup, no save."""
         llm = self.llm
         C = self.settings.n_batch
         L = len(tokens)
-        reuse = self.live_prefix(tokens) if self.reuse_ok else 0
+        cache = self.prefix_cache if reuse_ok and self.reuse_ok else None
+        reuse = self.live_prefix(tokens) if reuse_ok and self.reuse_ok else 0
         source = "memory" if reuse else "none"
-        if self.prefix_cache is not None and self.reuse_ok:
-            got = self.prefix_cache.restore_longest(self, tokens, reuse, metrics)
+        if cache is not None:
+            got = cache.restore_longest(self, tokens, reuse, metrics)
             if got > reuse:
                 reuse, source = got, "disk"
             elif llm.n_tokens == 0:  # a rejected entry: the KV cache was cleared, nothing is reusable
@@ -252,6 +255,7 @@ class Runtime:
         self.layout_len = L if reuse == L - 1 else 0
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
+        metrics["cache_reuse"], metrics["cache_reuse_reason"] = self._reuse_note(reuse, source, L, metrics, reuse_ok)
         t0 = time.perf_counter()
         for start in range(reuse, L - 1, C):
             if cancelled():
@@ -261,12 +265,32 @@ class Runtime:
             if end - start == C:
                 self.canonical_upto = end
         self.layout_len = L
-        if reuse < L - 1 and self.prefix_cache is not None and self.reuse_ok:
-            self.prefix_cache.maybe_save(self, tokens[:L - 1], metrics)
+        if reuse < L - 1 and cache is not None:
+            cache.maybe_save(self, tokens[:L - 1], metrics)
         if cancelled():
             raise Cancelled("cancelled during prefill")
         llm.eval(tokens[L - 1:])
         metrics["prefill_s"] = time.perf_counter() - t0
+
+    def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, asked: bool) -> tuple[str, str]:
+        """``("exact", which path)`` when a prefix was reused, else ``("cold", why not)``: every reuse path
+        that ``prefill`` takes gives the cold run's bits, so a path that could not does not run at all."""
+        C = self.settings.n_batch
+        if reuse:
+            where = "restored from disk" if source == "disk" else "live KV cache"
+            part = ("all but the last prompt token" if reuse == L - 1
+                    else f"{reuse // C} whole chunk(s) of {C} tokens")
+            return "exact", f"{where}: {part}"
+        if not asked:
+            return "cold", "prefix reuse off for this request"
+        if not self.reuse_ok:
+            return "cold", ("window-only sliding-window cache (swa_full off): a reused prefix would not "
+                            "equal a cold prefill")
+        if metrics.get("cache_error"):
+            return "cold", f"prefix-cache entry rejected: {metrics['cache_error']}"
+        if L - 1 < C:
+            return "cold", f"prompt shorter than one chunk ({C} tokens) and not a repeat of the last prompt"
+        return "cold", "no cached prefix of this prompt (live or on disk)"
 
     # -- generation -----------------------------------------------------------------------------------
     def generate(self, request: GenerateRequest, emit: Callable[..., None],
@@ -282,7 +306,7 @@ class Runtime:
             raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
         metrics: dict[str, Any] = {"prompt_tokens": len(tokens)}
         sampler = self._sampler(d)
-        self.prefill(tokens, cancelled, metrics)
+        self.prefill(tokens, cancelled, metrics, reuse_ok=request.prefix_cache)
         streamer = StopStreamer(tuple(d.stop) + rp.stop)
         llm = self.llm
         max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full

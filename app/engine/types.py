@@ -213,6 +213,9 @@ class Metrics:
     - ``decode_tps``: (completion_tokens − 1) / (last token time − first token time).
     - ``total_s``: accepted → done.
     - ``restore_s``: time to load a prefix-cache entry from disk (0 if none).
+    - ``cache_reuse``: ``"exact"`` when ``cached_tokens`` were reused (live KV or a disk entry; every reuse
+      path gives the cold prefill's KV bits in the cold prefill's cells, docs/prefix-cache.md), ``"cold"``
+      when none were; ``cache_reuse_reason`` names the path or why none was taken.
     - ``peak_rss_bytes``: peak resident memory of the engine process (``ru_maxrss``).
     """
 
@@ -232,6 +235,8 @@ class Metrics:
     restore_s: float = 0.0
     cache_source: str = "none"  # none | memory | disk
     cache_error: str = ""  # why a prefix-cache entry was rejected (then the prompt was prefilled cold)
+    cache_reuse: str = "cold"  # exact (a prefix was reused, bit for bit a cold prefill's) | cold
+    cache_reuse_reason: str = ""  # which reuse path, or why none was taken
     peak_rss_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
