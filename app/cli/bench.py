@@ -1,4 +1,5 @@
-"""``hearth bench engine|cache``: benchmarks that print ratios against a baseline measured in the same run."""
+"""``hearth bench engine|cache|server|load|...``: benchmarks that print ratios against a baseline measured in the same
+run (``load``: latency and throughput under five workloads, against Hearth or any OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from pathlib import Path
 
 BENCHES = {"engine": "benchmarks.engine_bench", "cache": "benchmarks.prefix_cache_bench",
            "server": "benchmarks.server_bench", "retrieval": "benchmarks.retrieval_perf",
-           "retrieval-quality": "benchmarks.retrieval_quality"}
+           "retrieval-quality": "benchmarks.retrieval_quality", "load": "benchmarks.load_bench"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, retrieval, retrieval-quality)")
+    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, load, retrieval, retrieval-quality)")
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see its --help)")
     p.set_defaults(func=run)

@@ -1,0 +1,677 @@
+"""``hearth bench load``: latency and throughput of an OpenAI-compatible server under five workloads, with the
+measurement contract written into every report.
+
+The client streams ``/v1/completions`` (default: no chat template, so two servers prefill the same text) or
+``/v1/chat/completions`` with ``httpx`` from threads: ``stream: true``, ``stream_options.include_usage``,
+greedy (``temperature: 0``) and a fixed ``max_tokens``. It measures whatever server it is pointed at, Hearth's
+FIFO engine included; nothing here knows how the server schedules. The clocks (TTFT, ITL, TPOT, end-to-end,
+queueing) and the ok / rejected / failed accounting are defined in ``benchmarks.loadstats``.
+
+Workloads (prompts generated deterministically from ``--seed``, the round and the workload; both targets of
+a round get the same prompts, and each round new ones, so no round is served from the previous round's cache):
+
+- ``single``: one stream at a time, ``--repeats`` distinct short prompts back to back;
+- ``long``: one prompt of about ``--long-tokens`` tokens (3000) per round;
+- ``multiturn``: one conversation of ``--turns`` turns replayed in order, each turn's history holding the
+  previous answers; ``--think-s`` waits between turns are outside every request's clocks and inside the
+  conversation's end-to-end time (``extra.conversation_e2e_s``);
+- ``poisson``: open loop, ``--requests`` arrivals per rate at each of ``--rates`` requests/s (Poisson process,
+  ``loadstats.poisson_arrivals``), a ``--long-fraction`` of them long prompts, the rest short; a request is
+  sent at its arrival time whether or not earlier ones have finished;
+- ``closed``: ``--clients`` clients, each sending ``--requests-per-client`` short prompts, the next as soon as
+  the previous one ends.
+
+Targets: by default Hearth's own server (``app.server.ServerThread`` over an ``Engine`` of the bundled model,
+or ``--model``) on 127.0.0.1 and a free port, its disk prefix cache in a fresh temporary folder (cold at the
+start, warmed only by this run's requests; ``--no-prefix-cache`` turns it off). ``--url URL`` measures any
+OpenAI-compatible server instead; ``--compare URL`` adds a second server, run alternately with the first
+(per round, each workload on the first target, then on the second) and reported as ratios second/first.
+Output: a Markdown table on stdout (``--json``: the whole record), and with ``--out DIR`` ``load.json``,
+``load.md`` and PNG plots (``benchmarks.load_report``).
+
+Run: ``hearth bench load [--workloads closed,poisson] [--rates 0.5,1] [--compare http://127.0.0.1:8080]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import random
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from benchmarks.loadstats import SLO, RequestRecord, poisson_arrivals
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = ("single", "long", "multiturn", "poisson", "closed")
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+MULTITURN_STOP = ("\nUser:",)
+
+
+class BenchError(Exception):
+    """A known reason the benchmark cannot run (unreachable server, no model name...): one line, no traceback."""
+
+
+# -- prompts (deterministic from a random.Random) -------------------------------------------------------------
+NAMES = ("Mara", "Tomas", "Ines", "Oskar", "Lena", "Farid", "Greta", "Yusuf", "Alba", "Niko", "Sunniva", "Ravi")
+TRADES = ("baker", "ferry pilot", "clockmaker", "librarian", "beekeeper", "cartographer", "glassblower",
+          "lighthouse keeper", "tailor", "surveyor")
+PLACES = ("a harbour town", "the hill village of Arden", "a city of canals", "a mining town in the north",
+          "an island with one road", "the river port of Vell")
+FINDS = ("a sealed letter", "an old brass key", "a map with one island missing", "a stopped pocket watch",
+         "a ledger with a torn page", "a box of seeds from far away")
+CARGO = ("salt", "timber", "wool", "copper", "grain", "lamp oil", "rope", "tea", "iron nails", "dried fish")
+SHIPS = ("Heron", "Marigold", "North Star", "Patience", "Kestrel", "Old Grey", "Swift", "Juniper")
+WEATHER = ("a calm sea", "fog until noon", "a strong west wind", "rain and low cloud", "clear skies",
+           "a rising storm")
+
+
+def short_prompt(rng: random.Random) -> str:
+    """A story opening of about 40 tokens that a base model continues (text only; no chat markers)."""
+    name = rng.choice(NAMES)
+    return (f"The story of {name}, a {rng.choice(TRADES)} from {rng.choice(PLACES)}.\n\n"
+            f"One morning {name} found {rng.choice(FINDS)} on the doorstep. It was the strangest thing, "
+            f"because")
+
+
+# Gemma 3's tokenizer reads the ledger sentences below at about 4.4 characters per token (measured on the
+# bundled model); the server's own count is what the report shows (usage.prompt_tokens).
+LEDGER_CHARS_PER_TOKEN = 4.4
+
+
+def long_prompt(rng: random.Random, tokens: int) -> str:
+    """About ``tokens`` tokens of harbour-ledger sentences, then an open line to continue."""
+    lines = ["The harbour ledger, copied out in full:\n"]
+    size = len(lines[0])
+    while size < tokens * LEDGER_CHARS_PER_TOKEN:
+        line = (f"On day {rng.randint(1, 28)} of month {rng.randint(1, 12)} the {rng.choice(SHIPS)} came in "
+                f"from {rng.choice(PLACES)} with {rng.randint(2, 90)} crates of {rng.choice(CARGO)} under "
+                f"captain {rng.choice(NAMES)}, and the log noted {rng.choice(WEATHER)}.\n")
+        lines.append(line)
+        size += len(line)
+    lines.append("\nThe clerk who kept this ledger wrote at the bottom of the last page:")
+    return "".join(lines)
+
+
+def follow_up(rng: random.Random) -> str:
+    """A user turn that continues a conversation."""
+    return rng.choice(("What happened next?", "Who else was there?", "Why did that matter?",
+                       "Describe the place in more detail.", "What did they decide to do?"))
+
+
+def transcript(messages: Sequence[tuple[str, str]]) -> str:
+    """Chat messages as one plain completion prompt (``User:`` / ``Assistant:`` lines, open assistant turn)."""
+    return "".join(f"{'User' if r == 'user' else 'Assistant'}: {c}\n" for r, c in messages) + "Assistant:"
+
+
+def cell_rng(seed: int, rnd: int, label: str) -> random.Random:
+    """The prompt generator of one workload cell in one round (the same for every target)."""
+    return random.Random(f"{seed}:{rnd}:{label}")
+
+
+# -- targets --------------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """A server under test: ``name`` (``hearth``, ``target`` or ``other``), base ``url`` (no ``/v1``), the
+    ``model`` field sent, what is known of it (``contract``) and its HTTP client (set by ``open_targets``)."""
+
+    name: str
+    url: str
+    model: str
+    contract: dict[str, Any]
+    client: Any = None
+
+
+def base_url(url: str) -> str:
+    """``http://h:p``, ``http://h:p/`` and ``http://h:p/v1`` → ``http://h:p``; raises ``BenchError`` for a URL
+    without http(s)://."""
+    u = url.strip().rstrip("/")
+    if u.endswith("/v1"):
+        u = u[:-3]
+    if not u.startswith(("http://", "https://")):
+        raise BenchError(f"server URL must start with http:// or https://, got {url!r}")
+    return u
+
+
+def discover_model(url: str, api_key: Optional[str], served_model: Optional[str]) -> str:
+    """The model name to send: ``served_model``, else the loaded (Hearth) or first id of ``GET /v1/models``.
+    Raises ``BenchError`` when the server cannot be reached or names no model."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise BenchError(f"cannot reach the server at {url} ({type(e).__name__}: {e})") from None
+    if served_model:
+        return served_model
+    try:
+        body = r.json() if r.status_code == 200 else {}
+    except ValueError:
+        body = {}
+    data = [m for m in (body.get("data") or []) if isinstance(m, dict) and "id" in m] if isinstance(body, dict) \
+        else []
+    if not data:
+        raise BenchError(f"GET {url}/v1/models answered HTTP {r.status_code} without a model; pass "
+                         "--served-model NAME" + (" (and --api-key KEY)" if r.status_code == 401 else ""))
+    loaded = [m for m in data if isinstance(m.get("hearth"), dict) and m["hearth"].get("loaded")]
+    return str((loaded or data)[0]["id"])
+
+
+def url_target(name: str, url: str, cfg: argparse.Namespace) -> Target:
+    """Any OpenAI-compatible server: what the client cannot know stays ``None`` in the contract."""
+    u = base_url(url)
+    model = discover_model(u, cfg.api_key, cfg.served_model)
+    return Target(name, u, model, {"kind": "url", "url": u, "model": model, "model_path": None,
+                                   "model_sha256": None, "load_settings": None,
+                                   "cache_state": "server-managed (unknown to the client)"})
+
+
+def hearth_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, engine: Any = None) -> Target:
+    """Hearth's own server on 127.0.0.1 (a free port) over ``engine``, or over an engine loaded here from the
+    load flags (closed with ``stack``). Raises ``HearthError`` when the model cannot be loaded."""
+    from app.server import ServerThread, create_app
+    from app.server.models import loaded_id
+    from app.settings import ServerSettings
+
+    if engine is None:
+        engine, cache_state = _load_engine(cfg, stack)
+    else:
+        cache_state = _cache_state(engine.cache_cfg, "the caller's engine")
+    if cfg.max_queue is not None:
+        engine.max_queue = cfg.max_queue
+    srv = stack.enter_context(ServerThread(create_app(engine, ServerSettings())))
+    model = loaded_id(engine)
+    return Target("hearth", srv.url, model, {"kind": "hearth", "url": srv.url, "model": model,
+                                             **_model_identity(engine.model_path),
+                                             "load_settings": _asdict(engine.settings),
+                                             "max_queue": engine.max_queue, "engine_info": dict(engine.info),
+                                             "cache_state": cache_state})
+
+
+def _load_engine(cfg: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, str]:
+    from app.cli._engine_args import load_settings
+    from app.engine.engine import Engine
+    from app.engine.registry import resolve_model
+    from app.settings import load_user_settings
+
+    path = resolve_model(cfg.model)
+    cache = None
+    if cfg.prefix_cache:
+        opts = load_user_settings().prefix_cache_options(cfg.cache_budget_mb)
+        if opts is not None:
+            cache = {**opts, "dir": stack.enter_context(tempfile.TemporaryDirectory(prefix="hearth-bench-kv-"))}
+    engine = Engine(path, load_settings(cfg), prefix_cache=cache,
+                    max_queue=load_user_settings().server.max_queue)
+    stack.callback(engine.close)
+    engine.load()
+    return engine, _cache_state(cache, "a fresh temporary folder")
+
+
+def _cache_state(cache_cfg: Optional[dict], where: str) -> str:
+    if not cache_cfg:
+        return "prefix cache off"
+    return (f"prefix cache on, disk part in {where}: cold at the start of the run; later requests may reuse "
+            "prefixes of earlier ones (live KV or disk)")
+
+
+def _model_identity(path: Any) -> dict[str, Any]:
+    from app.engine.gguf_info import file_sha256
+
+    try:
+        sha = file_sha256(path)
+    except OSError as e:
+        sha = None
+        log.warning("cannot hash %s: %s", path, e)
+    return {"model_path": str(path), "model_sha256": sha}
+
+
+def _asdict(obj: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(obj) if is_dataclass(obj) else obj
+
+
+@contextlib.contextmanager
+def open_targets(cfg: argparse.Namespace, engine: Any = None):
+    """Yield the targets in run order (first: ``--url`` or Hearth's own server; second: ``--compare``), each
+    with an open ``httpx.Client``; everything started here (engine, server, clients) is stopped on exit,
+    whatever happens."""
+    import httpx
+
+    with contextlib.ExitStack() as stack:
+        first = url_target("target", cfg.url, cfg) if cfg.url else None
+        other = url_target("other", cfg.compare, cfg) if cfg.compare else None
+        if first is None:
+            first = hearth_target(cfg, stack, engine)
+        targets = [t for t in (first, other) if t is not None]
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        for t in targets:
+            t.client = stack.enter_context(httpx.Client(
+                base_url=t.url, headers=headers, timeout=httpx.Timeout(cfg.timeout_s, connect=10.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)))
+        yield targets
+
+
+# -- one request ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ask:
+    """One request to send: the conversation so far (``(role, text)`` pairs), stop strings and the label of
+    its workload cell."""
+
+    messages: tuple[tuple[str, str], ...]
+    label: str
+    stop: tuple[str, ...] = ()
+    kind: str = "short"
+
+
+def request_body(endpoint: str, model: str, ask: Ask, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of ``ask`` on ``endpoint`` (``completions``: the messages as a plain transcript
+    when there is more than one; ``chat``: the messages)."""
+    body: dict[str, Any] = {"model": model, "temperature": 0, "max_tokens": max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if ask.stop:
+        body["stop"] = list(ask.stop)
+    if endpoint == "chat":
+        body["messages"] = [{"role": r, "content": c} for r, c in ask.messages]
+    else:
+        body["prompt"] = ask.messages[0][1] if len(ask.messages) == 1 else transcript(ask.messages)
+    return ENDPOINTS[endpoint], body
+
+
+def send(target: Target, endpoint: str, ask: Ask, max_tokens: int) -> RequestRecord:
+    """Stream one request and return what the client saw; never raises for the server's or the network's
+    faults (HTTP 429 → ``rejected``; any other status, a connection error, an error event or a stream cut
+    before ``data: [DONE]`` → ``failed``)."""
+    import httpx
+
+    path, body = request_body(endpoint, target.model, ask, max_tokens)
+    rec = RequestRecord(label=ask.label)
+    rec.send_s = time.perf_counter()
+    try:
+        with target.client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                _http_error(rec, r)
+            else:
+                _consume(rec, r, endpoint)
+    except httpx.HTTPError as e:
+        rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - a client bug must not stop the other requests; logged in full
+        log.exception("benchmark client error")
+        rec.status, rec.error = "failed", f"client error {type(e).__name__}: {e}"
+    if rec.end_s is None:
+        rec.end_s = time.perf_counter()
+    return rec
+
+
+def _http_error(rec: RequestRecord, r: Any) -> None:
+    raw = r.read()
+    rec.end_s = time.perf_counter()
+    rec.http_status = r.status_code
+    rec.status = "rejected" if r.status_code == 429 else "failed"
+    try:
+        msg = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = raw[:200].decode("utf-8", "replace")
+    retry = r.headers.get("retry-after")
+    rec.error = f"HTTP {r.status_code}: {msg}" + (f" (Retry-After {retry})" if retry else "")
+
+
+def _consume(rec: RequestRecord, r: Any, endpoint: str) -> None:
+    rec.http_status = 200
+    done, pieces = False, []
+    for line in r.iter_lines():
+        now = time.perf_counter()
+        if not line.startswith("data:"):
+            continue  # blank separators, SSE comments, event: lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            rec.status, rec.error = "failed", f"bad SSE data: {data[:120]!r}"
+            break
+        if not isinstance(obj, dict):
+            rec.status, rec.error = "failed", f"SSE data is not a JSON object: {data[:120]!r}"
+            break
+        if obj.get("error") is not None:
+            err = obj["error"]
+            rec.status = "failed"
+            rec.error = "error event: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
+            break
+        _chunk(rec, obj, endpoint, now, pieces)
+    rec.end_s = time.perf_counter()
+    rec.text = "".join(pieces)
+    if rec.status == "ok" and not done:
+        rec.status, rec.error = "failed", "stream ended before data: [DONE]"
+    if rec.tokens_source == "deltas":
+        rec.completion_tokens = len(rec.token_times)
+
+
+def _chunk(rec: RequestRecord, obj: dict, endpoint: str, now: float, pieces: list[str]) -> None:
+    choices = obj.get("choices") or []
+    if choices:
+        ch = choices[0]
+        text = ch.get("text") if endpoint == "completions" else (ch.get("delta") or {}).get("content")
+        if text:
+            if rec.first_token_s is None:
+                rec.first_token_s = now
+            rec.token_times.append(now)
+            pieces.append(text)
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        rec.tokens_source = "usage"
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            rec.cached_tokens = int(details["cached_tokens"])
+    hearth = obj.get("hearth")
+    metrics = hearth.get("metrics") if isinstance(hearth, dict) else None
+    if isinstance(metrics, dict) and isinstance(metrics.get("queue_s"), (int, float)):
+        rec.queue_s = float(metrics["queue_s"])
+
+
+# -- workloads ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One workload at one setting: ``label`` names it in the report (``poisson@0.5rps``)."""
+
+    workload: str
+    label: str
+    rate: Optional[float] = None
+
+
+def cells(cfg: argparse.Namespace) -> list[Cell]:
+    out = []
+    for w in cfg.workloads:
+        if w == "poisson":
+            out += [Cell(w, f"poisson@{r:g}rps", r) for r in cfg.rates]
+        else:
+            out.append(Cell(w, w))
+    return out
+
+
+@dataclass
+class CellRun:
+    """The records of one cell on one target in one round, and what the workload adds (``extra``)."""
+
+    cell: Cell
+    target: str
+    round: int
+    records: list[RequestRecord]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_cell(cfg: argparse.Namespace, target: Target, cell: Cell, rnd: int) -> CellRun:
+    """Run ``cell`` once on ``target``; the prompts depend only on (seed, round, cell)."""
+    rng = cell_rng(cfg.seed, rnd, cell.label)
+    runner = {"single": _single, "long": _long, "multiturn": _multiturn, "poisson": _poisson,
+              "closed": _closed}[cell.workload]
+    records, extra = runner(cfg, target, cell, rng)
+    return CellRun(cell, target.name, rnd, records, extra)
+
+
+def _ask(cfg: argparse.Namespace, cell: Cell, rng: random.Random, long: bool = False) -> Ask:
+    text = long_prompt(rng, cfg.long_tokens) if long else short_prompt(rng)
+    return Ask(((("user", text),)), cell.label, kind="long" if long else "short")
+
+
+def _single(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    asks = [_ask(cfg, cell, rng) for _ in range(cfg.repeats)]
+    return [send(target, cfg.endpoint, a, cfg.max_tokens) for a in asks], {}
+
+
+def _long(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    return [send(target, cfg.endpoint, _ask(cfg, cell, rng, long=True), cfg.max_tokens)], {}
+
+
+def _multiturn(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    """Turns in order; each waits ``think_s`` after the previous answer (outside the request's clocks)."""
+    messages: list[tuple[str, str]] = [("user", short_prompt(rng))]
+    follow = [follow_up(rng) for _ in range(cfg.turns - 1)]
+    records: list[RequestRecord] = []
+    t0 = time.perf_counter()
+    for i in range(cfg.turns):
+        if i:
+            time.sleep(cfg.think_s)
+        rec = send(target, cfg.endpoint, Ask(tuple(messages), cell.label, MULTITURN_STOP), cfg.max_tokens)
+        rec.wait_before_s = cfg.think_s if i else 0.0
+        records.append(rec)
+        if rec.status != "ok":
+            break  # the conversation cannot go on without this answer; the turns not sent are reported
+        if i < cfg.turns - 1:
+            messages += [("assistant", rec.text.strip()), ("user", follow[i])]
+    end = time.perf_counter()
+    return records, {"turns_planned": cfg.turns, "turns_sent": len(records), "think_s": cfg.think_s,
+                     "think_s_total": cfg.think_s * (len(records) - 1), "conversation_e2e_s": end - t0}
+
+
+def _poisson(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    """Open loop: each request sent at its arrival time on its own thread, whatever is still running."""
+    arrivals = poisson_arrivals(cell.rate, cfg.requests, seed=zlib.crc32(f"{cfg.seed}:{cell.label}".encode()))
+    asks = [_ask(cfg, cell, rng, long=rng.random() < cfg.long_fraction) for _ in arrivals]
+    records: list[Optional[RequestRecord]] = [None] * len(asks)
+    late = [0.0]
+
+    def fire(i: int) -> None:
+        records[i] = send(target, cfg.endpoint, asks[i], cfg.max_tokens)
+
+    threads = []
+    t0 = time.perf_counter()
+    for i, at in enumerate(arrivals):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        late[0] = max(late[0], time.perf_counter() - (t0 + at))
+        th = threading.Thread(target=fire, args=(i,), name=f"bench-poisson-{i}", daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    kinds = [a.kind for a in asks]
+    return [r for r in records if r is not None], {
+        "offered_rate_rps": cell.rate, "arrivals_s": arrivals, "kinds": kinds, "long_requests": kinds.count("long"),
+        "max_send_lateness_s": late[0]}
+
+
+def _closed(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    """``clients`` threads, each sending its next request when the previous one ends."""
+    plan = [[_ask(cfg, cell, rng) for _ in range(cfg.requests_per_client)] for _ in range(cfg.clients)]
+    out: list[list[RequestRecord]] = [[] for _ in plan]
+
+    def client(c: int) -> None:
+        for a in plan[c]:
+            out[c].append(send(target, cfg.endpoint, a, cfg.max_tokens))
+
+    threads = [threading.Thread(target=client, args=(c,), name=f"bench-client-{c}", daemon=True)
+               for c in range(cfg.clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return [r for rs in out for r in rs], {"clients": cfg.clients, "requests_per_client": cfg.requests_per_client}
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+def warm_up(cfg: argparse.Namespace, target: Target) -> RequestRecord:
+    """One short request, not measured (connection, first page-in of the weights); raises ``BenchError`` when
+    the target fails it, so that a broken setup stops the run before any measurement."""
+    rec = send(target, cfg.endpoint, Ask((("user", "Once upon a time"),), "warm-up"), 4)
+    if rec.status != "ok":
+        raise BenchError(f"the warm-up request to {target.name} ({target.url}) did not succeed: {rec.error}")
+    return rec
+
+
+def run(cfg: argparse.Namespace, engine: Any = None) -> dict[str, Any]:
+    """Run every workload cell on every target (A/B alternating per round) and return the report dict.
+    ``engine``: an already loaded ``Engine`` to serve instead of loading one (used by the tests). Raises
+    ``BenchError`` (setup) or ``HearthError`` (the model cannot load)."""
+    from benchmarks import load_report
+
+    slo = SLO(cfg.slo_ttft_s, cfg.slo_itl_p95_s)
+    runs: list[CellRun] = []
+    with open_targets(cfg, engine) as targets:
+        for t in targets:
+            warm_up(cfg, t)
+        started = time.time()
+        for rnd in range(cfg.rounds):
+            for cell in cells(cfg):
+                for t in targets:
+                    _progress(f"{cell.label} on {t.name} (round {rnd + 1}/{cfg.rounds})")
+                    runs.append(run_cell(cfg, t, cell, rnd))
+                    _progress(f"  {_tally(runs[-1].records)}")
+        return load_report.build(cfg, targets, runs, slo, started)
+
+
+def _tally(records: Sequence[RequestRecord]) -> str:
+    from benchmarks.loadstats import counts
+
+    c = counts(records)
+    return f"{c['ok']} ok, {c['rejected']} rejected, {c['failed']} failed"
+
+
+def _progress(msg: str) -> None:
+    print(f"load: {msg}", file=sys.stderr, flush=True)
+
+
+# -- command line ---------------------------------------------------------------------------------------------
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {s!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+    return v
+
+
+def _rates(s: str) -> list[float]:
+    """``0.5,1,2`` → [0.5, 1.0, 2.0]; every rate must be > 0 requests/s."""
+    parts = [p for p in s.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected comma-separated request rates (requests/s), e.g. 0.5,1,2")
+    try:
+        return [_positive_float(p.strip()) for p in parts]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"every rate must be > 0 requests/s ({e})") from None
+
+
+def _workloads(s: str) -> list[str]:
+    names = [w.strip() for w in s.split(",") if w.strip()]
+    bad = [w for w in names if w not in WORKLOADS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown workload {', '.join(bad) or s!r}; choose from "
+                                         f"{', '.join(WORKLOADS)}")
+    return names
+
+
+def _fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {s!r}")
+    return v
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {s!r}")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    from app.cli._engine_args import add_load_args
+
+    p = argparse.ArgumentParser(prog="hearth bench load", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("targets")
+    g.add_argument("--url", default=None, help="benchmark this OpenAI-compatible server instead of starting "
+                   "Hearth's (http://host:port, with or without /v1)")
+    g.add_argument("--compare", default=None, metavar="URL", help="also run this server, alternating with the "
+                   "first target, and print ratios other/first")
+    g.add_argument("--served-model", default=None, help="the model field to send to --url/--compare servers "
+                   "(default: the first id of GET /v1/models)")
+    g.add_argument("--api-key", default=None, help="Authorization: Bearer KEY for --url/--compare servers")
+    g.add_argument("--max-queue", type=_positive_int, default=None, help="Hearth's queue bound (default from "
+                   "settings: 16); beyond it the server answers 429")
+    w = p.add_argument_group("workloads")
+    w.add_argument("--workloads", type=_workloads, default=list(WORKLOADS), help="comma-separated, from "
+                   f"{','.join(WORKLOADS)} (default: all)")
+    w.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions",
+                   help="completions (default: the same text prefilled on every server) or chat")
+    w.add_argument("--max-tokens", type=_positive_int, default=64, help="tokens per answer (default 64)")
+    w.add_argument("--rounds", type=_positive_int, default=1, help="repetitions of every workload (default 1)")
+    w.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default 0)")
+    w.add_argument("--repeats", type=_positive_int, default=3, help="single: requests back to back (3)")
+    w.add_argument("--long-tokens", type=_positive_int, default=3000, help="long prompts: about this many "
+                   "tokens (3000)")
+    w.add_argument("--turns", type=_positive_int, default=4, help="multiturn: turns (4)")
+    w.add_argument("--think-s", type=_seconds, default=0.5, help="multiturn: wait between turns, s (0.5)")
+    w.add_argument("--rates", type=_rates, default=[0.25, 0.5], help="poisson: arrival rates, requests/s, "
+                   "comma-separated (0.25,0.5)")
+    w.add_argument("--requests", type=_positive_int, default=8, help="poisson: arrivals per rate (8)")
+    w.add_argument("--long-fraction", type=_fraction, default=0.25, help="poisson: share of long prompts (0.25)")
+    w.add_argument("--clients", type=_positive_int, default=4, help="closed: concurrent clients (4)")
+    w.add_argument("--requests-per-client", type=_positive_int, default=2, help="closed: requests each (2)")
+    w.add_argument("--timeout-s", type=_positive_float, default=600.0, help="per-request read timeout, s (600)")
+    s = p.add_argument_group("SLOs and output")
+    s.add_argument("--slo-ttft-s", type=_positive_float, default=1.0, help="TTFT objective, s (1.0)")
+    s.add_argument("--slo-itl-p95-s", type=_positive_float, default=0.1, help="per-request ITL P95 objective, "
+                   "s (0.1)")
+    s.add_argument("--out", type=Path, default=None, help="write load.json, load.md and PNG plots here")
+    s.add_argument("--json", action="store_true", help="print the whole JSON record instead of the table")
+    add_load_args(p)
+    return p
+
+
+def main(argv: Optional[list[str]] = None, engine: Any = None) -> int:
+    """Entry point (``hearth bench load ...``): 0 on success, 2 when the benchmark cannot run (one line on
+    stderr), 1 when the model cannot load. Bad arguments exit through argparse with its usage message."""
+    from app.errors import HearthError
+    from benchmarks import load_report
+
+    cfg = parser().parse_args(argv)
+    try:
+        report = run(cfg, engine=engine)
+    except BenchError as e:
+        print(f"hearth: error: {e}", file=sys.stderr)
+        return 2
+    except HearthError as e:
+        print(f"hearth: error: {e}", file=sys.stderr)
+        return 1
+    if cfg.out is not None:
+        for path in load_report.write(report, cfg.out):
+            _progress(f"wrote {path}")
+    print(json.dumps(report, indent=2, default=str) if cfg.json else load_report.markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
