@@ -232,7 +232,10 @@ class Runtime:
         positions: chunks [0,C), [C,2C), … (C = n_batch) cut at L−1, then the last token alone. A reused
         prefix is either whole chunks, or all L−1 tokens when they were laid out for a prompt of the same
         length; so the KV and the last token's logits are bit for bit those of a cold prefill, and the answer
-        equals the cold run's. The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
+        equals the cold run's. Each position also sits in the same KV cell as in the cold prefill (position p in
+        cell p, head after the last): attention sums cells in cell order, so a moved cell changes the rounding
+        (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes back to the reuse point).
+        The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
         is honoured between chunks. ``reuse_ok=False`` (the request's ``prefix_cache``) prefills cold: no live
         reuse, no disk lookup, no save."""
         llm = self.llm
