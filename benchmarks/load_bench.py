@@ -83,9 +83,9 @@ def short_prompt(rng: random.Random) -> str:
             f"because")
 
 
-# Gemma 3's tokenizer reads the ledger sentences below at about 4.4 characters per token (measured on the
-# bundled model); the server's own count is what the report shows (usage.prompt_tokens).
-LEDGER_CHARS_PER_TOKEN = 4.4
+# Gemma 3's tokenizer reads the ledger sentences below at 3.73 characters per token (measured on the bundled
+# model: 13,357 characters = 3,585 tokens); the report shows the server's own count (usage.prompt_tokens).
+LEDGER_CHARS_PER_TOKEN = 3.73
 
 
 def long_prompt(rng: random.Random, tokens: int) -> str:
@@ -265,18 +265,24 @@ def open_targets(cfg: argparse.Namespace, engine: Any = None):
 # -- one request ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ask:
-    """One request to send: the conversation so far (``(role, text)`` pairs), stop strings and the label of
-    its workload cell."""
+    """One request to send: the conversation so far (``(role, text)`` pairs), stop strings, the label of its
+    workload cell, its kind (short, long or turn) and whether it is a conversation (``turn``: on the
+    completions endpoint every turn, the first included, is a transcript, so each turn's prompt starts with
+    the previous turn's)."""
 
     messages: tuple[tuple[str, str], ...]
     label: str
     stop: tuple[str, ...] = ()
     kind: str = "short"
 
+    @property
+    def conversation(self) -> bool:
+        return self.kind == "turn" or len(self.messages) > 1
+
 
 def request_body(endpoint: str, model: str, ask: Ask, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of ``ask`` on ``endpoint`` (``completions``: the messages as a plain transcript
-    when there is more than one; ``chat``: the messages)."""
+    """The path and JSON body of ``ask`` on ``endpoint`` (``completions``: a conversation as a plain
+    transcript, a single prompt as it is; ``chat``: the messages)."""
     body: dict[str, Any] = {"model": model, "temperature": 0, "max_tokens": max_tokens, "stream": True,
                             "stream_options": {"include_usage": True}}
     if ask.stop:
@@ -284,7 +290,7 @@ def request_body(endpoint: str, model: str, ask: Ask, max_tokens: int) -> tuple[
     if endpoint == "chat":
         body["messages"] = [{"role": r, "content": c} for r, c in ask.messages]
     else:
-        body["prompt"] = ask.messages[0][1] if len(ask.messages) == 1 else transcript(ask.messages)
+        body["prompt"] = transcript(ask.messages) if ask.conversation else ask.messages[0][1]
     return ENDPOINTS[endpoint], body
 
 
@@ -446,7 +452,7 @@ def _multiturn(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
     for i in range(cfg.turns):
         if i:
             time.sleep(cfg.think_s)
-        rec = send(target, cfg.endpoint, Ask(tuple(messages), cell.label, MULTITURN_STOP), cfg.max_tokens)
+        rec = send(target, cfg.endpoint, Ask(tuple(messages), cell.label, MULTITURN_STOP, "turn"), cfg.max_tokens)
         rec.wait_before_s = cfg.think_s if i else 0.0
         records.append(rec)
         if rec.status != "ok":

@@ -219,6 +219,7 @@ def test_every_workload_and_compare_against_a_second_server(tmp_path):
 
 
 def test_429_and_500_are_counted_not_raised(tmp_path):
+    """On the chat endpoint: a full queue (max_queue 1) answers 429, a scripted engine failure 500."""
     calls = itertools.count(1)
 
     def reply(req):
@@ -230,7 +231,7 @@ def test_429_and_500_are_counted_not_raised(tmp_path):
     out = tmp_path / "out"
     try:
         rc = load_bench.main(["--workloads", "closed", "--clients", "4", "--requests-per-client", "3",
-                              "--max-tokens", "8", "--out", str(out)], engine=eng)
+                              "--max-tokens", "8", "--endpoint", "chat", "--out", str(out)], engine=eng)
     finally:
         eng.close()
     assert rc == 0
@@ -240,6 +241,8 @@ def test_429_and_500_are_counted_not_raised(tmp_path):
     assert n["rejected"] >= 1 and n["failed"] >= 1  # one runs, one waits (max_queue 1): the others get 429
     statuses = {(q["status"], q["http_status"]) for q in report["results"][0]["requests"]}
     assert {("rejected", 429), ("failed", 500)} <= statuses
+    ok = [q for q in report["results"][0]["requests"] if q["status"] == "ok"]
+    assert ok and all(q["text"] == FAKE_REPLY[:8] and q["completion_tokens"] == 8 for q in ok)  # chat deltas
     g = report["summary"]["closed"]["hearth"]["goodput"]
     assert g["total"] == 12 and g["success_rate"] == n["ok"] / 12
 
@@ -274,3 +277,16 @@ def test_registered_as_hearth_bench_load():
     from app.cli.bench import BENCHES
 
     assert BENCHES["load"] == "benchmarks.load_bench"
+
+
+def test_multiturn_prompts_grow_by_appending():
+    """On completions every turn is a transcript, so each turn's prompt begins with the previous one's."""
+    first = load_bench.Ask((("user", "Once"),), "multiturn", kind="turn")
+    second = load_bench.Ask((("user", "Once"), ("assistant", "upon"), ("user", "Next?")), "multiturn", kind="turn")
+    p1 = load_bench.request_body("completions", "m", first, 8)[1]["prompt"]
+    p2 = load_bench.request_body("completions", "m", second, 8)[1]["prompt"]
+    assert p1 == "User: Once\nAssistant:" and p2.startswith(p1)
+    assert load_bench.request_body("completions", "m", load_bench.Ask((("user", "raw"),), "single"), 8)[1][
+        "prompt"] == "raw"
+    chat = load_bench.request_body("chat", "m", second, 8)
+    assert chat[0] == "/v1/chat/completions" and chat[1]["messages"][1] == {"role": "assistant", "content": "upon"}
