@@ -4,10 +4,10 @@ For each KV type, generated prompts of lengths spread over a range run greedily 
 two engine processes sharing one prefix-cache folder:
 
 - engine 1: each prompt cold (``cache_reuse`` must say ``cold``; its entry is saved), then again (**live**:
-  all but its last token from the live KV cache). For every ``derived_every``-th prompt P (of more than three
-  chunks) also: P extended
-  by a new turn (**live-next-turn**: P's whole chunks from the live KV cache), then a prefix of P
-  (**live-prefix-of-cached**), each compared with the same prompt prefilled cold (``prefix_cache=False``).
+  all but its last token from the live KV cache). For every ``derived_every``-th prompt P of those longer
+  than three chunks also: P extended by a new turn (**live-next-turn**: P's whole chunks from the live KV
+  cache), then a prefix of P (**live-prefix-of-cached**), each compared with the same prompt prefilled cold
+  (``prefix_cache=False``).
 - engine 2 (a new process): each prompt again (**restored**: all but its last token from its disk entry),
   and for every ``derived_every``-th prompt P, P extended by another turn (**restored-shorter**: the whole
   chunks of P's entry, the rest prefilled), compared with the same prompt prefilled cold.
@@ -151,10 +151,14 @@ def _derived(prompt: str) -> tuple[str, str]:
     return prompt + _TURNS[0], prompt[:cut if cut > 0 else len(prompt) // 2]
 
 
-def _derive(i: int, cold: Run, every: int, chunk: int) -> bool:
-    """Derived paths for every ``every``-th prompt (none for ``every`` 0) long enough to share two whole chunks
-    with its prefix."""
-    return every > 0 and i % every == 0 and cold.metrics.prompt_tokens > 3 * chunk
+def _derive(cold: Run, every: int, chunk: int, picked: list[int]) -> bool:
+    """Whether this prompt also gets the derived paths: every ``every``-th (none for ``every`` 0) of the prompts
+    long enough to share two whole chunks with their prefix, counting from the first. ``picked`` holds the
+    count of long-enough prompts seen (one element, updated)."""
+    if every <= 0 or cold.metrics.prompt_tokens <= 3 * chunk:
+        return False
+    picked[0] += 1
+    return (picked[0] - 1) % every == 0
 
 
 def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, max_tokens: int = 20,
@@ -169,6 +173,8 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
     labels = labels or [f"prompt {i}" for i in range(len(prompts))]
     tally = {p: PathTally() for p in PATHS}
     cold: list[Run] = []
+    derived: set[int] = set()
+    picked = [0]
     with tempfile.TemporaryDirectory(prefix="hearth-exactness-") as d:
         cfg = {"dir": d, "budget_bytes": 64 << 30, "min_tokens": 1}
         with Engine(model_path, settings, prefix_cache=cfg) as e:
@@ -178,7 +184,8 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
                     raise RuntimeError(f"{labels[i]}: its cold run reused {ref.metrics.cached_tokens} tokens")
                 cold.append(ref)
                 _record(tally["live"], run(e, p, max_tokens), ref, True, labels[i])
-                if _derive(i, ref, derived_every, settings.n_batch):
+                if _derive(ref, derived_every, settings.n_batch, picked):
+                    derived.add(i)
                     ext, pre = _derived(p)
                     got_ext, got_pre = run(e, ext, max_tokens), run(e, pre, max_tokens)
                     _record(tally["live-next-turn"], got_ext, run(e, ext, max_tokens, reuse=False), False, labels[i])
@@ -187,7 +194,7 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
         with Engine(model_path, settings, prefix_cache=cfg) as e2:
             for i, p in enumerate(prompts):
                 _record(tally["restored"], run(e2, p, max_tokens), cold[i], True, labels[i])
-                if _derive(i, cold[i], derived_every, settings.n_batch):
+                if i in derived:
                     ext2 = p + _TURNS[1]
                     got = run(e2, ext2, max_tokens)
                     _record(tally["restored-shorter"], got, run(e2, ext2, max_tokens, reuse=False), False, labels[i])

@@ -33,7 +33,7 @@ def _assert_all_identical(res: dict, must_exercise: tuple[str, ...]) -> None:
         assert res["paths"][name]["exercised"] > 0, f"{res['kv']}: path {name} never ran"
 
 
-@pytest.mark.parametrize("kv,every", [("f16", 8), ("q8_0", 8), ("q4_0", 12)])
+@pytest.mark.parametrize("kv,every", [("f16", 6), ("q8_0", 6), ("q4_0", 8)])
 def test_sweep_every_path_equals_cold(bundled_model, sweep_prompts, kv, every):
     res = cx.sweep(str(bundled_model), sweep_prompts, kv, n_ctx=N_CTX, max_tokens=16, derived_every=every)
     _assert_all_identical(res, cx.PATHS)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from app.engine.prefix_cache import (BLOCK, EntryError, PrefixHasher, PrefixStore, block_hashes, decode_entry,
-                                     encode_entry, fingerprint, seq_payload)
+                                     encode_entry, fingerprint, seq_state_buffer)
 
 FP = "a" * 64
 FP2 = "b" * 64
@@ -96,22 +96,22 @@ def test_bad_file_is_quarantined(tmp_path):
     assert st.find(FP, toks) is None
 
 
-def test_seq_payload_rewrites_only_the_header():
+def test_seq_state_buffer_rewrites_only_the_header():
     """A whole-context state (u32 n | arch name | memory) becomes a sequence state (magic | seq id | memory)."""
     import struct
 
     memory = bytes(range(256)) * 3
     whole = struct.pack("<I", 6) + b"gemma3" + memory
-    seq = seq_payload(whole)
+    seq = bytes(seq_state_buffer(whole))
     assert seq[:8] == struct.pack("<Ii", 0xAF143CD8, 0) and seq[8:] == memory
-    assert seq_payload(whole, seq_id=3)[4:8] == struct.pack("<i", 3)
+    assert bytes(seq_state_buffer(memoryview(whole), seq_id=3))[4:8] == struct.pack("<i", 3)
 
 
 @pytest.mark.parametrize("bad", [b"", b"\x01\x00", b"\x00\x00\x00\x00rest",
                                  b"\xff\x00\x00\x00" + b"x" * 300, b"\x04\x00\x00\x00\x00\x01\x02\x03mem"])
-def test_seq_payload_refuses_an_unknown_format(bad):
+def test_seq_state_buffer_refuses_an_unknown_format(bad):
     with pytest.raises(EntryError):
-        seq_payload(bad)
+        seq_state_buffer(bad)
 
 
 def test_fingerprint_covers_the_canonical_chunk_and_gpu_layers():

@@ -130,8 +130,8 @@ def encode_entry(fp: str, tokens: Sequence[int], payload: bytes) -> bytes:
     return head + _tok_bytes(tokens) + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + payload
 
 
-def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> bytes:
-    """Check an entry against the expected fingerprint and token prefix; return its payload.
+def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> memoryview:
+    """Check an entry against the expected fingerprint and token prefix; return its payload (a view of ``data``).
     Raises ``EntryError`` naming the first failed check."""
     if len(data) == 0:
         raise EntryError("empty file")
@@ -154,7 +154,7 @@ def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> bytes:
     off += 4 * n
     (plen,) = struct.unpack_from("<Q", data, off)
     digest = data[off + 8:off + 40]
-    payload = data[off + 40:]
+    payload = memoryview(data)[off + 40:]  # a view: an entry is tens of MB, and it is copied once, into llama.cpp
     if len(payload) != plen:
         raise EntryError(f"truncated payload: expected {plen} bytes, found {len(payload)}")
     if hashlib.sha256(payload).digest() != digest:
@@ -165,20 +165,27 @@ def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> bytes:
 _SEQ_MAGIC = 0xAF143CD8  # llama.cpp llama-context.cpp ``io_magic``: the head of a sequence state
 
 
-def seq_payload(whole: bytes, seq_id: int = 0) -> bytes:
-    """The sequence-state form (``llama_state_seq_set_data``) of a whole-context state of one sequence.
+def seq_state_buffer(whole: bytes | memoryview, seq_id: int = 0) -> ctypes.Array:
+    """The sequence-state form (``llama_state_seq_set_data``) of a whole-context state of one sequence, as the
+    ctypes buffer llama.cpp reads (one copy of the payload; an entry is tens of MB).
 
     llama.cpp 0.3.36 writes a whole-context state as ``u32 n | n bytes of architecture name | memory`` and a
     sequence state as ``u32 magic | i32 seq_id | memory``; for a context of one sequence the memory part is the
     same bytes (each cell: position, one sequence id, its K and V rows). Raises ``EntryError`` when ``whole``
     does not start with a plausible architecture name."""
-    if len(whole) < 4:
+    view = memoryview(whole).cast("B")
+    if len(view) < 4:
         raise EntryError("state too short")
-    (n,) = struct.unpack_from("<I", whole, 0)
-    name = whole[4:4 + n]
-    if n == 0 or n > 64 or len(whole) < 4 + n or not name.isascii() or not name.decode().isprintable():
+    (n,) = struct.unpack_from("<I", view, 0)
+    name = bytes(view[4:4 + n])
+    if n == 0 or n > 64 or len(view) < 4 + n or not name.isascii() or not name.decode().isprintable():
         raise EntryError("state does not start with an architecture name (unknown llama.cpp state format)")
-    return struct.pack("<Ii", _SEQ_MAGIC, seq_id) + whole[4 + n:]
+    body = view[4 + n:]
+    buf = (ctypes.c_uint8 * (8 + len(body)))()
+    out = memoryview(buf).cast("B")
+    struct.pack_into("<Ii", out, 0, _SEQ_MAGIC, seq_id)
+    out[8:] = body
+    return buf
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -432,15 +439,14 @@ class PrefixCache:
         cleared cache, and leaves the head after the last one: every cell at the index the cold prefill gave it.
         The entry keeps the whole-context format (every cell, out-of-window ones too, so a shorter prefix can
         be kept); for a single sequence its memory part is byte for byte the sequence format, so only the
-        header is rewritten (``seq_payload``). Raises ``EntryError`` if llama.cpp refuses it."""
+        header is rewritten (``seq_state_buffer``). Raises ``EntryError`` if llama.cpp refuses it."""
         import llama_cpp
 
         llm = rt.llm
         llm._ctx.kv_cache_clear()
         llm.n_tokens = 0
-        data = seq_payload(payload)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(data), 0) != len(data):
+        buf = seq_state_buffer(payload)
+        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(buf), 0) != len(buf):
             llm._ctx.kv_cache_clear()
             raise EntryError("llama.cpp refused the state data")
         llm.input_ids[:len(tokens)] = tokens
