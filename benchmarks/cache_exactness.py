@@ -212,6 +212,18 @@ def table_sweep(model_path: str, max_tokens: int = 20) -> list[dict]:
                   labels=[f"marbles N={n}"]) for n, kv in TABLE_PROMPTS]
 
 
+def check_args(n: int, n_ctx: int, max_tokens: int, lo: int = 100) -> str:
+    """What is wrong with a sweep of ``n`` prompts at ``n_ctx`` and ``max_tokens`` (empty when nothing)."""
+    if n < 1:
+        return f"the number of prompts must be >= 1, got {n}"
+    if max_tokens < 1:
+        return f"--max-tokens must be >= 1, got {max_tokens}"
+    if n_ctx - 64 - max_tokens < lo:
+        return (f"--n-ctx {n_ctx} leaves no room for prompts of {lo} tokens or more (the longest is "
+                f"n_ctx − 64 − max_tokens tokens)")
+    return ""
+
+
 def exactness(model_path: str, n: int, kv_types=KV_TYPES, n_ctx: int = 4096, max_tokens: int = 20,
               lo: int = 100, seed: int = 0, derived_every: int = 4) -> dict:
     """``n`` prompts of ``lo`` … ``n_ctx − 64 − max_tokens`` tokens for each KV type (the derived paths on every
@@ -255,9 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv", nargs="+", choices=KV_TYPES, default=list(KV_TYPES))
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    problem = check_args(a.prompts, a.n_ctx, a.max_tokens)
+    if problem:
+        p.error(problem)
     from app.engine.registry import resolve_model
 
-    res = exactness(str(resolve_model(a.model)), a.prompts, tuple(a.kv), a.n_ctx, a.max_tokens)
+    from app.errors import HearthError
+
+    try:
+        res = exactness(str(resolve_model(a.model)), a.prompts, tuple(a.kv), a.n_ctx, a.max_tokens)
+    except HearthError as exc:
+        print(f"hearth: error: {exc}", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(res, indent=2))
     else:

@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.exactness < 0:
         p.error(f"--exactness must be a number of prompts >= 1, got {a.exactness}")
+    if a.exactness:
+        from benchmarks.cache_exactness import check_args
+
+        problem = check_args(a.exactness, a.n_ctx, 20)
+        if problem:
+            p.error(problem)
     from app.engine.registry import resolve_model
 
     path = str(resolve_model(a.model))

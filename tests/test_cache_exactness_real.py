@@ -53,3 +53,11 @@ def test_make_prompts_rejects_bad_ranges():
         cx.make_prompts(len, 3, 500, 100)
     with pytest.raises(ValueError, match="n >= 1"):
         cx.make_prompts(len, 0, 100, 500)
+
+
+def test_bad_sweep_arguments_are_refused_before_any_model_loads(capsys):
+    for argv, msg in ((["--prompts", "0"], "number of prompts must be >= 1"),
+                      (["--n-ctx", "100"], "leaves no room"), (["--max-tokens", "0"], "--max-tokens must be >= 1")):
+        with pytest.raises(SystemExit) as exc:
+            cx.main(argv)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
