@@ -31,6 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+MAX_TOKENS = 20  # greedy tokens per run: the flips before the fix came within the first 15
 PATHS = ("live", "live-next-turn", "live-prefix-of-cached", "restored", "restored-shorter")
 KV_TYPES = ("f16", "q8_0", "q4_0")
 
@@ -161,7 +162,7 @@ def _derive(cold: Run, every: int, chunk: int, picked: list[int]) -> bool:
     return (picked[0] - 1) % every == 0
 
 
-def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, max_tokens: int = 20,
+def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, max_tokens: int = MAX_TOKENS,
           derived_every: int = 3, labels: list[str] | None = None) -> dict:
     """Run every path of the module docstring for ``prompts`` with KV type ``kv`` (``f16``, ``q8_0``, ``q4_0``;
     flash attention on). Returns ``{"kv", "prompts", "cold_ttft_s_p50", "paths": {path: PathTally.to_dict()}}``.
@@ -204,7 +205,7 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
             "paths": {k: v.to_dict() for k, v in tally.items()}}
 
 
-def table_sweep(model_path: str, max_tokens: int = 20) -> list[dict]:
+def table_sweep(model_path: str, max_tokens: int = MAX_TOKENS) -> list[dict]:
     """``sweep`` on each prompt of ``TABLE_PROMPTS`` (the whole-prompt paths: live and restored). One sweep per
     prompt, in its own cache folder: each marble prompt starts with the shorter ones, so in one folder its cold
     run would reuse theirs."""
@@ -212,19 +213,24 @@ def table_sweep(model_path: str, max_tokens: int = 20) -> list[dict]:
                   labels=[f"marbles N={n}"]) for n, kv in TABLE_PROMPTS]
 
 
-def check_args(n: int, n_ctx: int, max_tokens: int, lo: int = 100) -> str:
+def longest_prompt(n_ctx: int, max_tokens: int) -> int:
+    """Tokens of the sweep's longest prompt: room for ``max_tokens``, a derived turn and the template."""
+    return n_ctx - 64 - max_tokens
+
+
+def check_args(n: int, n_ctx: int, max_tokens: int = MAX_TOKENS, lo: int = 100) -> str:
     """What is wrong with a sweep of ``n`` prompts at ``n_ctx`` and ``max_tokens`` (empty when nothing)."""
     if n < 1:
         return f"the number of prompts must be >= 1, got {n}"
     if max_tokens < 1:
         return f"--max-tokens must be >= 1, got {max_tokens}"
-    if n_ctx - 64 - max_tokens < lo:
+    if longest_prompt(n_ctx, max_tokens) < lo:
         return (f"--n-ctx {n_ctx} leaves no room for prompts of {lo} tokens or more (the longest is "
                 f"n_ctx − 64 − max_tokens tokens)")
     return ""
 
 
-def exactness(model_path: str, n: int, kv_types=KV_TYPES, n_ctx: int = 4096, max_tokens: int = 20,
+def exactness(model_path: str, n: int, kv_types=KV_TYPES, n_ctx: int = 4096, max_tokens: int = MAX_TOKENS,
               lo: int = 100, seed: int = 0, derived_every: int = 4) -> dict:
     """``n`` prompts of ``lo`` … ``n_ctx − 64 − max_tokens`` tokens for each KV type (the derived paths on every
     ``derived_every``-th), plus the table's prompts."""
@@ -232,7 +238,7 @@ def exactness(model_path: str, n: int, kv_types=KV_TYPES, n_ctx: int = 4096, max
     from app.engine.types import LoadSettings
 
     with Engine(model_path, LoadSettings(n_ctx=n_ctx), prefix_cache=None) as e:
-        prompts = make_prompts(e.count_tokens, n, lo, n_ctx - 64 - max_tokens, seed)
+        prompts = make_prompts(e.count_tokens, n, lo, longest_prompt(n_ctx, max_tokens), seed)
     sweeps = [sweep(model_path, prompts, kv, n_ctx=n_ctx, max_tokens=max_tokens, derived_every=derived_every)
               for kv in kv_types]
     return {"sweeps": sweeps, "table": table_sweep(model_path, max_tokens)}
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--prompts", type=int, default=40, help="generated prompts per KV type (default 40)")
     p.add_argument("--n-ctx", type=int, default=4096)
-    p.add_argument("--max-tokens", type=int, default=20)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     p.add_argument("--kv", nargs="+", choices=KV_TYPES, default=list(KV_TYPES))
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)

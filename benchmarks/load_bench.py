@@ -593,24 +593,21 @@ def _workloads(s: str) -> list[str]:
     return names
 
 
-def _fraction(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        v = -1.0
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {s!r}")
-    return v
+def _float_in(ok, what: str):
+    """An argparse type: a float for which ``ok(v)`` holds, else "must be <what>, got '<text>'"."""
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = float("nan")
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s!r}")
+        return v
+    return parse
 
 
-def _seconds(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        v = -1.0
-    if not 0.0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {s!r}")
-    return v
+_fraction = _float_in(lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
+_seconds = _float_in(lambda v: 0.0 <= v < float("inf"), "a number of seconds >= 0")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.exactness:
         from benchmarks.cache_exactness import check_args
 
-        problem = check_args(a.exactness, a.n_ctx, 20)
+        problem = check_args(a.exactness, a.n_ctx)
         if problem:
             p.error(problem)
     from app.engine.registry import resolve_model

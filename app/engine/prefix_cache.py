@@ -447,8 +447,7 @@ class PrefixCache:
         llm.n_tokens = 0
         buf = seq_state_buffer(payload)
         if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(buf), 0) != len(buf):
-            llm._ctx.kv_cache_clear()
-            raise EntryError("llama.cpp refused the state data")
+            raise EntryError("llama.cpp refused the state data")  # the caller clears the KV cache
         llm.input_ids[:len(tokens)] = tokens
         llm.n_tokens = len(tokens)
 

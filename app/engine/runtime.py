@@ -223,7 +223,7 @@ class Runtime:
         return n - n % self.settings.n_batch
 
     def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict,
-                reuse_ok: bool = True) -> None:
+                allow_reuse: bool = True) -> None:
         """Make the KV cache hold exactly ``tokens`` with logits for the last one.
 
         Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
@@ -236,13 +236,14 @@ class Runtime:
         cell p, head after the last): attention sums cells in cell order, so a moved cell changes the rounding
         (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes back to the reuse point).
         The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
-        is honoured between chunks. ``reuse_ok=False`` (the request's ``prefix_cache``) prefills cold: no live
+        is honoured between chunks. ``allow_reuse=False`` (the request's ``prefix_cache``) prefills cold: no live
         reuse, no disk lookup, no save."""
         llm = self.llm
         C = self.settings.n_batch
         L = len(tokens)
-        cache = self.prefix_cache if reuse_ok and self.reuse_ok else None
-        reuse = self.live_prefix(tokens) if reuse_ok and self.reuse_ok else 0
+        allowed = allow_reuse and self.reuse_ok
+        cache = self.prefix_cache if allowed else None
+        reuse = self.live_prefix(tokens) if allowed else 0
         source = "memory" if reuse else "none"
         if cache is not None:
             got = cache.restore_longest(self, tokens, reuse, metrics)
@@ -258,7 +259,8 @@ class Runtime:
         self.layout_len = L if reuse == L - 1 else 0
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
-        metrics["cache_reuse"], metrics["cache_reuse_reason"] = self._reuse_note(reuse, source, L, metrics, reuse_ok)
+        note = self._reuse_note(reuse, source, L, metrics, allow_reuse)
+        metrics["cache_reuse"], metrics["cache_reuse_reason"] = note
         t0 = time.perf_counter()
         for start in range(reuse, L - 1, C):
             if cancelled():
@@ -275,7 +277,7 @@ class Runtime:
         llm.eval(tokens[L - 1:])
         metrics["prefill_s"] = time.perf_counter() - t0
 
-    def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, asked: bool) -> tuple[str, str]:
+    def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, allow_reuse: bool) -> tuple[str, str]:
         """``("exact", which path)`` when a prefix was reused, else ``("cold", why not)``: every reuse path
         that ``prefill`` takes gives the cold run's bits, so a path that could not does not run at all."""
         C = self.settings.n_batch
@@ -284,7 +286,7 @@ class Runtime:
             part = ("all but the last prompt token" if reuse == L - 1
                     else f"{reuse // C} whole chunk(s) of {C} tokens")
             return "exact", f"{where}: {part}"
-        if not asked:
+        if not allow_reuse:
             return "cold", "prefix reuse off for this request"
         if not self.reuse_ok:
             return "cold", ("window-only sliding-window cache (swa_full off): a reused prefix would not "
@@ -309,7 +311,7 @@ class Runtime:
             raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
         metrics: dict[str, Any] = {"prompt_tokens": len(tokens)}
         sampler = self._sampler(d)
-        self.prefill(tokens, cancelled, metrics, reuse_ok=request.prefix_cache)
+        self.prefill(tokens, cancelled, metrics, allow_reuse=request.prefix_cache)
         streamer = StopStreamer(tuple(d.stop) + rp.stop)
         llm = self.llm
         max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
