@@ -76,15 +76,15 @@ def kv_sections(path: str, gen_tokens: int) -> dict:
                                    swa_full=True, logits_all=False, verbose=False)
     toks = llms["f16"].tokenize(prompt.encode(), add_bos=True)
 
-    class _RT:
+    class _RT:  # what PrefixCache._get_state reads of a runtime: one sequence
         def __init__(self, llm):
-            self.llm = llm
+            self.ctx, self.n_slots = llm._ctx.ctx, 1
 
     greedy: dict[str, list[int]] = {}
     for kv, llm in llms.items():
         llm.reset()
         llm.eval(toks)
-        out["bytes_per_token"][kv] = len(PrefixCache._get_state(_RT(llm))) / len(toks)
+        out["bytes_per_token"][kv] = len(PrefixCache._get_state(_RT(llm), None)) / len(toks)
         seq = []
         for _ in range(gen_tokens):
             logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))

@@ -1,13 +1,14 @@
 """The shared test doubles: one fake engine, one fake embedder. (Test doubles never live in ``app/``.)
 
-``FakeEngine`` is the real ``app.engine.engine.Engine`` (FIFO queue, ``QueueFull``, ``Generation``, cancel,
-stats, metrics, the vocabulary lane) over ``FakeRuntime``, a scripted runtime served through the Engine's
-public ``runtime=`` seam on threads of this process (no model, no child process: the suite stays fast).
+``FakeEngine`` is the real ``app.engine.engine.Engine`` (the scheduler, its queue and priorities,
+``QueueFull``, ``Generation``, cancel, stats, metrics, the vocabulary lane) over ``FakeRuntime``, a scripted
+runtime served through the Engine's public ``runtime=`` seam on threads of this process (no model, no child
+process: the suite stays fast). ``n_parallel`` slots (default 1: one request at a time, the rest wait).
 
 The script: one token per character (token id = code point), so token counts are easy to predict; the
 rendered prompt is ``role: content`` lines then ``assistant:``, and a generation's prompt is that plus BOS.
 ``reply(request) -> str`` chooses the answer (default: ``echo: <last message>``, or ``{}`` under a grammar);
-``token_delay_s`` paces tokens (a cancel is honoured within one token); ``fail_next`` makes the next
+``token_delay_s`` paces tokens, one per request per scheduler step (a cancel is honoured within one step); ``fail_next`` makes the next
 generation raise that error before its first token; ``seen`` lists the requests generated; ``started`` is
 set when a generation begins. A prompt that leaves no room for ``max_tokens`` raises
 ``ContextLengthExceeded``, as the real runtime does.
@@ -26,9 +27,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.engine.engine import Engine
+from app.engine.scheduler import Seq
 from app.engine.templates import RenderedPrompt
 from app.engine.types import GenerateRequest, LoadSettings
-from app.errors import Cancelled, ContextLengthExceeded
+from app.errors import ContextLengthExceeded
 
 BOS = 0  # the fake vocabulary's BOS token (no text)
 
@@ -47,14 +49,29 @@ def render_text(req: GenerateRequest) -> str:
     return "".join(f"{m.role}: {m.content}\n" for m in req.messages) + "assistant:"
 
 
+class _FakeSeq(Seq):
+    """A scripted request: the characters still to send and how it ends."""
+
+    chars: list[str]
+    script_finish: str = "stop"
+    sent: str = ""
+
+    def result(self) -> tuple[str, str, dict, dict]:
+        self.metrics["completion_tokens"] = len(self.sent)
+        self.metrics["batch_peak"] = self.batch_peak
+        return self.script_finish, self.sent, self.metrics, self.info
+
+
 class FakeRuntime:
-    """A scripted ``app.engine.engine.EngineRuntime`` (see the module docstring)."""
+    """A scripted ``app.engine.engine.EngineRuntime`` (see the module docstring), driven by the real
+    scheduler: ``n_slots`` requests at once, one character per request per step, ``token_delay_s`` per step."""
 
     def __init__(self, n_ctx: int, model_name: str, token_delay_s: float = 0.0,
-                 reply: Optional[Callable[[GenerateRequest], str]] = None) -> None:
+                 reply: Optional[Callable[[GenerateRequest], str]] = None, n_parallel: int = 1) -> None:
         self.n_ctx, self.model_name = n_ctx, model_name
         self.token_delay_s = token_delay_s
         self.reply = reply or default_reply
+        self.n_slots = n_parallel
         self.fail_next: Optional[BaseException] = None
         self.seen: list[GenerateRequest] = []
         self.started = threading.Event()
@@ -62,20 +79,46 @@ class FakeRuntime:
     def ready_info(self) -> dict:
         return {"template": "fake", "n_ctx": self.n_ctx, "load_s": 0.0, "n_vocab": 0x110000}
 
-    # -- main lane ------------------------------------------------------------------------------------
-    def generate(self, req: GenerateRequest, emit: Callable[..., None],
-                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]:
+    # -- main lane (the scheduler's SeqRuntime) -------------------------------------------------------
+    def begin(self, rid: int, req: GenerateRequest, free: list[int]) -> Seq:
         self.seen.append(req)
         text, finish, n_prompt = self._plan(req)
+        seq = _FakeSeq(rid, req, free[0])
+        seq.chars, seq.script_finish = list(text), finish
+        seq.metrics["prompt_tokens"] = n_prompt
+        seq.info = {"template": "fake", "model": self.model_name}
+        return seq
+
+    def prefill_step(self, seq: Seq) -> None:
+        seq.prompt_done = True
         self.started.set()
-        for ch in text:
-            if self.token_delay_s:
-                time.sleep(self.token_delay_s)
-            if cancelled():
-                raise Cancelled("cancelled during decode")
-            emit("delta", ch, (ord(ch),), self._logprobs(ch, req.want_logprobs))
-        metrics = {"prompt_tokens": n_prompt, "completion_tokens": len(text)}
-        return finish, text, metrics, {"template": "fake", "model": self.model_name}
+        self._pace()
+        self._send_one(seq)
+
+    def decode_step(self, seqs: list[Seq]) -> None:
+        self._pace()  # one step for the whole batch
+        for seq in seqs:
+            seq.pending = None
+            self._send_one(seq)
+
+    def _pace(self) -> None:
+        if self.token_delay_s:
+            time.sleep(self.token_delay_s)
+
+    def _send_one(self, seq) -> None:
+        if not seq.chars:
+            seq.finish = seq.script_finish
+            return
+        ch = seq.chars.pop(0)
+        seq.sent += ch
+        seq.emit("delta", ch, (ord(ch),), self._logprobs(ch, seq.request.want_logprobs))
+        if seq.chars:
+            seq.pending = ord(ch)
+        else:
+            seq.finish = seq.script_finish
+
+    def end(self, seq: Seq, clean: bool) -> None:
+        pass
 
     def cache_stats(self) -> dict:
         return {}
@@ -122,8 +165,9 @@ class FakeEngine(Engine):
     ``seen`` and ``started`` are the runtime's (``runtime`` holds the rest of the script)."""
 
     def __init__(self, model_path: str | Path = "fake-model.gguf", n_ctx: int = 512, *, max_queue: int = 16,
-                 token_delay_s: float = 0.0, reply: Optional[Callable[[GenerateRequest], str]] = None) -> None:
-        self.runtime = FakeRuntime(n_ctx, Path(model_path).name, token_delay_s, reply)
+                 token_delay_s: float = 0.0, reply: Optional[Callable[[GenerateRequest], str]] = None,
+                 n_parallel: int = 1) -> None:
+        self.runtime = FakeRuntime(n_ctx, Path(model_path).name, token_delay_s, reply, n_parallel)
         super().__init__(model_path, LoadSettings(n_ctx=n_ctx), max_queue=max_queue, runtime=lambda: self.runtime)
         self.load()
 

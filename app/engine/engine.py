@@ -6,10 +6,12 @@ policy and parent watch shared with the embedder). The handle:
 
 - validates the model file with ``gguf_info`` before llama.cpp sees it (a bad file is a ``ModelLoadError``,
   never a dead process);
-- serves generations one at a time in FIFO order (a ticket queue; ``max_queue`` waiting requests at most,
-  then ``QueueFull``): the desktop UI and the HTTP port share it;
-- streams events (``Delta`` … ``Done``) to the caller; closing the stream or calling ``cancel`` stops the
-  generation within one decode step or one prefill chunk;
+- serves ``n_parallel`` generations at once, batched by the scheduler in the engine process
+  (``app.engine.scheduler``: continuous batching, chunked prefill); the rest wait there, highest priority
+  first (the desktop window's requests before the port's), ``max_queue`` at most, then ``QueueFull``: the
+  desktop UI and the HTTP port share it;
+- streams events (``Delta`` … ``Done``) to the caller; closing the stream or calling ``cancel`` stops that
+  generation (only that one) within one scheduler step;
 - answers vocabulary questions (``tokenize``, ``count_tokens``, ``detokenize``, ``token_piece_bytes``,
   ``render``) on the child's *side lane*, without a turn in the FIFO: a server formatting logprobs or
   counting evidence tokens never waits behind the generation it serves, and no other process maps llama.cpp;
@@ -17,14 +19,13 @@ policy and parent watch shared with the embedder). The handle:
 
 Where the runtime runs is the constructor's ``runtime`` argument: by default a llama.cpp ``Runtime`` in the
 child process; a scripted runtime (any ``EngineRuntime``) on threads of this process, behind the same queue,
-streams and metrics.
+streams and metrics (the scheduler included).
 
 Metrics clocks (``time.perf_counter`` in this process) are defined on ``app.engine.types.Metrics``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import statistics
 import threading
@@ -33,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol
 
-from app.engine.process import ChildHost
+from app.engine.process import ChildHost, MuxCall
+from app.engine.scheduler import Scheduler, SeqRuntime
 from app.engine.types import Delta, Done, GenerateRequest, LoadSettings, Metrics
 from app.errors import Cancelled, EngineCrashed, HearthError, ModelLoadError, QueueFull
 
@@ -43,20 +45,10 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------------------------
 # the runtime, and the child-side handler that serves it
 # ------------------------------------------------------------------------------------------------------
-class EngineRuntime(Protocol):
-    """What the engine's child side runs (``app.engine.runtime.Runtime``, or a scripted one for tests).
-
-    ``generate`` runs on the main lane: ``emit("delta", text, token_ids, logprobs)`` per token (``logprobs``:
-    ``(token_id, logprob, [(token_id, logprob), ...])`` per token, or ``()``), ``cancelled()`` polled between
-    prefill chunks and tokens (raise ``Cancelled``); returns ``(finish_reason, text, child_metrics, info)``.
-    The vocabulary methods run on the side lane, possibly while ``generate`` runs: they must only read."""
-
-    def ready_info(self) -> dict: ...  # template, n_ctx, load_s, n_vocab
-
-    def generate(self, request: GenerateRequest, emit: Callable[..., None],
-                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]: ...
-
-    def cache_stats(self) -> dict: ...
+class EngineRuntime(SeqRuntime, Protocol):
+    """What the engine's child side runs (``app.engine.runtime.Runtime``, or a scripted one for tests): a
+    ``SeqRuntime`` driven by the scheduler (``app.engine.scheduler``) on the main thread, and the vocabulary,
+    served on the side lane, possibly while a step runs: those methods must only read."""
 
     def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]: ...
 
@@ -71,21 +63,17 @@ _SIDE_OPS = frozenset({"tokenize", "detokenize", "piece_bytes", "render"})
 
 
 class _Service:
-    """The ``Handler`` of the engine child: ``generate`` / ``cache_stats`` on the main lane, the vocabulary on
-    the side lane."""
+    """The ``MuxHandler`` of the engine child: the scheduler on the main lane, the vocabulary on the side
+    lane."""
 
     def __init__(self, runtime: EngineRuntime) -> None:
         self.runtime = runtime
 
     def ready_info(self) -> dict:
-        return self.runtime.ready_info()
+        return {"n_parallel": self.runtime.n_slots, **self.runtime.ready_info()}
 
-    def call(self, op: str, args: tuple, emit: Callable[..., None], cancelled: Callable[[], bool]) -> Any:
-        if op == "generate":
-            return self.runtime.generate(args[0], emit, cancelled)
-        if op == "cache_stats":
-            return self.runtime.cache_stats()
-        raise HearthError(f"unknown engine command {op!r}")
+    def serve(self, inbox: Any, send: Callable[[tuple], bool]) -> None:
+        Scheduler(self.runtime, send).run(inbox)
 
     def side(self, op: str, args: tuple) -> Any:
         if op not in _SIDE_OPS:
@@ -140,6 +128,7 @@ class Generation:
         self.request = request.validate()
         self.cancelled = False
         self.done: Done | None = None
+        self._call: Optional[MuxCall] = None
         self._iter = engine._run(self)
 
     def __iter__(self) -> Iterator[Delta | Done]:
@@ -149,11 +138,14 @@ class Generation:
         return next(self._iter)
 
     def cancel(self) -> None:
+        """Stop this request (only this one): within one scheduler step, or before it starts."""
         self.cancelled = True
-        self._engine._cancel_if_current(self)
+        call = self._call
+        if call is not None:
+            call.cancel()
 
     def close(self) -> None:
-        """Stop the generation (if running) and release the engine."""
+        """Stop the generation (if running) and release its slot."""
         self.cancel()
         self._iter.close()
 
@@ -167,14 +159,18 @@ class Generation:
 class Engine:
     """Owner of the chat engine's runtime.
 
-    ``model_path``: a GGUF file (validated on ``load``). ``settings``: ``LoadSettings``. ``prefix_cache``:
-    a dict of ``PrefixCache`` options (``dir``, ``budget_bytes``, ``min_tokens``) or None to disable it.
-    ``max_queue``: requests allowed to wait behind the running one.
+    ``model_path``: a GGUF file (validated on ``load``). ``settings``: ``LoadSettings`` (``n_parallel`` None:
+    chosen from the memory estimate on load, ``memory_estimate.choose_parallel``). ``prefix_cache``: a dict of
+    ``PrefixCache`` options (``dir``, ``budget_bytes``, ``min_tokens``) or None to disable it. ``max_queue``:
+    requests allowed to wait while every slot is busy; one more is refused with ``QueueFull``.
+
+    Requests run concurrently, ``n_parallel`` at a time, batched by the engine process's scheduler
+    (``app.engine.scheduler``); the others wait there, highest ``GenerateRequest.priority`` first.
 
     ``runtime``: where the runtime runs. None (the default): a llama.cpp ``Runtime`` for ``model_path`` in a
     spawned child process. A callable: it is called on a thread of this process and returns the
     ``EngineRuntime`` to serve (no child process, no model file is read, ``prefix_cache`` is not used):
-    scripted runtimes run behind the same FIFO, streams, cancellation and metrics as the real one.
+    scripted runtimes run behind the same scheduler, queue, streams, cancellation and metrics as the real one.
     """
 
     def __init__(self, model_path: str | Path, settings: LoadSettings | None = None, *,
@@ -190,19 +186,17 @@ class Engine:
         self._runtime = runtime
         self._host: Optional[ChildHost] = None
         self._pieces: dict[int, bytes] = {}  # token id -> bytes (token_piece_bytes)
-        self._cond = threading.Condition()
-        self._tickets = itertools.count()
-        self._serving = 0  # ticket now allowed to run
-        self._waiting = 0
-        self._current: Generation | None = None
+        self._lock = threading.Lock()
+        self._outstanding = 0  # requests submitted and not ended
+        self._running_n = 0  # of those, admitted into a slot
         self._closed = False
         self._load_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> dict:
         """Validate the model file and start the runtime (a fresh child process). Returns ``info`` (template,
-        n_ctx, load_s, n_vocab, model, model_path). Raises ``ModelLoadError`` with a specific message for a bad
-        file, or when ``close()`` aborted the load."""
+        n_ctx, load_s, n_vocab, n_parallel, model, model_path). Raises ``ModelLoadError`` with a specific
+        message for a bad file, or when ``close()`` aborted the load."""
         host = self._make_host()
         old, self._host = self._host, host
         if old is not None:
@@ -214,18 +208,30 @@ class Engine:
         self.info = {**ready, "model": Path(self.model_path).name, "model_path": self.model_path}
         return self.info
 
+    @property
+    def n_parallel(self) -> int:
+        """Sequences served at once (known once loaded; before that the setting, or 1)."""
+        return int(self.info.get("n_parallel") or self.settings.n_parallel or 1)
+
     def _make_host(self) -> ChildHost:
         if self._runtime is not None:
             return ChildHost("hearth-engine", _scripted_service, (self._runtime,), label="the engine",
-                             side_lane=True, in_thread=True, on_crash=self._on_crash)
+                             side_lane=True, in_thread=True, on_crash=self._on_crash, mux=True)
         from app.engine.gguf_info import inspect_model
 
         info = inspect_model(self.model_path, require_chat=True)
         self.model_info = info
+        settings = self.settings
+        if settings.n_parallel is None:
+            from dataclasses import replace
+
+            from app.engine.memory_estimate import choose_parallel
+
+            settings = replace(settings, n_parallel=choose_parallel(info, settings))
         meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name}
-        return ChildHost("hearth-engine", _llama_service, (self.model_path, self.settings, meta, self.cache_cfg),
+        return ChildHost("hearth-engine", _llama_service, (self.model_path, settings, meta, self.cache_cfg),
                          label="the engine process", model_path=self.model_path, side_lane=True,
-                         on_crash=self._on_crash)
+                         on_crash=self._on_crash, mux=True)
 
     def _on_crash(self) -> None:
         self.stats.crashes += 1
@@ -240,7 +246,7 @@ class Engine:
         return self._host.pid if self._host is not None else None
 
     def close(self) -> None:
-        """Stop the runtime (cancels a running generation; waits up to 5 s, then kills the child); a load in
+        """Stop the runtime (cancels running generations; waits up to 5 s, then kills the child); a load in
         progress in another thread is aborted."""
         self._closed = True
         if self._host is not None:
@@ -254,7 +260,7 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- generation (FIFO) ----------------------------------------------------------------------------
+    # -- generation -----------------------------------------------------------------------------------
     def generate(self, request: GenerateRequest) -> Generation:
         """Queue ``request`` and return its stream (nothing runs until it is iterated).
         Raises ``InvalidRequest`` at once for bad parameters."""
@@ -265,21 +271,25 @@ class Engine:
         return self.generate(request).result()
 
     def cache_stats(self) -> dict:
-        """The prefix cache's counters (``{}`` without one); takes a turn in the FIFO."""
-        with self._turn(None):
-            return self._running().request("cache_stats")
+        """The prefix cache's counters (``{}`` without one); answered between two scheduler steps."""
+        return self._running().request("cache_stats")
 
     def queue_depth(self) -> int:
-        with self._cond:
-            return self._waiting
+        """Requests waiting for a slot (submitted, not yet admitted)."""
+        with self._lock:
+            return self._outstanding - self._running_n
+
+    def active(self) -> int:
+        """Requests running in a slot now."""
+        with self._lock:
+            return self._running_n
 
     def crash_for_test(self) -> None:
         """Make the engine process abort (as llama.cpp's GGML_ABORT does); for tests. Raises the
         ``EngineCrashed`` it causes."""
-        with self._turn(None):
-            raise self._running().crash_for_test()
+        raise self._running().crash_for_test()
 
-    # -- vocabulary (side lane: no turn in the FIFO) --------------------------------------------------
+    # -- vocabulary (side lane: never waits for a scheduler step) ---------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
         """Token ids of ``text`` under the loaded model's vocabulary. ``add_bos``: prepend BOS; ``special``:
         parse control-token text (``<start_of_turn>``) as control tokens. Raises ``EngineCrashed``."""
@@ -316,62 +326,56 @@ class Engine:
         assert self._host is not None
         return self._host
 
-    # -- FIFO turn-taking -----------------------------------------------------------------------------
-    class _Turn:
-        def __init__(self, engine: "Engine", gen: Generation | None) -> None:
-            self.e, self.gen = engine, gen
+    # -- admission ------------------------------------------------------------------------------------
+    def _enter(self) -> None:
+        """Count a new request in, or refuse it with ``QueueFull`` when every slot is busy and ``max_queue``
+        requests already wait (Retry-After: about one request's time at the measured pace, at least 1 s)."""
+        with self._lock:
+            waiting = self._outstanding - self._running_n
+            if self._outstanding >= self.n_parallel and waiting >= self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting for the engine "
+                                f"({self._running_n} running)", 2.0)
+            self._outstanding += 1
 
-        def __enter__(self):
-            e = self.e
-            with e._cond:
-                if e._waiting >= e.max_queue:
-                    raise QueueFull(f"{e._waiting} requests are already waiting for the engine", 2.0)
-                ticket = next(e._tickets)
-                e._waiting += 1
-                try:
-                    while e._serving != ticket:
-                        e._cond.wait()
-                finally:
-                    e._waiting -= 1
-                e._current = self.gen
-            return self
-
-        def __exit__(self, *exc):
-            e = self.e
-            with e._cond:
-                e._current = None
-                e._serving += 1
-                e._cond.notify_all()
-
-    def _turn(self, gen: Generation | None) -> "_Turn":
-        return Engine._Turn(self, gen)
-
-    def _cancel_if_current(self, gen: Generation) -> None:
-        with self._cond:
-            if self._current is gen and self._host is not None:
-                self._host.cancel()
+    def _exit(self, admitted: bool) -> None:
+        with self._lock:
+            self._outstanding -= 1
+            if admitted:
+                self._running_n -= 1
 
     # -- the stream -----------------------------------------------------------------------------------
     def _run(self, gen: Generation) -> Iterator[Delta | Done]:
-        """Wait for this request's turn (FIFO), then stream it through ``_stream``."""
+        """Submit this request to the scheduler and stream it through ``_stream``."""
         t_call = time.perf_counter()
         self.stats.requests += 1
-        with self._turn(gen):
-            t0 = time.perf_counter()
-            host = self._running()
-            host.clear_cancel()  # before the check: a cancel() from now on is seen by one or the other
+        self._enter()
+        state = {"admitted": False}
+        try:
             if gen.cancelled:
                 self.stats.cancelled += 1
                 raise Cancelled("cancelled before it started")
-            yield from self._stream(host, gen, t_call, t0)
+            call = self._running().submit("generate", gen.request)
+            gen._call = call
+            if gen.cancelled:  # cancel() ran between the check and the submit
+                call.cancel()
+            yield from self._stream(call, gen, t_call, state)
+        finally:
+            self._exit(state["admitted"])
 
-    def _stream(self, host: ChildHost, gen: Generation, t_call: float, t0: float) -> Iterator[Delta | Done]:
-        """Run ``gen`` on the runtime (its turn is held). ``t_call`` / ``t0``: when it was called / when its
-        turn came (the clocks of ``Metrics``)."""
-        call = host.call("generate", gen.request)
+    def _stream(self, call: MuxCall, gen: Generation, t_call: float, state: dict) -> Iterator[Delta | Done]:
+        """Relay ``call``'s events. ``t_call``: when the stream began (the clocks of ``Metrics``); the
+        ``admitted`` event marks the request entering its slot."""
         times: list[float] = []
+        t_admit = t_call
         try:
-            for _kind, text, ids, lps in call:
+            for kind, *payload in call:
+                if kind == "admitted":
+                    t_admit = time.perf_counter()
+                    with self._lock:
+                        self._running_n += 1
+                    state["admitted"] = True
+                    continue
+                text, ids, lps = payload
                 if ids:
                     times.append(time.perf_counter())
                 yield Delta(text, tuple(ids), tuple(lps))
@@ -383,13 +387,13 @@ class Engine:
             raise
         finally:
             if call.open:
-                # The consumer left early (closed the stream, client disconnected): cancel and drain
-                # so the next request starts on a quiet engine.
-                host.cancel()
+                # The consumer left early (closed the stream, client disconnected): cancel this request
+                # and wait for its slot to be released.
+                call.cancel()
                 self.stats.cancelled += 1
                 call.drain()
         finish, text, cm, info = call.result
-        m = _metrics(t_call, t0, times, cm)
+        m = _metrics(t_call, t_admit, times, cm)
         self._count(m)
         gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})
         yield gen.done
@@ -430,5 +434,5 @@ def _metrics(t_call: float, t0: float, times: list[float], cm: dict) -> Metrics:
         total_s=end - t0, queue_s=t0 - t_call, restore_s=cm.get("restore_s", 0.0),
         cache_source=cm.get("cache_source", "none"), cache_error=cm.get("cache_error", ""),
         cache_reuse=cm.get("cache_reuse", "cold"), cache_reuse_reason=cm.get("cache_reuse_reason", ""),
-        peak_rss_bytes=cm.get("peak_rss_bytes", 0),
+        peak_rss_bytes=cm.get("peak_rss_bytes", 0), batch_peak=cm.get("batch_peak", 1),
     )

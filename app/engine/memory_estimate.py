@@ -25,8 +25,11 @@ Gemma 3 270M Q4_K_M (tests/test_memory_estimate.py holds the measured numbers):
   scores (n_head × n_ubatch × n_ctx × 4 bytes) may be the larger stage; the allocator reuses memory between
   stages, so the max of the two is taken, plus ``2 × n_ubatch × (n_embd + n_ff) × 4`` for activations, plus
   the logits output buffer (n_vocab × 4) and a fixed ``OVERHEAD_BYTES`` margin (runtime, thread scratch).
+* **Sequences** (``n_parallel``, continuous batching): the non-unified KV cache gives every sequence its own
+  stream of n_ctx cells, so the KV above is counted ``n_parallel`` times, and the logits output buffer holds
+  one row per sequence (``n_parallel × n_vocab × 4``). ``choose_parallel`` picks the default.
 * Not modelled: recurrent-state memory of Mamba/RWKV-style layers, MLA-compressed KV (DeepSeek 2/3 are
-  over-estimated), multiple sequences.
+  over-estimated).
 
 Verdict against the available memory (``FITS_FRACTION``): "fits" when needed ≤ 0.8 × available, "tight" when
 ≤ 1.0 × available, else "won't fit"; "unknown" when the available memory cannot be read. When the GPU does
@@ -151,7 +154,8 @@ def _kv(info: ModelInfo, s: LoadSettings, gpu_blocks: set[int]) -> tuple[int, in
         per_token += heads * (info.head_dim_k * k_el + info.head_dim_v * v_el)
         if il in gpu_blocks and s.offload_kqv:
             gpu += k + v
-    return int(k_total), int(v_total), int(gpu), int(per_token)
+    p = s.n_parallel or 1
+    return int(k_total * p), int(v_total * p), int(gpu * p), int(per_token)
 
 
 def compute_buffer_bytes(info: ModelInfo, s: LoadSettings) -> int:
@@ -160,7 +164,30 @@ def compute_buffer_bytes(info: ModelInfo, s: LoadSettings) -> int:
     n_head = max(info.n_head) if isinstance(info.n_head, tuple) else info.n_head
     scores = 0 if s.flash_attn else n_head * s.n_ubatch * _pad(s.n_ctx, CTX_PAD) * 4
     activations = 2 * s.n_ubatch * (info.n_embd + info.n_ff) * 4
-    return max(logits, scores) + activations + info.n_vocab * 4
+    return max(logits, scores) + activations + info.n_vocab * 4 * (s.n_parallel or 1)
+
+
+DEFAULT_PARALLEL = 4  # sequences served at once where they fit (llama-server's default is 4 slots too)
+UNKNOWN_RAM_KV_BYTES = 2 << 30  # with unknown free memory, 4 sequences only when their KV stays under this
+
+
+def choose_parallel(info: ModelInfo, settings: LoadSettings, available_ram_bytes: int | None = None,
+                    available_vram_bytes: int | None = None, *, detect_ram: bool = True) -> int:
+    """The default ``n_parallel`` for ``info`` under ``settings`` (an int, 1 … ``DEFAULT_PARALLEL``): the
+    largest count whose estimate "fits" (≤ 0.8 × available memory, see ``estimate_memory``). When the
+    available memory is unknown: ``DEFAULT_PARALLEL`` if that many sequences' KV is under 2 GiB, else 1."""
+    from dataclasses import replace
+
+    for p in range(DEFAULT_PARALLEL, 0, -1):
+        est = estimate_memory(info, replace(settings, n_parallel=p), available_ram_bytes, available_vram_bytes,
+                              detect_ram=detect_ram)
+        if est.verdict == "fits":
+            return p
+        if est.verdict == "unknown":
+            return p if est.kv_bytes <= UNKNOWN_RAM_KV_BYTES else 1
+        detect_ram = False
+        available_ram_bytes = est.available_ram_bytes
+    return 1
 
 
 def _verdict(need: int, available: int | None) -> str:

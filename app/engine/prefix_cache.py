@@ -165,27 +165,135 @@ def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> memoryview:
 _SEQ_MAGIC = 0xAF143CD8  # llama.cpp llama-context.cpp ``io_magic``: the head of a sequence state
 
 
-def seq_state_buffer(whole: bytes | memoryview, seq_id: int = 0) -> ctypes.Array:
-    """The sequence-state form (``llama_state_seq_set_data``) of a whole-context state of one sequence, as the
-    ctypes buffer llama.cpp reads (one copy of the payload; an entry is tens of MB).
-
-    llama.cpp 0.3.36 writes a whole-context state as ``u32 n | n bytes of architecture name | memory`` and a
-    sequence state as ``u32 magic | i32 seq_id | memory``; for a context of one sequence the memory part is the
-    same bytes (each cell: position, one sequence id, its K and V rows). Raises ``EntryError`` when ``whole``
-    does not start with a plausible architecture name."""
-    view = memoryview(whole).cast("B")
+def _arch_end(view: memoryview) -> int:
+    """Offset of the memory part of a whole-context state (``u32 n | n bytes of architecture name``)."""
     if len(view) < 4:
         raise EntryError("state too short")
     (n,) = struct.unpack_from("<I", view, 0)
     name = bytes(view[4:4 + n])
     if n == 0 or n > 64 or len(view) < 4 + n or not name.isascii() or not name.decode().isprintable():
         raise EntryError("state does not start with an architecture name (unknown llama.cpp state format)")
-    body = view[4 + n:]
-    buf = (ctypes.c_uint8 * (8 + len(body)))()
+    return 4 + n
+
+
+def seq_state_buffer(whole: bytes | memoryview, seq_id: int = 0, n_stream: int = 1) -> ctypes.Array:
+    """The sequence-state form (``llama_state_seq_set_data``) of a one-stream whole-context state, as the ctypes
+    buffer llama.cpp reads, for a context of ``n_stream`` KV streams (one per sequence; one copy of the payload).
+
+    llama.cpp 0.3.36 writes a whole-context state as ``u32 n | n bytes of architecture name | memory`` and a
+    sequence state as ``u32 magic | i32 seq_id | memory``. Memory is one module per KV cache (two for a
+    sliding-window model: the full layers, then the window layers), each ``u32 n_stream`` then one block per
+    stream (``state_streams``). For one stream the memory part is the same bytes in both forms, so only the
+    header is rewritten. For ``n_stream`` > 1 each module's block is placed in stream ``seq_id`` (the
+    non-unified cache maps sequence s to stream s) and the other streams are written empty (cell count 0):
+    llama.cpp's sequence reader puts the cells of any stream into the target sequence's own stream. Raises
+    ``EntryError`` for a state it cannot read."""
+    view = memoryview(whole).cast("B")
+    off = _arch_end(view)
+    if n_stream == 1:
+        body = view[off:]
+        buf = (ctypes.c_uint8 * (8 + len(body)))()
+        out = memoryview(buf).cast("B")
+        struct.pack_into("<Ii", out, 0, _SEQ_MAGIC, seq_id)
+        out[8:] = body
+        return buf
+    modules = state_streams(view, off)
+    if any(len(m) != 1 for m in modules):
+        raise EntryError("entry is not a one-stream state")
+    size = 8 + sum(4 + 4 * (n_stream - 1) + (e - b) for ((b, e),) in modules)
+    buf = (ctypes.c_uint8 * size)()
     out = memoryview(buf).cast("B")
     struct.pack_into("<Ii", out, 0, _SEQ_MAGIC, seq_id)
-    out[8:] = body
+    at = 8
+    for ((b, e),) in modules:
+        struct.pack_into("<I", out, at, n_stream)
+        at += 4
+        for s in range(n_stream):
+            if s == seq_id:
+                out[at:at + e - b] = view[b:e]
+                at += e - b
+            else:
+                struct.pack_into("<I", out, at, 0)
+                at += 4
     return buf
+
+
+def state_streams(view: memoryview, off: int) -> list[list[tuple[int, int]]]:
+    """The byte spans ``(begin, end)`` of every stream block of every memory module in ``view[off:]`` (the
+    memory part of a whole-context state), read as llama.cpp 0.3.36 ``llama_kv_cache::state_write`` writes it:
+    ``u32 n_stream``; per stream ``u32 cell_count`` then, when not 0, per cell ``i32 pos | u32 n_seq |
+    n_seq × i32 seq_id`` and the data ``u32 v_trans | u32 n_layer``, per layer ``i32 k_type | u64 k_row |
+    cells × k_row bytes``, then V per layer either ``i32 v_type | u64 v_row | cells × v_row`` or (v_trans)
+    ``i32 v_type | u32 v_el | u32 n_embd_v | n_embd_v × cells × v_el``. Raises ``EntryError`` when the bytes do
+    not parse to the end exactly (another format, e.g. a model whose cells carry M-RoPE positions)."""
+    modules = []
+    n = len(view)
+
+    def u32(at: int) -> int:
+        if at + 4 > n:
+            raise EntryError("state ends inside a KV stream")
+        return struct.unpack_from("<I", view, at)[0]
+
+    while off < n:
+        n_stream = u32(off)
+        if not 1 <= n_stream <= 256:
+            raise EntryError(f"unreadable KV state (n_stream {n_stream})")
+        off += 4
+        spans = []
+        for _ in range(n_stream):
+            begin = off
+            cells = u32(off)
+            off += 4
+            if cells:
+                for _c in range(cells):
+                    off += 8 + 4 * u32(off + 4)
+                v_trans, n_layer = u32(off), u32(off + 4)
+                off += 8
+                if v_trans > 1 or not 0 < n_layer <= 4096:
+                    raise EntryError("unreadable KV state (layer header)")
+                for _l in range(n_layer):
+                    off += 12 + cells * _u64(view, off + 4)
+                for _l in range(n_layer):
+                    if v_trans:
+                        off += 12 + u32(off + 8) * cells * u32(off + 4)
+                    else:
+                        off += 12 + cells * _u64(view, off + 4)
+                if off > n:
+                    raise EntryError("state ends inside a KV stream")
+            spans.append((begin, off))
+        modules.append(spans)
+    if off != n or not modules:
+        raise EntryError("unreadable KV state (trailing bytes)")
+    return modules
+
+
+def _u64(view: memoryview, at: int) -> int:
+    if at + 8 > len(view):
+        raise EntryError("state ends inside a KV stream")
+    return struct.unpack_from("<Q", view, at)[0]
+
+
+def extract_stream(whole: bytes | memoryview, stream: int) -> bytes:
+    """A one-stream whole-context state holding only stream ``stream`` of a many-stream state: the entry
+    format, the same bytes a context of one sequence would have written (cells' sequence ids set to 0).
+    Raises ``EntryError`` for a state it cannot read."""
+    view = memoryview(whole).cast("B")
+    off = _arch_end(view)
+    parts = [bytes(view[:off])]
+    for spans in state_streams(view, off):
+        if stream >= len(spans):
+            raise EntryError(f"state has no stream {stream}")
+        b, e = spans[stream]
+        block = bytearray(view[b:e])
+        cells = struct.unpack_from("<I", block, 0)[0]
+        at = 4
+        for _c in range(cells):
+            n_seq = struct.unpack_from("<I", block, at + 4)[0]
+            for k in range(n_seq):
+                struct.pack_into("<i", block, at + 8 + 4 * k, 0)
+            at += 8 + 4 * n_seq
+        parts += [struct.pack("<I", 1), bytes(block)]
+    return b"".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -345,14 +453,15 @@ class PrefixCache:
         return cls(PrefixStore(dir, budget_bytes), fp, info, min_tokens)
 
     # called by Runtime.prefill
-    def restore_longest(self, rt: Any, tokens: list[int], live: int, metrics: dict) -> int:
+    def restore_longest(self, rt: Any, slot: Any, tokens: list[int], live: int, metrics: dict) -> int:
         """Restore the stored entry that gives back the most of ``tokens``, if it beats the ``live`` reuse.
 
         An entry holds the KV state of a prompt's first L−1 tokens, prefilled in the canonical layout (see
         ``Runtime.prefill``). If that is exactly this prompt's first L−1 tokens, all of it is used (then only the
         last token is evaluated, as in a cold run). If it is a shorter prefix, only its whole chunks are kept
-        and the rest is prefilled. Returns the number of tokens now valid (≤ len(tokens) − 1). On a bad entry,
-        clears the KV cache and returns 0."""
+        and the rest is prefilled. ``slot``: the runtime's slot (``seq_id``, ``tokens``, ``canonical_upto``)
+        whose sequence receives the entry. Returns the number of tokens now valid (≤ len(tokens) − 1). On a bad
+        entry, empties the slot's sequence and returns 0."""
         st = self.store.stats
         st.lookups += 1
         st.prompt_tokens += len(tokens)
@@ -370,12 +479,12 @@ class PrefixCache:
         t0 = time.perf_counter()
         try:
             payload = self.store.read(self.fp, tokens, n, path)
-            self._set_state(rt, payload, tokens[:n])
+            self._set_state(rt, slot, payload, tokens[:n])
         except EntryError as exc:
             metrics["cache_error"] = str(exc)
-            self._clear(rt)
+            self._clear(rt, slot)
             return 0
-        rt.canonical_upto = n - n % C
+        slot.canonical_upto = n - n % C
         metrics["restore_s"] = time.perf_counter() - t0
         st.restores += 1
         st.restore_s += metrics["restore_s"]
@@ -389,15 +498,18 @@ class PrefixCache:
             self.store.stats.hits += 1
         return live
 
-    def maybe_save(self, rt: Any, tokens: list[int], metrics: dict) -> None:
-        """Save the KV state, which holds exactly ``tokens`` (a prompt's first L−1 tokens), if long enough and
-        not stored yet."""
+    def maybe_save(self, rt: Any, slot: Any, tokens: list[int], metrics: dict) -> None:
+        """Save ``slot``'s KV state, which holds exactly ``tokens`` (a prompt's first L−1 tokens), if long
+        enough and not stored yet."""
         if len(tokens) < self.min_tokens or self.store.contains(self.fp, tokens):
             return
         t0 = time.perf_counter()
         try:
-            payload = self._get_state(rt)
+            payload = self._get_state(rt, slot)
             self.store.write(self.fp, tokens, payload)
+        except EntryError as exc:
+            log.warning("prefix cache: this llama.cpp state cannot be stored per sequence: %s", exc)
+            return
         except (OSError, sqlite3.Error) as exc:
             log.warning("prefix cache: could not save an entry: %s", exc)
             return
@@ -417,17 +529,21 @@ class PrefixCache:
     # llama.cpp state API: the whole context's state (KV cells + the last token's logits; the logits of a
     # 262k vocabulary add 1 MiB), not Llama.save_state (which copies every logit row through Python).
     @staticmethod
-    def _get_state(rt: Any) -> bytes:
+    def _get_state(rt: Any, slot: Any) -> bytes:
+        """The entry payload for ``slot``: the whole-context state (every cell, out-of-window ones too: the
+        sequence state would drop those, and a shorter prefix needs them). In a context of several sequences
+        that is every slot's KV; only the slot's own stream is kept (``extract_stream``)."""
         import llama_cpp
 
-        ctx = rt.llm._ctx.ctx
+        ctx = rt.ctx
         size = llama_cpp.llama_state_get_size(ctx)
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_get_data(ctx, buf, size)
-        return bytes(memoryview(buf)[:n])
+        whole = memoryview(buf)[:n]
+        return bytes(whole) if rt.n_slots == 1 else extract_stream(whole, slot.seq_id)
 
     @staticmethod
-    def _set_state(rt: Any, payload: bytes, tokens: list[int]) -> None:
+    def _set_state(rt: Any, slot: Any, payload: bytes, tokens: list[int]) -> None:
         """Put the saved KV cells back so that the cache is laid out exactly as the cold prefill left it.
 
         Not ``llama_state_set_data``: that whole-context restore writes the cells back from index 0 but sets
@@ -439,19 +555,20 @@ class PrefixCache:
         cleared cache, and leaves the head after the last one: every cell at the index the cold prefill gave it.
         The entry keeps the whole-context format (every cell, out-of-window ones too, so a shorter prefix can
         be kept); for a single sequence its memory part is byte for byte the sequence format, so only the
-        header is rewritten (``seq_state_buffer``). Raises ``EntryError`` if llama.cpp refuses it."""
+        header is rewritten (``seq_state_buffer``; in a context of several sequences the entry's stream goes to
+        the slot's own stream, the non-unified cache's layout). Only the slot's sequence is touched. Raises
+        ``EntryError`` if llama.cpp refuses it."""
         import llama_cpp
 
-        llm = rt.llm
-        llm._ctx.kv_cache_clear()
-        llm.n_tokens = 0
-        buf = seq_state_buffer(payload)
-        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, buf, len(buf), 0) != len(buf):
-            raise EntryError("llama.cpp refused the state data")  # the caller clears the KV cache
-        llm.input_ids[:len(tokens)] = tokens
-        llm.n_tokens = len(tokens)
+        PrefixCache._clear(rt, slot)
+        buf = seq_state_buffer(payload, slot.seq_id, rt.n_slots)
+        if llama_cpp.llama_state_seq_set_data(rt.ctx, buf, len(buf), slot.seq_id) != len(buf):
+            raise EntryError("llama.cpp refused the state data")  # the caller clears the sequence
+        slot.tokens = list(tokens)
 
     @staticmethod
-    def _clear(rt: Any) -> None:
-        rt.llm._ctx.kv_cache_clear()
-        rt.llm.n_tokens = 0
+    def _clear(rt: Any, slot: Any) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(rt.mem, slot.seq_id, -1, -1)
+        slot.forget()

@@ -29,6 +29,18 @@ running main-lane request: the engine's vocabulary (llama.cpp's tokenizer only r
 llama-server tokenizes in its HTTP threads while it decodes). Parent-side, side requests are serialised by a
 lock and may run while a main-lane request streams.
 
+Multiplexed main lane (``mux=True``, the chat engine's continuous batching): many requests are open at once
+on the main lane, each named by a request id (``rid``) the parent picks::
+
+    parent -> child   any time:   ("submit", rid, op, *args)   ("cancel", rid)   ("close",)
+    child  -> parent  per rid:    ("event", rid, *payload) ...  then  ("ok", rid, result) | ("error", rid, exc)
+                                  | ("bug", rid, text)
+
+In the child a reader thread puts every parent message on a queue and the handler's ``serve(inbox, send)``
+runs the loop (the engine's scheduler: ``app.engine.scheduler``) on the main thread. In the parent one reader
+thread per child hands each message to its request's ``MuxCall``; a child that dies or stays silent for
+``reply_s`` while a request is open ends every open request with ``EngineCrashed``.
+
 Cancel: one flag in shared memory (a ``RawValue``: no semaphore, so nothing for the resource tracker to
 report when a parent is killed), read by the handler through ``cancelled()``.
 
@@ -45,9 +57,11 @@ development). There ``"_abort"`` ends the handler's thread, which the parent see
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import threading
 import time
@@ -111,6 +125,19 @@ class Handler(Protocol):
         """A side-lane request (read-only; runs on another thread while ``call`` may be running)."""
 
 
+class MuxHandler(Protocol):
+    """A handler for a multiplexed main lane (``ChildHost(mux=True)``)."""
+
+    def ready_info(self) -> Any: ...
+
+    def serve(self, inbox: "queue.Queue[tuple]", send: Callable[[tuple], bool]) -> None:
+        """Serve until ``("close",)`` arrives on ``inbox``: ``("submit", rid, op, *args)`` and ``("cancel", rid)``
+        messages; ``send(msg)`` (thread-safe) writes ``("event", rid, ...)`` / ``("ok", rid, result)`` /
+        ``("error", rid, exc)`` / ``("bug", rid, text)`` and returns False once the parent is gone."""
+
+    def side(self, op: str, args: tuple) -> Any: ...
+
+
 class ChildBug(RuntimeError):
     """An unexpected exception in a child's handler (a bug, not a known error). ``str()`` is its type and
     message; ``child_traceback`` the traceback formatted in the child."""
@@ -126,12 +153,13 @@ class _ParentGone(BaseException):
     ``except Exception`` in a handler swallows it) and ends the lane quietly."""
 
 
-def _child_main(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any) -> None:
+def _child_main(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
+                mux: bool = False) -> None:
     """Entry point of a spawned child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the parent, which cancels
     watch_parent()
     tune_openmp()
-    _run_handler(target, args, main, side, cancel, os.abort)
+    _run_handler(target, args, main, side, cancel, os.abort, mux)
 
 
 def watch_parent(interval_s: float = PARENT_WATCH_S) -> None:
@@ -149,7 +177,7 @@ def watch_parent(interval_s: float = PARENT_WATCH_S) -> None:
 
 
 def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
-                 abort: Callable[[], None]) -> None:
+                 abort: Callable[[], None], mux: bool = False) -> None:
     """Build the handler, say "ready" (or why not), then serve the lanes until the main lane closes."""
     try:
         handler: Optional[Handler] = target(*args)
@@ -165,10 +193,46 @@ def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: A
         threading.Thread(target=_serve_lane, name="side-lane", daemon=True,
                          args=(side, lambda op, a, _emit: handler.side(op, a), abort)).start()
 
+    if mux:
+        _serve_mux(main, handler, abort)  # type: ignore[arg-type]
+        return
+
     def cancelled() -> bool:
         return bool(cancel.value)
 
     _serve_lane(main, lambda op, a, emit: handler.call(op, a, emit, cancelled), abort)
+
+
+def _serve_mux(conn: Any, handler: MuxHandler, abort: Callable[[], None]) -> None:
+    """The child's end of a multiplexed main lane: a reader thread feeds ``inbox``; ``handler.serve`` runs
+    here until ``("close",)`` (also queued when the pipe closes)."""
+    inbox: "queue.Queue[tuple]" = queue.Queue()
+    lock = threading.Lock()
+
+    def send(msg: tuple) -> bool:
+        with lock:
+            return _reply(conn, msg)
+
+    def read() -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = ("close",)
+            if msg[0] == "_abort":
+                abort()
+                msg = ("close",)
+            inbox.put(msg)
+            if msg[0] == "close":
+                return
+
+    threading.Thread(target=read, name="mux-reader", daemon=True).start()
+    try:
+        handler.serve(inbox, send)
+    except _ParentGone:
+        pass
+    finally:
+        conn.close()
 
 
 def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], Any],
@@ -252,6 +316,9 @@ class _Child:
         self.info: Any = None
         self._dead = False
         self._lock = threading.Lock()
+        # multiplexed lane (mux hosts): open requests by id, and whether the reader saw the child end
+        self.calls: dict[int, "MuxCall"] = {}
+        self.reader_gone: Optional["_Dead"] = None
 
     def alive(self) -> bool:
         return not self._dead and self.runner.is_alive()
@@ -312,11 +379,17 @@ class ChildHost:
     lane. ``in_thread``: run on threads of this process (see the module docstring). ``timeouts``:
     ``Timeouts``. ``on_crash``: called once per child that dies unasked (for crash counters).
 
+    ``mux``: the main lane is multiplexed (the handler is a ``MuxHandler``; requests go through ``submit``).
+
     The child starts on ``start()`` or on the first request, and again on the request after it died."""
 
     def __init__(self, name: str, target: Callable[..., Handler], args: tuple = (), *, label: str = "",
                  model_path: Optional[str] = None, side_lane: bool = False, in_thread: bool = False,
-                 timeouts: Timeouts = Timeouts(), on_crash: Optional[Callable[[], None]] = None) -> None:
+                 timeouts: Timeouts = Timeouts(), on_crash: Optional[Callable[[], None]] = None,
+                 mux: bool = False) -> None:
+        self.mux = mux
+        self._rids = itertools.count(1)
+        self._send_lock = threading.Lock()
         self.name, self.target, self.args = name, target, args
         self.label = label or f"the {name} process"
         self.model_path, self.side_lane, self.in_thread = model_path, side_lane, in_thread
@@ -371,6 +444,8 @@ class ChildHost:
                 raise ModelLoadError(f"{self.label} could not load the model: the load was aborted",
                                      path=self.model_path)
             self._child = child
+            if self.mux:
+                threading.Thread(target=self._demux, args=(child,), name=f"{self.name}-demux", daemon=True).start()
             return child.info
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -395,10 +470,10 @@ class ChildHost:
         side_parent, side_child = self._ctx.Pipe() if self.side_lane else (None, None)
         if self.in_thread:
             runner: Any = threading.Thread(target=_run_handler, name=self.name, daemon=True, args=(
-                self.target, self.args, main_child, side_child, self._cancel, lambda: None))
+                self.target, self.args, main_child, side_child, self._cancel, lambda: None, self.mux))
         else:
             runner = self._ctx.Process(target=_child_main, name=self.name, daemon=True, args=(
-                self.target, self.args, main_child, side_child, self._cancel))
+                self.target, self.args, main_child, side_child, self._cancel, self.mux))
         runner.start()
         if not self.in_thread:  # the child has its own copies; ours must go for EOF to mean "it died"
             _close(main_child, side_child)
@@ -439,7 +514,77 @@ class ChildHost:
     def request(self, op: str, *args: Any) -> Any:
         """A main-lane request without events: its result. Raises the child's ``HearthError``, ``ChildBug``,
         ``EngineCrashed``."""
+        if self.mux:
+            return self.submit(op, *args).wait()
         return self.call(op, *args).wait()
+
+    # -- the multiplexed lane ---------------------------------------------------------------------------
+    def submit(self, op: str, *args: Any) -> "MuxCall":
+        """Open a request on a multiplexed main lane (thread-safe; any number may be open at once) and return
+        it in flight. Raises ``EngineCrashed`` / ``ModelLoadError`` (see ``start``)."""
+        if not self.mux:
+            raise ValueError(f"{self.label} has no multiplexed lane")
+        self.start()
+        child = self._running()
+        rid = next(self._rids)
+        call = MuxCall(self, child, op, rid)
+        with child._lock:
+            if child.reader_gone is not None:
+                raise self._died(child, op, child.reader_gone)
+            child.calls[rid] = call
+        msg = ("_abort",) if op == "_abort" else ("submit", rid, op, *args)
+        try:
+            with self._send_lock:
+                child.main.send(msg)
+        except (OSError, EOFError) as exc:
+            with child._lock:
+                child.calls.pop(rid, None)
+            raise self._died(child, op, exc) from None
+        return call
+
+    def _mux_send(self, child: _Child, msg: tuple) -> None:
+        try:
+            with self._send_lock:
+                child.main.send(msg)
+        except (OSError, EOFError, ValueError):
+            pass  # the child is gone: the reader ends the open requests
+
+    def _demux(self, child: _Child) -> None:
+        """Reader thread of a multiplexed lane: hand each message to its request; when the child dies, or is
+        silent for ``reply_s`` seconds while a request is open (it is then killed), end every open request."""
+        conn = child.main
+        heard = time.monotonic()
+        dead = _Dead()
+        while True:
+            try:
+                msg = conn.recv() if conn.poll(_POLL_S) else None
+            except (EOFError, OSError, ValueError):
+                break
+            now = time.monotonic()
+            if msg is not None:
+                heard = now
+                with child._lock:
+                    call = child.calls.get(msg[1]) if len(msg) > 1 else None
+                    if call is not None and msg[0] != "event":
+                        del child.calls[msg[1]]
+                if call is not None:
+                    call._inbox.put(msg)
+                continue
+            with child._lock:
+                busy = bool(child.calls)
+            if not child.runner.is_alive():
+                break
+            if not busy:
+                heard = now
+            elif now - heard > self.timeouts.reply_s:
+                child.kill()
+                dead = _Dead(timed_out=True)
+                break
+        with child._lock:
+            child.reader_gone = dead
+            calls, child.calls = list(child.calls.values()), {}
+        for call in calls:
+            call._inbox.put(("_dead", dead))
 
     def side(self, op: str, *args: Any) -> Any:
         """A side-lane request (thread-safe; does not wait for the main lane): its result. Raises like
@@ -554,6 +699,47 @@ class Call:
         except _Dead as dead:
             self.open = False
             raise self._host._died(self._child, self.op, dead) from None
+
+
+class MuxCall:
+    """One request in flight on a multiplexed lane. Iterating yields each event's payload (a tuple, without the
+    request id); when the final reply arrives iteration ends and ``result`` holds it, or the child's error is
+    raised (``HearthError``, ``ChildBug``; ``EngineCrashed`` if the child dies). ``cancel()`` asks the child to
+    stop this request only (any thread); the child still answers it (usually ``Cancelled``)."""
+
+    def __init__(self, host: ChildHost, child: _Child, op: str, rid: int) -> None:
+        self._host, self._child, self.op, self.rid = host, child, op, rid
+        self._inbox: "queue.Queue[tuple]" = queue.Queue()
+        self.open = True
+        self.result: Any = None
+
+    def __iter__(self) -> Iterator[tuple]:
+        while self.open:
+            msg = self._inbox.get()
+            if msg[0] == "event":
+                yield msg[2:]
+                continue
+            self.open = False
+            if msg[0] == "_dead":
+                raise self._host._died(self._child, self.op, msg[1])
+            self.result = _unwrap((msg[0], *msg[2:]))
+
+    def cancel(self) -> None:
+        if self.open:
+            self._host._mux_send(self._child, ("cancel", self.rid))
+
+    def wait(self) -> Any:
+        """Run to the end, dropping events; returns ``result``."""
+        for _payload in self:
+            pass
+        return self.result
+
+    def drain(self) -> None:
+        """After a cancel: wait for the final reply and drop it (errors included)."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the caller abandoned this request
+            pass
 
 
 def _unwrap(msg: tuple) -> Any:

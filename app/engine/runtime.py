@@ -1,14 +1,16 @@
 """The code that owns a ``llama_cpp.Llama`` inside the engine process.
 
-``Runtime`` loads one model and runs one generation at a time: template → tokens → reuse of the live KV
-prefix (and, when enabled, the persistent prefix cache) → prefill in chunks of ``n_batch`` tokens (a cancel
-is honoured between chunks) → decode with llama.cpp's sampler chain (a cancel is honoured between tokens).
-It does not use ``Llama.generate`` / ``create_completion``: their prefill cannot be interrupted and their
+``Runtime`` loads one model into a context of ``n_parallel`` sequences (slots) and serves the scheduler
+(``app.engine.scheduler``): per request, template → tokens → reuse of its slot's live KV prefix (and, when
+enabled, the persistent prefix cache) → prefill in chunks of ``n_batch`` tokens, one chunk per scheduler step
+→ decode with llama.cpp's sampler chain, one token per step, batched with the other slots' decodes in one
+``llama_decode``. It does not use ``Llama.eval`` / ``generate`` / ``create_completion``: they drive one
+sequence, their prefill cannot be interrupted, ``eval`` copies every logit row into Python, and their
 logit-bias path goes through a Python callback; the sampler chain here is llama.cpp's own
 (``llama_sampler_init_logit_bias``, ``penalties``, ``top_k``, ``typical``, ``top_p``, ``min_p``, ``temp``,
 ``dist`` / ``greedy``), in the order llama-cpp-python 0.3.36 ``Llama._init_sampler`` uses.
 
-Everything here runs in the child process (see ``engine.py``); it reports through an ``emit`` callable. The
+Everything here runs in the child process (see ``engine.py``); it reports through each ``Seq``'s ``emit``. The
 vocabulary methods (``tokenize``, ``detokenize``, ``piece_bytes``, ``render``) are served on the child's side
 lane, on another thread, possibly while ``generate`` runs: they only read the vocabulary and the template.
 """
@@ -22,13 +24,13 @@ import random
 import resource
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from app.engine.process import default_threads
 from app.engine.templates import RenderedPrompt, choose_template_name, render
-from app.engine.textstream import StopStreamer
+from app.engine.scheduler import Seq
 from app.engine.types import GenerateRequest, LoadSettings
-from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest, ModelLoadError
+from app.errors import ContextLengthExceeded, HearthError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +76,73 @@ def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
                 logits_all=False, verbose=False, seed=settings.seed)
 
 
+def _context_with_sequences(n_seq: int):
+    """A context manager under which ``llama_cpp.Llama(...)`` creates its context with ``n_seq`` sequences in
+    a non-unified KV cache (``n_seq_max``, ``kv_unified=False``: one KV stream of n_ctx / n_seq cells per
+    sequence). llama-cpp-python 0.3.36 sets ``n_seq_max`` only for embedding models; its context parameters
+    start from ``llama_context_default_params()``, which this wraps for the duration of the load (the engine
+    process loads one model, on one thread)."""
+    import contextlib
+
+    import llama_cpp.llama_cpp as lib
+
+    @contextlib.contextmanager
+    def patched():
+        orig = lib.llama_context_default_params
+
+        def params():
+            p = orig()
+            p.n_seq_max = n_seq
+            p.kv_unified = False
+            return p
+
+        lib.llama_context_default_params = params
+        try:
+            yield
+        finally:
+            lib.llama_context_default_params = orig
+
+    return patched()
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process in bytes (``getrusage``; kB on Linux, bytes on macOS)."""
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r if sys.platform == "darwin" else r * 1024)
 
 
+class _Slot:
+    """One sequence of the context: ``seq_id``, the tokens its KV holds (positions 0 … n−1, in cells 0 … n−1 of
+    its own stream), how far they were laid out in whole canonical chunks (``canonical_upto``), the prompt
+    length whose first L−1 tokens it holds in that prompt's layout (``layout_len``), and when it was last
+    used (``time.perf_counter`` seconds)."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+        self.canonical_upto = 0
+        self.layout_len = 0
+        self.last_used = 0.0
+
+    def forget(self) -> None:
+        self.tokens, self.canonical_upto, self.layout_len = [], 0, 0
+
+
+class LlamaSeq(Seq):
+    """A request in a llama.cpp slot: its prompt ``tokens``, the next prompt index to evaluate (``pos``),
+    the KV length (``n_past``), its sampler chain."""
+
+    tokens: list[int]
+    pos: int = 0
+    n_past: int = 0
+    reused: int = 0
+    sampler: Any = None
+    t_prefill: float | None = None
+
+
 class Runtime:
-    """One loaded model. ``emit(kind, *payload)`` receives ``("delta", text, token_ids, logprobs)`` events;
-    ``generate`` returns the final ``(finish_reason, text, child_metrics, info)``."""
+    """One loaded model in a context of ``n_slots`` sequences (``settings.n_parallel``; each with its own
+    ``settings.n_ctx`` tokens of KV), driven by ``app.engine.scheduler.Scheduler`` (``SeqRuntime``)."""
 
     def __init__(self, model_path: str, settings: LoadSettings, model_meta: dict[str, Any] | None = None,
                  prefix_cache: Any = None) -> None:
@@ -91,12 +151,22 @@ class Runtime:
         self.settings = settings
         self.model_path = model_path
         self.meta = model_meta or {}
+        self.n_slots = settings.n_parallel or 1
         t0 = time.perf_counter()
         route_llama_logs()
+        kwargs = llama_kwargs(settings)
+        kwargs["n_ctx"] = settings.n_ctx * self.n_slots
         try:
-            self.llm = llama_cpp.Llama(model_path=model_path, **llama_kwargs(settings))
+            with _context_with_sequences(self.n_slots):
+                self.llm = llama_cpp.Llama(model_path=model_path, **kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the model: {exc}", path=model_path) from None
+        self._lib = llama_cpp
+        self.ctx = self.llm._ctx.ctx
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.batch_cap = max(settings.n_batch, 1)
+        self.batch = llama_cpp.llama_batch_init(self.batch_cap, 0, 1)
+        self.slots = [_Slot(i) for i in range(self.n_slots)]
         self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
@@ -108,8 +178,6 @@ class Runtime:
         self.sliding_window = int(md.get(f"{arch}.attention.sliding_window", 0) or 0)
         # With a window-only SWA cache a reused shorter prefix gives wrong logits: reuse nothing then.
         self.reuse_ok = settings.swa_full or not self.sliding_window
-        self.canonical_upto = 0  # KV positions below this were computed in whole canonical chunks
-        self.layout_len = 0  # length of the prompt whose first L-1 tokens the live KV holds in its layout
         view = _MetaView(self.meta, md, model_path)
         self.chat_template = view.chat_template
         self.template_name = choose_template_name(view)
@@ -120,9 +188,8 @@ class Runtime:
         """Evaluate one token and forget it, so that thread start-up and first touches of the weights are
         paid by the load, not by the first request's TTFT."""
         bos = self.llm.token_bos()
-        self.llm.eval([bos if bos >= 0 else 0])
-        self.llm._ctx.kv_cache_clear()
-        self.llm.n_tokens = 0
+        self._decode([(0, 0, [bos if bos >= 0 else 0])])
+        self._lib.llama_memory_clear(self.mem, True)
 
     # -- tokens ---------------------------------------------------------------------------------------
     def _piece(self, token: int, special: bool = False) -> str:
@@ -147,11 +214,9 @@ class Runtime:
         its length (llama-cpp-python's own ``detokenize`` assumes at most 32 bytes)."""
         import ctypes
 
-        import llama_cpp
-
         self._check_ids([token])
         buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+        n = self._lib.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
         if n < 0:
             return self.piece_bytes(token, -n)
         return buf.raw[:n]
@@ -159,7 +224,7 @@ class Runtime:
     def ready_info(self) -> dict[str, Any]:
         """What the parent learns once the model is loaded (``load_s`` in seconds)."""
         return {"template": self.template_name, "n_ctx": self.settings.n_ctx, "load_s": self.load_s,
-                "n_vocab": self.n_vocab}
+                "n_vocab": self.n_vocab, "n_parallel": self.n_slots}
 
     def cache_stats(self) -> dict:
         return self.prefix_cache.stats() if self.prefix_cache else {}
@@ -205,81 +270,119 @@ class Runtime:
             s.add_dist(seed)
         return s
 
-    # -- prefill --------------------------------------------------------------------------------------
-    def live_prefix(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` that the live KV cache gives back exactly (see ``prefill`` for the layout):
-        all but the last token when the previous prompt had the same length and the same tokens up to its
-        last one; otherwise the common prefix cut down to whole canonical chunks."""
-        llm = self.llm
-        L = len(tokens)
-        limit = min(llm.n_tokens, L - 1)
-        ids = llm.input_ids
+    def _sample(self, seq: LlamaSeq, idx: int) -> None:
+        """Sample ``seq``'s next token from the logits of batch row ``idx`` of the last ``llama_decode``."""
+        want = seq.request.want_logprobs
+        lp = self._logprobs(idx, want) if want else None
+        token = seq.sampler.sample(self.llm._ctx, idx)
+        if lp is not None:
+            lp = (token, _token_lp(lp, token), [(t, v) for t, v in lp[1]])
+        seq.accept(token, self.is_eog(token), self.llm._model.detokenize([token], special=False), lp)
+
+    # -- the batch ------------------------------------------------------------------------------------
+    def _decode(self, items: list[tuple[int, int, list[int]]], all_logits: bool = False) -> None:
+        """One ``llama_decode`` of ``items`` = ``(seq_id, first position, tokens)``; logits for the last token
+        of each item (``all_logits``: the same, one token per item in a decode step). Raises ``HearthError``."""
+        b = self.batch
         n = 0
-        while n < limit and ids[n] == tokens[n]:
+        for seq_id, pos0, toks in items:
+            last = len(toks) - 1
+            for i, t in enumerate(toks):
+                b.token[n] = t
+                b.pos[n] = pos0 + i
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = seq_id
+                b.logits[n] = i == last or all_logits
+                n += 1
+        b.n_tokens = n
+        rc = self._lib.llama_decode(self.ctx, b)
+        if rc != 0:
+            why = "no free KV cell" if rc == 1 else "aborted" if rc == 2 else f"error {rc}"
+            raise HearthError(f"llama_decode failed ({why}) on a batch of {n} tokens")
+
+    # -- a request's life in its slot -----------------------------------------------------------------
+    def live_prefix(self, slot: _Slot, tokens: list[int]) -> int:
+        """Tokens of ``tokens`` that ``slot``'s live KV gives back exactly (see ``begin`` for the layout):
+        all but the last token when its previous prompt had the same length and the same tokens up to its
+        last one; otherwise the common prefix cut down to whole canonical chunks."""
+        L = len(tokens)
+        have = slot.tokens
+        limit = min(len(have), L - 1)
+        n = 0
+        while n < limit and have[n] == tokens[n]:
             n += 1
-        if n == L - 1 and self.layout_len == L:
+        if n == L - 1 and slot.layout_len == L:
             return n
-        n = min(n, self.canonical_upto)
+        n = min(n, slot.canonical_upto)
         return n - n % self.settings.n_batch
 
-    def prefill(self, tokens: list[int], cancelled: Callable[[], bool], metrics: dict,
-                allow_reuse: bool = True) -> None:
-        """Make the KV cache hold exactly ``tokens`` with logits for the last one.
+    def begin(self, rid: int, request: GenerateRequest, free: list[int]) -> LlamaSeq:
+        """Render and tokenize ``request``, check it fits, pick a slot among ``free`` and make that slot's KV
+        hold the longest exactly reusable prefix of the prompt.
 
         Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
         different shapes (measured here: a prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few
         greedy tokens). So every prompt of L tokens is prefilled in one *canonical* layout fixed by absolute
-        positions: chunks [0,C), [C,2C), … (C = n_batch) cut at L−1, then the last token alone. A reused
-        prefix is either whole chunks, or all L−1 tokens when they were laid out for a prompt of the same
-        length; so the KV and the last token's logits are bit for bit those of a cold prefill, and the answer
-        equals the cold run's. Each position also sits in the same KV cell as in the cold prefill (position p in
-        cell p, head after the last): attention sums cells in cell order, so a moved cell changes the rounding
-        (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes back to the reuse point).
-        The state saved to the disk cache is the KV after the first L−1 tokens. A cancel
-        is honoured between chunks. ``allow_reuse=False`` (the request's ``prefix_cache``) prefills cold: no live
-        reuse, no disk lookup, no save."""
-        llm = self.llm
+        positions: chunks [0,C), [C,2C), … (C = n_batch) cut at L−1, then the last token alone, each chunk in
+        a ``llama_decode`` of its own (never merged with other slots' tokens). A reused prefix is either whole
+        chunks, or all L−1 tokens when they were laid out for a prompt of the same length; so the KV and the
+        last token's logits are bit for bit those of a cold prefill. Each position also sits in the same KV
+        cell as in the cold prefill (position p in cell p of the slot's stream, head after the last): attention
+        sums cells in cell order (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes
+        back to the reuse point). The state saved to the disk cache is the KV after the first L−1 tokens.
+        ``request.prefix_cache=False`` prefills cold: no live reuse, no disk lookup, no save."""
+        d = request.decoding
+        rp = self.render(request)
+        tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=request.prompt is None)
+        if not tokens:
+            raise InvalidRequest("the prompt is empty", param="prompt" if request.prompt is not None else "messages")
+        n_ctx = self.settings.n_ctx
+        reserve = d.max_tokens or 0
+        if len(tokens) + reserve > n_ctx or len(tokens) >= n_ctx:
+            raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
+        sampler = self._sampler(d)
+        allowed = request.prefix_cache and self.reuse_ok
+        slot = max((self.slots[i] for i in free),
+                   key=lambda s: (self.live_prefix(s, tokens) if allowed else 0, -s.last_used))
+        seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
+        seq.tokens, seq.sampler = tokens, sampler
+        seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
+        seq.metrics["prompt_tokens"] = len(tokens)
+        seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
+        self._reuse(seq, slot, request.prefix_cache)
+        return seq
+
+    def _reuse(self, seq: LlamaSeq, slot: _Slot, allow_reuse: bool) -> None:
+        """Keep (live) or restore (disk) the longest exact prefix of ``seq.tokens`` in ``slot``; drop the rest."""
         C = self.settings.n_batch
+        tokens, metrics = seq.tokens, seq.metrics
         L = len(tokens)
         allowed = allow_reuse and self.reuse_ok
         cache = self.prefix_cache if allowed else None
-        reuse = self.live_prefix(tokens) if allowed else 0
+        reuse = self.live_prefix(slot, tokens) if allowed else 0
         source = "memory" if reuse else "none"
         if cache is not None:
-            got = cache.restore_longest(self, tokens, reuse, metrics)
+            got = cache.restore_longest(self, slot, tokens, reuse, metrics)
             if got > reuse:
                 reuse, source = got, "disk"
-            elif llm.n_tokens == 0:  # a rejected entry: the KV cache was cleared, nothing is reusable
+            elif not slot.tokens:  # a rejected entry: the slot was cleared, nothing is reusable
                 reuse, source = 0, "none"
-        if reuse < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
-            llm._ctx.kv_cache_clear()
+        lib = self._lib
+        if reuse < len(slot.tokens) and not lib.llama_memory_seq_rm(self.mem, slot.seq_id, reuse, -1):
+            lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
             reuse, source = 0, "none"
-        llm.n_tokens = reuse
-        self.canonical_upto = min(self.canonical_upto, reuse - reuse % C)
-        self.layout_len = L if reuse == L - 1 else 0
+        slot.tokens = tokens[:reuse]
+        slot.canonical_upto = min(slot.canonical_upto, reuse - reuse % C)
+        slot.layout_len = L if reuse == L - 1 else 0
+        seq.pos = seq.reused = reuse
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
-        note = self._reuse_note(reuse, source, L, metrics, allow_reuse)
-        metrics["cache_reuse"], metrics["cache_reuse_reason"] = note
-        t0 = time.perf_counter()
-        for start in range(reuse, L - 1, C):
-            if cancelled():
-                raise Cancelled("cancelled during prefill")
-            end = min(start + C, L - 1)
-            llm.eval(tokens[start:end])
-            if end - start == C:
-                self.canonical_upto = end
-        self.layout_len = L
-        if reuse < L - 1 and cache is not None:
-            cache.maybe_save(self, tokens[:L - 1], metrics)
-        if cancelled():
-            raise Cancelled("cancelled during prefill")
-        llm.eval(tokens[L - 1:])
-        metrics["prefill_s"] = time.perf_counter() - t0
+        metrics["cache_reuse"], metrics["cache_reuse_reason"] = self._reuse_note(reuse, source, L, metrics,
+                                                                                 allow_reuse)
 
     def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, allow_reuse: bool) -> tuple[str, str]:
         """``("exact", which path)`` when a prefix was reused, else ``("cold", why not)``: every reuse path
-        that ``prefill`` takes gives the cold run's bits, so a path that could not does not run at all."""
+        that ``begin`` takes gives the cold run's bits, so a path that could not does not run at all."""
         C = self.settings.n_batch
         if reuse:
             where = "restored from disk" if source == "disk" else "live KV cache"
@@ -297,63 +400,62 @@ class Runtime:
             return "cold", f"prompt shorter than one chunk ({C} tokens) and not a repeat of the last prompt"
         return "cold", "no cached prefix of this prompt (live or on disk)"
 
-    # -- generation -----------------------------------------------------------------------------------
-    def generate(self, request: GenerateRequest, emit: Callable[..., None],
-                 cancelled: Callable[[], bool]) -> tuple[str, str, dict, dict]:
-        d = request.decoding
-        rp = self.render(request)
-        tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=request.prompt is None)
-        if not tokens:
-            raise InvalidRequest("the prompt is empty", param="prompt" if request.prompt is not None else "messages")
-        n_ctx = self.settings.n_ctx
-        reserve = d.max_tokens or 0
-        if len(tokens) + reserve > n_ctx or len(tokens) >= n_ctx:
-            raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
-        metrics: dict[str, Any] = {"prompt_tokens": len(tokens)}
-        sampler = self._sampler(d)
-        self.prefill(tokens, cancelled, metrics, allow_reuse=request.prefix_cache)
-        streamer = StopStreamer(tuple(d.stop) + rp.stop)
-        llm = self.llm
-        max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
-        finish = "length"
-        n_out = 0
-        t_first = None
-        while n_out < max_new:
-            if cancelled():
-                raise Cancelled("cancelled during decode")
-            lp = self._logprobs(request.want_logprobs) if request.want_logprobs else None
-            token = sampler.sample(llm._ctx, -1)
-            n_out += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-            if self.is_eog(token):
-                n_out -= 1  # the end-of-turn token is not part of the answer
-                finish = "stop"
-                break
-            text, stopped = streamer.feed(llm._model.detokenize([token], special=False))
-            if lp is not None:
-                lp = (token, _token_lp(lp, token), [(t, v) for t, v in lp[1]])
-            # One event per token (even when its text is held back) so that ITL is measured per token.
-            emit("delta", text, (token,), (lp,) if lp is not None else ())
-            if stopped:
-                finish = "stop"
-                break
-            if n_out >= max_new:
-                break
-            llm.eval([token])
-        tail = streamer.flush()
-        if tail:
-            emit("delta", tail, (), ())
-        metrics["completion_tokens"] = n_out
-        metrics["decode_s"] = time.perf_counter() - t_first if t_first else 0.0
-        metrics["peak_rss_bytes"] = peak_rss_bytes()
-        info = {"template": rp.name, "model": os.path.basename(self.model_path)}
-        return finish, streamer.text, metrics, info
+    def prefill_step(self, seq: LlamaSeq) -> None:
+        """Evaluate the next canonical chunk of ``seq``'s prompt (at most ``n_batch`` tokens, alone in its
+        ``llama_decode``). After the chunk that reaches L−1 tokens the state is saved to the disk cache (if it
+        was not restored from there) and the last prompt token is evaluated; its logits give the first token."""
+        slot = self.slots[seq.slot]
+        C = self.settings.n_batch
+        tokens = seq.tokens
+        L = len(tokens)
+        if seq.t_prefill is None:
+            seq.t_prefill = time.perf_counter()
+        if seq.pos < L - 1:
+            start, end = seq.pos, min(seq.pos + C, L - 1)
+            self._decode([(slot.seq_id, start, tokens[start:end])])
+            slot.tokens.extend(tokens[start:end])
+            if end - start == C:
+                slot.canonical_upto = end
+            seq.pos = end
+            if end < L - 1:
+                return
+        slot.layout_len = L
+        cache = self.prefix_cache if seq.request.prefix_cache and self.reuse_ok else None
+        if seq.reused < L - 1 and cache is not None:
+            cache.maybe_save(self, slot, tokens[:L - 1], seq.metrics)
+        self._decode([(slot.seq_id, L - 1, tokens[L - 1:])])
+        slot.tokens.append(tokens[L - 1])
+        seq.pos = seq.n_past = L
+        seq.prompt_done = True
+        seq.metrics["prefill_s"] = time.perf_counter() - seq.t_prefill
+        self._sample(seq, 0)
 
-    def _logprobs(self, top_n: int):
+    def decode_step(self, seqs: list[LlamaSeq]) -> None:
+        """Evaluate each sequence's pending token, all in one ``llama_decode`` (in groups of at most
+        ``n_batch`` tokens), and sample every next token."""
+        for k in range(0, len(seqs), self.batch_cap):
+            group = seqs[k:k + self.batch_cap]
+            self._decode([(s.slot, s.n_past, [s.pending]) for s in group], all_logits=True)
+            for i, s in enumerate(group):
+                self.slots[s.slot].tokens.append(s.pending)
+                s.n_past += 1
+                s.pending = None
+                self._sample(s, i)
+
+    def end(self, seq: LlamaSeq, clean: bool = True) -> None:
+        """``seq`` left its slot. Its KV stays for the next request's reuse unless the step that ended it
+        failed (``clean=False``): then the slot is emptied."""
+        slot = self.slots[seq.slot]
+        slot.last_used = time.perf_counter()
+        if not clean:
+            self._lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+            slot.forget()
+        seq.metrics["peak_rss_bytes"] = peak_rss_bytes()
+
+    def _logprobs(self, idx: int, top_n: int):
         import numpy as np
 
-        ptr = self.llm._ctx.get_logits_ith(-1)
+        ptr = self._lib.llama_get_logits_ith(self.ctx, idx)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
         m = logits.max()
         lse = m + math.log(np.exp(logits - m).sum())

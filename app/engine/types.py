@@ -40,7 +40,10 @@ class LoadSettings:
     (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16, q8_0, q4_0; a quantized V
     needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV cache on the GPU.
     use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window cache (needed so
-    prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md).
+    prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md). n_parallel: sequences served at once
+    (continuous batching; each has its own n_ctx tokens of KV, so the KV cache is n_parallel × n_ctx tokens);
+    None: chosen from the memory estimate when the engine loads (``memory_estimate.choose_parallel``: 4 where
+    it fits).
     """
 
     n_ctx: int = 4096
@@ -56,6 +59,7 @@ class LoadSettings:
     use_mlock: bool = False
     swa_full: bool = True
     seed: int = 0xFFFFFFFF
+    n_parallel: int | None = None
 
     def validate(self) -> "LoadSettings":
         """Raise ``InvalidRequest`` for a value out of range; return self."""
@@ -65,6 +69,8 @@ class LoadSettings:
         if self.n_threads is not None:
             _check_range("n_threads", self.n_threads, 1, 1024, integer=True)
         _check_range("n_gpu_layers", self.n_gpu_layers, -1, 100000, integer=True)
+        if self.n_parallel is not None:
+            _check_range("n_parallel", self.n_parallel, 1, MAX_PARALLEL, integer=True)
         for name in ("type_k", "type_v"):
             if getattr(self, name) not in KV_TYPES:
                 raise InvalidRequest(f"{name} must be one of {', '.join(KV_TYPES)}, got {getattr(self, name)!r}",
@@ -77,6 +83,9 @@ class LoadSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+MAX_PARALLEL = 64  # sequences in one context (llama.cpp allows 256; each needs its own n_ctx of KV)
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,10 @@ class GenerateRequest:
     ``template``: a template name to force (None: the model's own or the one chosen by architecture).
     ``prefix_cache``: allow reuse/saving of KV state for this request.
     ``want_logprobs``: top-N alternatives per generated token (0: none).
+    ``priority``: the scheduler admits higher first (the desktop window sends 1, the port 0); equal
+    priorities in arrival order. ``deadline_s``: seconds from the engine receiving the request to its end;
+    when it passes the answer so far is returned with finish_reason "length" and ``info["stopped_by"] ==
+    "deadline"`` (None: no deadline).
     """
 
     prompt: str | None = None
@@ -181,6 +194,8 @@ class GenerateRequest:
     add_bos: bool = True
     prefix_cache: bool = True
     want_logprobs: int = 0
+    priority: int = 0
+    deadline_s: float | None = None
 
     def validate(self) -> "GenerateRequest":
         if (self.prompt is None) == (self.messages is None):
@@ -194,6 +209,9 @@ class GenerateRequest:
                                          param=f"messages[{i}].role")
                 if not isinstance(m.content, str):
                     raise InvalidRequest(f"messages[{i}].content must be text", param=f"messages[{i}].content")
+        _check_range("priority", self.priority, -100, 100, integer=True)
+        if self.deadline_s is not None:
+            _check_range("deadline_s", self.deadline_s, 0.0, 1e6, lo_open=True)
         self.decoding.validate()
         return self
 
@@ -202,10 +220,11 @@ class GenerateRequest:
 class Metrics:
     """Timings and counts of one generation. Clocks (``time.perf_counter`` in the caller's process):
 
-    - ``ttft_s``: the engine accepted the request (``Engine.generate`` began serving it, after any queue wait)
-      → the first token's text was available to the caller. Includes template, tokenization, cache restore
-      and prefill.
-    - ``queue_s``: ``Engine.generate`` called → request accepted (waiting for an earlier request).
+    - ``ttft_s``: the request entered its slot (admitted by the scheduler, after any queue wait) → the first
+      token's text was available to the caller. Includes template, tokenization, cache restore and prefill
+      (and, under load, the other requests' decode steps interleaved with its prefill chunks).
+    - ``queue_s``: the stream began (first ``next`` on ``Engine.generate``'s stream) → the request entered its
+      slot (waiting for a free slot).
     - ``prefill_s``: engine process began evaluating prompt tokens → last prompt token evaluated
       (``prefill_tps`` = (prompt_tokens − cached_tokens) / prefill_s).
     - ``tpot_s``: mean time per output token after the first (= mean of the inter-token latencies).
@@ -217,6 +236,8 @@ class Metrics:
       path gives the cold prefill's KV bits in the cold prefill's cells, docs/prefix-cache.md), ``"cold"``
       when none were; ``cache_reuse_reason`` names the path or why none was taken.
     - ``peak_rss_bytes``: peak resident memory of the engine process (``ru_maxrss``).
+    - ``batch_peak``: the most sequences decoded in one step while this request decoded (1: it ran alone, and
+      its tokens are exactly the solo run's).
     """
 
     prompt_tokens: int = 0
@@ -238,6 +259,7 @@ class Metrics:
     cache_reuse: str = "cold"  # exact (a prefix was reused, bit for bit a cold prefill's) | cold
     cache_reuse_reason: str = ""  # which reuse path, or why none was taken
     peak_rss_bytes: int = 0
+    batch_peak: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,290 @@
+"""Continuous batching in the engine process: many requests share one llama.cpp context.
+
+The context holds ``n_slots`` sequences (llama.cpp ``n_seq_max``, one KV stream per sequence: the
+non-unified cache, so every sequence's cells are laid out as in a context of its own). The scheduler runs one
+loop on the engine process's main thread; each *step*:
+
+1. takes the parent's messages (``("submit", rid, op, *args)``, ``("cancel", rid)``, ``("close",)``);
+2. ends requests that were cancelled or whose deadline passed (between steps: within one step);
+3. admits waiting requests into free slots, highest ``priority`` first, then in arrival order (the desktop
+   window's requests carry priority 1, the port's 0: a long API job never keeps the person's own chat waiting
+   behind other API requests);
+4. runs **one decode step for every sequence that has a sampled token to evaluate, in one ``llama_decode``
+   batch** (continuous batching: requests join and leave between steps, Orca, Yu et al. OSDI 2022; vLLM);
+5. runs **one prefill chunk** (at most ``n_batch`` tokens) of the first admitted request still prefilling
+   (chunked prefill, Sarathi-Serve, Agrawal et al. OSDI 2024): a 3000-token prompt arriving mid-stream costs the
+   running streams one chunk's time per token instead of the whole prefill.
+
+Prefill chunks run alone in their ``llama_decode`` and in the canonical layout (``Runtime`` docs), so a
+prompt's KV is bit for bit a solo cold prefill's whatever else runs: the prefix cache (live and on disk)
+stays exact under load. Decode steps are batched; a batch of several sequences computes the same rows with
+other matrix shapes, so under batching a greedy answer may differ in the last bits from its solo run
+(docs/engine.md "Many requests at once" measures how often). With one active request a step is exactly the
+solo computation: answers are token-identical to a single-sequence engine.
+
+The runtime side is ``SeqRuntime``: ``Runtime`` (llama.cpp) or a scripted one for tests, both driven by this
+same loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from typing import Any, Callable, Optional, Protocol
+
+from app.engine.textstream import StopStreamer
+from app.engine.types import GenerateRequest
+from app.errors import Cancelled, HearthError
+
+log = logging.getLogger(__name__)
+
+
+class Seq:
+    """One admitted request in its slot (the runtime subclasses it with its own state).
+
+    ``pending``: a sampled token not yet evaluated (the next decode step feeds it); ``prompt_done``: the
+    prompt's last token was evaluated; ``finish``: the finish_reason once the answer ended. ``metrics``:
+    the child-side metrics dict (prompt_tokens, cached_tokens, prefill_s, ... as ``Runtime`` fills it)."""
+
+    def __init__(self, rid: int, request: GenerateRequest, slot: int, stop: tuple[str, ...] = ()) -> None:
+        self.rid, self.request, self.slot = rid, request, slot
+        self.emit: Callable[..., None] = lambda *payload: None
+        self.pending: Optional[int] = None
+        self.prompt_done = False
+        self.finish: Optional[str] = None
+        self.n_out = 0
+        self.max_new = request.decoding.max_tokens or 1 << 30
+        self.streamer = StopStreamer(tuple(request.decoding.stop) + tuple(stop))
+        self.metrics: dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
+        self.t_first: Optional[float] = None
+        self.batch_peak = 1
+
+    def accept(self, token: int, is_eog: bool, piece: bytes, logprob: Any = None) -> None:
+        """Take one sampled token: end on an end-of-generation token (not part of the answer), else emit its
+        text (held back while it may begin a stop string), then end on a stop string or ``max_new`` tokens;
+        otherwise the token is ``pending`` for the next decode step."""
+        self.n_out += 1
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        if is_eog:
+            self.n_out -= 1
+            self.finish = "stop"
+            return
+        text, stopped = self.streamer.feed(piece)
+        # One event per token (even when its text is held back) so that ITL is measured per token.
+        self.emit("delta", text, (token,), (logprob,) if logprob is not None else ())
+        if stopped:
+            self.finish = "stop"
+        elif self.n_out >= self.max_new:
+            self.finish = "length"
+        else:
+            self.pending = token
+
+    def result(self) -> tuple[str, str, dict, dict]:
+        """``(finish_reason, text, child_metrics, info)`` of an ended request (flushes held-back text)."""
+        tail = self.streamer.flush()
+        if tail:
+            self.emit("delta", tail, (), ())
+        self.metrics["completion_tokens"] = self.n_out
+        self.metrics["decode_s"] = time.perf_counter() - self.t_first if self.t_first else 0.0
+        self.metrics["batch_peak"] = self.batch_peak
+        self.metrics["slot"] = self.slot
+        return self.finish or "length", self.streamer.text, self.metrics, self.info
+
+
+class SeqRuntime(Protocol):
+    """What the scheduler drives (``app.engine.runtime.Runtime``, or a scripted one for tests).
+
+    ``n_slots``: sequences that can run at once. ``begin`` renders and checks a request, picks one of
+    ``free`` slots (the one whose live KV gives back the longest prefix), restores or reuses its prefix and
+    returns its ``Seq`` (raises ``HearthError`` for a bad request). ``prefill_step`` evaluates the next chunk
+    of one sequence's prompt and, with the last prompt token, samples its first token (``Seq.accept``).
+    ``decode_step`` evaluates every ``pending`` token of ``seqs`` in one batch and samples the next ones.
+    ``end`` is called once per admitted sequence when it leaves its slot (the KV stays for reuse unless
+    ``clean`` is False: the step that ended it failed)."""
+
+    n_slots: int
+
+    def ready_info(self) -> dict: ...
+
+    def begin(self, rid: int, request: GenerateRequest, free: list[int]) -> Seq: ...
+
+    def prefill_step(self, seq: Seq) -> None: ...
+
+    def decode_step(self, seqs: list[Seq]) -> None: ...
+
+    def end(self, seq: Seq, clean: bool) -> None: ...
+
+    def cache_stats(self) -> dict: ...
+
+
+class _Waiting:
+    __slots__ = ("rid", "request", "t_arrival", "order", "cancelled")
+
+    def __init__(self, rid: int, request: GenerateRequest, order: int) -> None:
+        self.rid, self.request, self.order = rid, request, order
+        self.t_arrival = time.perf_counter()
+        self.cancelled = False
+
+
+class Scheduler:
+    """The engine process's serving loop over ``runtime`` (see the module docstring). ``send`` writes one
+    message to the parent (``process.MuxHandler.serve``)."""
+
+    def __init__(self, runtime: SeqRuntime, send: Callable[[tuple], bool]) -> None:
+        self.rt = runtime
+        self.send = send
+        self.waiting: list[_Waiting] = []
+        self.active: dict[int, Seq] = {}  # rid -> seq, in admission order
+        self.cancels: set[int] = set()
+        self.deadlines: dict[int, float] = {}
+        self.free = list(range(runtime.n_slots))
+        self._order = 0
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self, inbox: "queue.Queue[tuple]") -> None:
+        """Serve until ``("close",)``."""
+        while True:
+            idle = not self.active and not self.waiting
+            try:
+                msg = inbox.get() if idle else inbox.get_nowait()
+                while True:
+                    if not self._handle(msg):
+                        return
+                    msg = inbox.get_nowait()
+            except queue.Empty:
+                pass
+            self._expire()
+            self._admit()
+            self._step()
+
+    def _handle(self, msg: tuple) -> bool:
+        kind = msg[0]
+        if kind == "close":
+            return False
+        if kind == "cancel":
+            self._cancel(msg[1])
+        elif kind == "submit":
+            rid, op, args = msg[1], msg[2], msg[3:]
+            if op == "generate":
+                self._order += 1
+                self.waiting.append(_Waiting(rid, args[0], self._order))
+            elif op == "cache_stats":
+                self._answer(rid, lambda: self.rt.cache_stats())
+            else:
+                self.send(("error", rid, HearthError(f"unknown engine command {op!r}")))
+        return True
+
+    def _answer(self, rid: int, fn: Callable[[], Any]) -> None:
+        try:
+            self.send(("ok", rid, fn()))
+        except HearthError as exc:
+            self.send(("error", rid, exc))
+        except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the engine
+            self.send(("bug", rid, _bug_text(exc)))
+
+    def _cancel(self, rid: int) -> None:
+        for w in self.waiting:
+            if w.rid == rid:
+                self.waiting.remove(w)
+                self.send(("error", rid, Cancelled("cancelled before it started")))
+                return
+        if rid in self.active:
+            self.cancels.add(rid)
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for rid in list(self.cancels):
+            seq = self.active.get(rid)
+            self.cancels.discard(rid)
+            if seq is not None:
+                stage = "decode" if seq.prompt_done else "prefill"
+                self._leave(seq, Cancelled(f"cancelled during {stage}"))
+        for w in [w for w in self.waiting if w.request.deadline_s is not None
+                  and now >= w.t_arrival + w.request.deadline_s]:
+            self.waiting.remove(w)
+            self.send(("ok", w.rid, ("length", "", {"queue_s": now - w.t_arrival, "completion_tokens": 0},
+                                     {"stopped_by": "deadline"})))
+        for rid, at in list(self.deadlines.items()):
+            seq = self.active.get(rid)
+            if seq is not None and now >= at:
+                seq.finish = seq.finish or "length"
+                seq.info["stopped_by"] = "deadline"
+                self._leave(seq)
+
+    def _admit(self) -> None:
+        while self.free and self.waiting:
+            w = min(self.waiting, key=lambda x: (-x.request.priority, x.order))
+            self.waiting.remove(w)
+            t_admit = time.perf_counter()
+            try:
+                seq = self.rt.begin(w.rid, w.request, list(self.free))
+            except HearthError as exc:
+                self.send(("error", w.rid, exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the engine
+                self.send(("bug", w.rid, _bug_text(exc)))
+                continue
+            self.free.remove(seq.slot)
+            seq.emit = self._emitter(w.rid)
+            seq.metrics["queue_s"] = t_admit - w.t_arrival
+            self.active[w.rid] = seq
+            if w.request.deadline_s is not None:
+                self.deadlines[w.rid] = w.t_arrival + w.request.deadline_s
+            seq.emit("admitted", seq.slot, t_admit - w.t_arrival)
+
+    def _emitter(self, rid: int) -> Callable[..., None]:
+        def emit(*payload: Any) -> None:
+            self.send(("event", rid, *payload))
+        return emit
+
+    def _step(self) -> None:
+        decoding = [s for s in self.active.values() if s.pending is not None]
+        if decoding:
+            n = len(decoding)
+            for s in decoding:
+                s.batch_peak = max(s.batch_peak, n)
+            self._guard(decoding, lambda: self.rt.decode_step(decoding))
+        prefilling = [s for s in self.active.values() if not s.prompt_done and s.finish is None]
+        if prefilling:
+            seq = min(prefilling, key=lambda s: -s.request.priority)  # stable: first admitted among equals
+            self._guard([seq], lambda: self.rt.prefill_step(seq))
+        for seq in list(self.active.values()):
+            if seq.finish is not None:
+                self._leave(seq)
+
+    def _guard(self, seqs: list[Seq], fn: Callable[[], None]) -> None:
+        """Run one runtime step; an error ends the requests it concerned (the others keep running)."""
+        try:
+            fn()
+        except HearthError as exc:
+            for s in seqs:
+                self._leave(s, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug in one step must not end the engine
+            text = _bug_text(exc)
+            for s in seqs:
+                self._leave(s, bug=text)
+
+    def _leave(self, seq: Seq, error: Optional[BaseException] = None, bug: str = "") -> None:
+        """End ``seq``: its reply (result, error or bug) goes out and its slot is free for the next step."""
+        if self.active.pop(seq.rid, None) is None:
+            return
+        self.deadlines.pop(seq.rid, None)
+        try:
+            self.rt.end(seq, clean=not bug and (error is None or isinstance(error, Cancelled)))
+        except Exception:  # noqa: BLE001 - bookkeeping must not hide the request's own reply
+            log.exception("ending a sequence failed")
+        self.free.append(seq.slot)
+        if bug:
+            self.send(("bug", seq.rid, bug))
+        elif error is not None:
+            self.send(("error", seq.rid, error))
+        else:
+            self._answer(seq.rid, seq.result)
+
+
+def _bug_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
