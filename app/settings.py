@@ -38,7 +38,9 @@ class ServerSettings:
 
 @dataclass
 class UserSettings:
-    """Everything the app remembers. ``model``: the model id or path last chosen (None: bundled).
+    """Everything the app remembers. ``model``: the model id or path last chosen (None: bundled). ``load``:
+    ``LoadSettings``, e.g. ``load.n_parallel`` (requests served at once; null: auto, chosen from the memory
+    estimate when the model loads; out of 1-64 or not an integer: a warning and auto).
     ``cache_budget_mb``: byte budget of the on-disk prefix cache in MiB. ``per_model``: overrides of
     ``load`` fields keyed by model id."""
 
@@ -97,7 +99,7 @@ def _typed(cls, data: Any, where: str, defaults: Any = None) -> dict[str, Any]:
     return out
 
 
-_OPTIONAL = {"n_threads", "seed", "max_tokens", "grammar", "model", "api_key"}
+_OPTIONAL = {"n_threads", "n_parallel", "seed", "max_tokens", "grammar", "model", "api_key"}  # null allowed
 
 
 def _same_type(v: Any, d: Any) -> bool:

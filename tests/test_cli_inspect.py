@@ -38,7 +38,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]):
 
 def test_inspect_json_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tiny_gguf(tmp_path / "tiny-chat.gguf", template="{{ x }}")
-    out = _json(capsys, ["inspect", str(path), "--json", "--n-ctx", "512", "--type-k", "q8_0"])
+    out = _json(capsys, ["inspect", str(path), "--json", "--n-ctx", "512", "--type-k", "q8_0", "--parallel", "1"])
     assert set(out) == {"model", "memory", "template"}
     assert out["model"]["architecture"] == "llama" and out["model"]["id"] == "tiny-chat"
     assert out["template"] == "gguf"
@@ -82,7 +82,8 @@ def test_inspect_invalid_settings(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_inspect_bundled_json(linked_bundled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _json(capsys, ["inspect", "--json"])  # no MODEL: the bundled one
     assert out["model"]["id"] == BUNDLED_MODEL_ID and out["model"]["quantization"] == "Q4_K_M"
-    assert out["memory"]["kv_bytes"] == 72 << 20  # n_ctx 4096, f16, full SWA cache
+    # n_ctx 4096, f16, full SWA cache: 72 MiB per sequence, n_parallel of them (auto: as many as fit, up to 4)
+    assert out["memory"]["kv_bytes"] == out["memory"]["n_parallel"] * (72 << 20)
     from app.engine.gguf_info import inspect_model
     from app.engine.templates import choose_template_name
 

@@ -4,7 +4,7 @@ their own history (``grounding.ground``), and the evidence/citation conversions 
 
 from app.assistant.evidence import DocumentSource, Found, citations, given, prune_stale_citations
 from app.assistant.grounding import Grounding, ground
-from app.assistant.turn import Assistant, EvidenceFound, TextDelta, TurnDone, TurnEvent
+from app.assistant.turn import Assistant, Caller, EvidenceFound, TextDelta, TurnDone, TurnEvent
 
-__all__ = ["Assistant", "DocumentSource", "EvidenceFound", "Found", "Grounding", "TextDelta", "TurnDone",
+__all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "TextDelta", "TurnDone",
            "TurnEvent", "citations", "given", "ground", "prune_stale_citations"]

@@ -17,14 +17,20 @@ One factory sets what every adapter used to set its own way: the model id record
 (``app.engine.registry.model_id``: the file stem), exact templated token counts (``Engine.render`` +
 ``Engine.tokenize``), summaries greedy (temperature 0) so they are reproducible, and the answer's reserve
 (``decoding.max_tokens``, default ``DEFAULT_MAX_TOKENS``).
+
+Who asks is a ``Caller``, and it alone decides a request's scheduler priority (``GenerateRequest.priority``):
+the desktop window's turns (``Caller.WINDOW``, priority 1) are admitted before waiting HTTP requests
+(``Caller.PORT``, priority 0, stamped by ``app.server.convert``), so a long API job never keeps the person's
+own chat waiting behind other API requests. ``hearth chat`` is ``Caller.CLI`` (0: it owns its engine).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Union
 
 from app.assistant import evidence as ev
@@ -39,6 +45,24 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 256  # tokens reserved for an answer when the decoding settings give none
 DEFAULT_K = 4  # passages per turn
 SUMMARY_OPTIONS = {"temperature": 0.0}  # summaries are greedy: the same history gives the same summary
+
+
+class Caller(str, enum.Enum):
+    """Who a generation is for; ``priority`` is its ``GenerateRequest.priority`` (the engine's scheduler admits
+    higher first, equal priorities in arrival order)."""
+
+    WINDOW = "window"  # the desktop window: a person is watching the answer appear
+    PORT = "port"  # the HTTP port (API clients, also when the desktop app hosts it)
+    CLI = "cli"  # `hearth chat` in a terminal (its own engine)
+
+    @property
+    def priority(self) -> int:
+        """1 for the window, 0 for everyone else."""
+        return 1 if self is Caller.WINDOW else 0
+
+    def stamp(self, request: GenerateRequest) -> GenerateRequest:
+        """``request`` with this caller's priority."""
+        return replace(request, priority=self.priority)
 
 
 @dataclass(frozen=True)
@@ -82,10 +106,11 @@ TurnEvent = Union[EvidenceFound, TextDelta, TurnDone]
 
 class EngineCalls:
     """``generate_fn`` for ``ChatSession`` over ``Engine.generate``: per-call options override ``base``
-    decoding fields; the running ``Generation`` is remembered so that ``cancel()`` stops it from any thread."""
+    decoding fields; every request carries ``caller``'s priority (summaries too: the same person waits for
+    them); the running ``Generation`` is remembered so that ``cancel()`` stops it from any thread."""
 
-    def __init__(self, engine: Any, base: DecodingParams) -> None:
-        self.engine, self.base = engine, base
+    def __init__(self, engine: Any, base: DecodingParams, caller: Caller = Caller.CLI) -> None:
+        self.engine, self.base, self.caller = engine, base, caller
         self._known = {f.name for f in fields(DecodingParams)}
         self._lock = threading.Lock()
         self._current: Any = None
@@ -93,7 +118,7 @@ class EngineCalls:
 
     def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, **opts: Any) -> Iterator[Any]:
         dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
-        gen = self.engine.generate(GenerateRequest(messages=tuple(messages), decoding=dec))
+        gen = self.engine.generate(self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec)))
         with self._lock:
             self._current = gen
             if self.cancelled:
@@ -131,14 +156,16 @@ class Assistant:
 
     ``decoding``: sampling defaults (the person's saved settings with any per-command overrides);
     ``system_prompt``: text of the system message; ``documents``: a ``DocumentSource`` to ground turns in, or
-    None; ``k``: passages per turn (1 to ``evidence.MAX_K``, else ``InvalidRequest``). One turn runs at a time
-    per assistant."""
+    None; ``k``: passages per turn (1 to ``evidence.MAX_K``, else ``InvalidRequest``); ``caller``: who asks
+    (``Caller``: the desktop window passes ``Caller.WINDOW`` so its turns go before waiting API requests). One
+    turn runs at a time per assistant."""
 
     def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
-                 system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K) -> None:
+                 system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K,
+                 caller: Caller = Caller.CLI) -> None:
         self.engine, self.store, self.documents, self.k = engine, store, documents, ev.check_k(k)
         self.decoding = decoding or DecodingParams()
-        self.calls = EngineCalls(engine, self.decoding)
+        self.calls = EngineCalls(engine, self.decoding, Caller(caller))
         self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
 
     @property

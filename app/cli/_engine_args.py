@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from app.engine.types import KV_TYPES, DecodingParams, LoadSettings
+from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
+from app.errors import InvalidRequest
+
+AUTO = "auto"  # --parallel auto: chosen from the memory estimate when the model loads
+PARALLEL_HELP = (f"requests served at once (continuous batching; each gets its own n_ctx of KV cache, so the "
+                 f"cache is N × n_ctx tokens): 1-{MAX_PARALLEL} or {AUTO} (default from settings: {AUTO}, "
+                 "4 where the memory estimate fits, else fewer)")
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -18,6 +24,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
     g.add_argument("--n-gpu-layers", type=int, default=None, help="layers offloaded to the GPU (-1: all; "
                    "needs a CUDA or Metal build)")
+    add_parallel_arg(g)
     g.add_argument("--type-k", choices=KV_TYPES, default=None, help="KV cache type for K (default f16)")
     g.add_argument("--type-v", choices=KV_TYPES, default=None, help="KV cache type for V (default f16; "
                    "q8_0/q4_0 need flash attention)")
@@ -33,6 +40,30 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-budget-mb", type=float, default=None,
                    help="byte budget of the on-disk prefix cache in MiB (default from settings: 4096; 0 turns "
                         "the disk cache off)")
+
+
+def add_parallel_arg(g) -> None:
+    """``--parallel N|auto`` on ``g`` (a parser or an argument group); read by ``parallel_override``. Parsed
+    there, not by argparse, so a bad value is one ``InvalidRequest`` line like every other load setting."""
+    g.add_argument("--parallel", default=None, metavar="N", help=PARALLEL_HELP)
+
+
+def parallel_override(args: argparse.Namespace) -> dict:
+    """``{"n_parallel": N}`` (None for ``auto``) when ``--parallel`` was given, else ``{}``. Raises
+    ``InvalidRequest`` naming ``--parallel`` for anything but an integer from 1 to ``MAX_PARALLEL`` or auto."""
+    text = getattr(args, "parallel", None)
+    if text is None:
+        return {}
+    if str(text).strip().lower() == AUTO:
+        return {"n_parallel": None}
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PARALLEL:
+        raise InvalidRequest(f"--parallel must be an integer from 1 to {MAX_PARALLEL} or {AUTO}, got {text!r}",
+                             param="n_parallel")
+    return {"n_parallel": n}
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -53,13 +84,14 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 def load_settings(args: argparse.Namespace, user=None) -> LoadSettings:
     """LoadSettings from the saved settings (``user``, read from the file when None) overlaid with the flags
-    given."""
+    given. Raises ``InvalidRequest`` naming a bad value (``--parallel``, or the ``LoadSettings`` field)."""
     from app.settings import load_user_settings
 
     base = (user or load_user_settings()).load
     over = {k: getattr(args, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k",
                                           "type_v", "flash_attn", "offload_kqv", "use_mmap", "use_mlock")
             if getattr(args, k, None) is not None}
+    over.update(parallel_override(args))
     if over.get("type_v", base.type_v) != "f16" and "flash_attn" not in over:
         over["flash_attn"] = True  # a quantized V cache needs it; an explicit --no-flash-attn still errors
     from dataclasses import replace

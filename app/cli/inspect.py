@@ -1,7 +1,9 @@
 """``hearth inspect [MODEL]``: what a GGUF file is and whether it fits in memory, without loading it.
 
 Reads the header only (``app.engine.gguf_info``) and estimates memory (``app.engine.memory_estimate``) for
-the load settings Hearth would use (saved settings overlaid with the flags given). A bad file exits 1 with
+the load settings Hearth would use (saved settings overlaid with the flags given). ``n_parallel`` auto is
+resolved as the engine resolves it when it loads (``choose_parallel``), and the KV cache is shown per
+sequence and in total (each of the n_parallel sequences has its own n_ctx cells). A bad file exits 1 with
 one line naming the problem.
 """
 
@@ -11,6 +13,7 @@ import argparse
 import json
 from typing import Any
 
+from app.cli._engine_args import add_parallel_arg, parallel_override
 from app.engine.types import KV_TYPES, LoadSettings
 
 
@@ -25,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--type-k", choices=KV_TYPES, default=None, help="KV cache type for K")
     p.add_argument("--type-v", choices=KV_TYPES, default=None, help="KV cache type for V")
     p.add_argument("--n-gpu-layers", type=int, default=None, help="layers offloaded to the GPU (-1: all)")
+    add_parallel_arg(p)
     p.add_argument("--swa-full", dest="swa_full", action="store_true", default=None,
                    help="full-size sliding-window cache (default)")
     p.add_argument("--no-swa-full", dest="swa_full", action="store_false",
@@ -44,6 +48,7 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
         base = LoadSettings()
     over = {k: getattr(args, k) for k in ("n_ctx", "n_ubatch", "type_k", "type_v", "n_gpu_layers", "swa_full")
             if getattr(args, k, None) is not None}
+    over.update(parallel_override(args))
     if over.get("type_v", base.type_v) != "f16":
         over["flash_attn"] = True  # a quantized V cache needs it (as the engine flags do)
     if "n_ubatch" in over and over["n_ubatch"] > base.n_batch:
@@ -67,17 +72,32 @@ def run(args: argparse.Namespace) -> int:
     from app.engine.memory_estimate import available_vram_bytes, estimate_memory
     from app.engine.registry import resolve_model
 
+    settings = _settings(args)  # bad flags fail before the file is read
     info = inspect_model(resolve_model(args.model), with_sha256=args.sha256)
-    settings = _settings(args)
+    auto = settings.n_parallel is None
+    settings = resolve_parallel(info, settings)
     vram = available_vram_bytes() if settings.n_gpu_layers != 0 else None
     est = estimate_memory(info, settings, available_vram_bytes=vram)
     template = template_name(info)
     if args.json:
-        print(json.dumps({"model": info.to_dict(), "memory": est.to_dict(), "template": template},
+        memory = {**est.to_dict(), "n_parallel": settings.n_parallel, "n_parallel_auto": auto}
+        print(json.dumps({"model": info.to_dict(), "memory": memory, "template": template},
                          ensure_ascii=False, indent=2))
         return 0
-    print("\n".join(_model_lines(info, template) + [""] + _memory_lines(est, settings)))
+    print("\n".join(_model_lines(info, template) + [""] + _memory_lines(est, settings, auto)))
     return 0
+
+
+def resolve_parallel(info: Any, settings: LoadSettings) -> LoadSettings:
+    """``settings`` with ``n_parallel`` None (auto) replaced by what the engine would choose on load
+    (``memory_estimate.choose_parallel``: 4 where it fits, else fewer; RAM as the engine counts it)."""
+    if settings.n_parallel is not None:
+        return settings
+    from dataclasses import replace
+
+    from app.engine.memory_estimate import choose_parallel
+
+    return replace(settings, n_parallel=choose_parallel(info, settings))
 
 
 def _mib(n: int | None) -> str:
@@ -104,15 +124,17 @@ def _model_lines(info: Any, template: str | None) -> list[str]:
     return lines
 
 
-def _memory_lines(est: Any, s: LoadSettings) -> list[str]:
+def _memory_lines(est: Any, s: LoadSettings, auto: bool = False) -> list[str]:
+    """The text of the estimate; ``s.n_parallel`` is resolved (``auto``: it was chosen, not set)."""
     swa = f", SWA layers {est.swa_cells} cells" if est.n_swa_layers else ""
+    p = s.n_parallel or 1
     lines = [
-        f"memory estimate (n_ctx {s.n_ctx}, K {s.type_k}, V {s.type_v}, swa_full {s.swa_full}, "
-        f"GPU layers {est.gpu_layers})",
+        f"memory estimate (n_ctx {s.n_ctx}, n_parallel {p}{' (auto)' if auto else ''}, K {s.type_k}, "
+        f"V {s.type_v}, swa_full {s.swa_full}, GPU layers {est.gpu_layers})",
         f"  weights      {_mib(est.weights_bytes)}" + (f" ({_mib(est.weights_gpu_bytes)} on GPU)"
                                                        if est.weights_gpu_bytes else ""),
-        f"  KV cache     {_mib(est.kv_bytes)} ({est.kv_cells} cells{swa}; {est.kv_bytes_per_token:,} "
-        "bytes/token)",
+        f"  KV cache     {_mib(est.kv_bytes)} = {p} sequence{'s' if p != 1 else ''} × {_mib(est.kv_bytes // p)} "
+        f"({est.kv_cells} cells{swa} each; {est.kv_bytes_per_token:,} bytes/token)",
         f"  compute      {_mib(est.compute_bytes)}",
         f"  overhead     {_mib(est.overhead_bytes)}",
         f"  total        {_mib(est.total_bytes)}",

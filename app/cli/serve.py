@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from app.cli._engine_args import add_load_args, make_engine
+from app.cli._engine_args import add_load_args, load_settings, make_engine
 from app.settings import DEFAULT_PORT
 
 EXPOSE_FLAG = "--i-know-this-exposes-my-machine"
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "by default)")
     p.add_argument("--allow-host", action="append", default=[], metavar="HOST",
                    help="accept this Host header besides loopback names (repeatable; DNS-rebinding protection)")
-    p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait for the engine "
+    p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait for a free engine slot "
                                                                   "(default from settings: 16); then 429")
     p.add_argument("--embeddings", action="store_true", help="also serve /v1/embeddings with Hearth's "
                                                              "embedding model")
@@ -59,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
               f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
+    load_settings(args)  # a bad load flag (--parallel 0, --n-ctx 1) is one line before anything starts
     _check_port_free(settings.host, settings.port)  # before the model loads: fail fast with one line
     engine = make_engine(args)
     engine.max_queue = settings.max_queue
     embedder = _embedder() if args.embeddings else None
     documents = _documents(embedder) if args.documents else None
     app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host, documents=documents)
-    print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1 "
-          f"(Ctrl+C stops)", file=sys.stderr)
+    print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1, "
+          f"{engine.n_parallel} request(s) at once (Ctrl+C stops)", file=sys.stderr)
     import signal
 
     # uvicorn shuts down on SIGTERM, then re-raises it; ending through SystemExit instead lets the engine

@@ -80,7 +80,7 @@ def _routes(app: FastAPI, st: State) -> None:
         if eng is None:
             return JSONResponse({"status": "no_model"}, status_code=503, headers={"Retry-After": "2"})
         return JSONResponse({"status": "ok", "model": loaded_id(eng), "engine_alive": bool(eng.alive),
-                             "queue_depth": eng.queue_depth()})
+                             "n_parallel": eng.n_parallel, "active": eng.active(), "queue_depth": eng.queue_depth()})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

@@ -11,6 +11,9 @@ Decisions held here (each documented in docs/server.md):
   (mod 2³²) so the choices differ and each is reproducible.
 - ``developer`` messages are system messages; text content parts are joined with a newline; a template
   without a system role merges it into the first user turn (``app.engine.templates``).
+- Every request is the port's: ``Caller.PORT``'s priority (0; the desktop window's turns, priority 1, are
+  admitted before waiting API requests). ``hearth.deadline_s`` (seconds, > 0) becomes each generation's
+  ``GenerateRequest.deadline_s``: when it passes, the answer so far ends with finish_reason "length".
 - Refused with a 400 rather than silently ignored: tools / functions, tool messages, non-text content parts,
   ``echo``, ``suffix``, ``best_of`` ≠ n, token-id prompts, ``top_logprobs`` without ``logprobs``,
   ``stream_options`` without ``stream``, ``hearth.documents`` on /v1/completions (no messages to ground).
@@ -21,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from app.assistant.turn import Caller
 from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
 from app.errors import InvalidRequest
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -56,7 +60,7 @@ def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
     max_tokens = _max_tokens(body, body.max_completion_tokens, "max_completion_tokens")
     lp = _chat_logprobs(body)
     dec = _decoding(body, max_tokens, grammar_for(body.response_format))
-    base = GenerateRequest(messages=messages, decoding=dec, want_logprobs=_want(lp))
+    base = _request(body, messages=messages, decoding=dec, want_logprobs=_want(lp))
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp)
 
 
@@ -79,12 +83,19 @@ def completion_plan(body: CompletionRequest, model: str) -> Plan:
     reqs: list[GenerateRequest] = []
     index: list[int] = []
     for i, text in enumerate(prompts):
-        reqs.extend(_choices(GenerateRequest(prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
+        reqs.extend(_choices(_request(body, prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
         index.extend([i] * body.n)
     return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp)
 
 
 # -- pieces ------------------------------------------------------------------------------------------------
+def _request(body: _Sampling, **kw: Any) -> GenerateRequest:
+    """The port's ``GenerateRequest``: ``Caller.PORT``'s priority and the ``hearth.deadline_s`` asked for
+    (seconds; None: none; its range was checked by the schema)."""
+    deadline = body.hearth.deadline_s if body.hearth is not None else None
+    return Caller.PORT.stamp(GenerateRequest(**kw, deadline_s=deadline))
+
+
 def _messages(raw: list[Any]) -> tuple[ChatMessage, ...]:
     if not raw:
         raise InvalidRequest("messages must contain at least one message", param="messages")

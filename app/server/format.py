@@ -4,7 +4,8 @@ SSE framing is exactly what the ``openai`` client parses: ``data: <json>\\n\\n``
 ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``.
 
 Each answer carries one top-level ``hearth`` object (clients ignore unknown fields): per choice the template
-used, the model file, the generation's metrics (TTFT, TPOT, decode speed, cached tokens…), the context
+used, the model file, the generation's metrics (TTFT, TPOT, decode speed, cached tokens…, and ``stopped_by``:
+"deadline" when ``hearth.deadline_s`` ended it, else null), the context
 breakdown and, with documents, the citations its answer makes; per request, with documents, the evidence
 given and the search notice. One choice: all of it flat. n > 1: the per-request part flat and the per-choice
 parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
@@ -82,8 +83,9 @@ def _request_meta(plan: Plan) -> dict[str, Any]:
 
 def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
     info = choice.done.info
-    meta = {"template": info.get("template"), "model_file": info.get("model"),
-            "metrics": choice.done.metrics.to_dict(), "context": context(plan, choice)}
+    metrics = {**choice.done.metrics.to_dict(), "stopped_by": info.get("stopped_by")}
+    meta = {"template": info.get("template"), "model_file": info.get("model"), "metrics": metrics,
+            "context": context(plan, choice)}
     if plan.grounding is not None:
         meta["citations"] = plan.grounding.citations(choice.done.text)
     return meta

@@ -8,7 +8,8 @@ process-global registry. Names are prefixed ``hearth_``. Sources:
   requests cancelled because the client went away;
 - generations served through the port: prompt / cached / generated tokens, finish reasons, TTFT, TPOT and
   queue-wait histograms, and the prefix-cache hit rate (cached prompt tokens / prompt tokens);
-- the engine (shared with the desktop UI): queue depth and its lifetime counters (``EngineStats``).
+- the engine (shared with the desktop UI): its slots (``n_parallel``: sequences decoded together), the
+  requests running in them and waiting for one, and its lifetime counters (``EngineStats``).
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ def _engine_lines(engine: Any) -> list[str]:
     _family(out, "hearth_model_loaded", "gauge", "1 when a chat model is loaded", [("", int(loaded))])
     if not loaded:
         return out
-    _family(out, "hearth_queue_depth", "gauge", "requests waiting for the engine (UI and API)",
+    _family(out, "hearth_queue_depth", "gauge", "requests waiting for a free engine slot (UI and API)",
             [("", engine.queue_depth())])
+    _family(out, "hearth_active_requests", "gauge", "requests running in an engine slot now (UI and API)",
+            [("", engine.active())])
+    _family(out, "hearth_parallel_slots", "gauge", "sequences the engine serves at once (n_parallel)",
+            [("", engine.n_parallel)])
     st = engine.stats
     for field in ("requests", "completed", "cancelled", "failed", "crashes"):
         _family(out, f"hearth_engine_{field}_total", "counter", f"engine {field} since it was created (UI and API)",

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from app.assistant.evidence import MAX_K as MAX_EVIDENCE  # passages one request may ask for (hearth.k)
 
 MAX_N = 8  # n > 1 runs n generations one after another; more than this is refused
+MAX_DEADLINE_S = 1e6  # hearth.deadline_s upper bound, seconds (GenerateRequest.validate's)
 
 
 class _Allow(BaseModel):
@@ -55,12 +56,16 @@ class ChatMessageIn(_Allow):
 
 
 class HearthOptions(BaseModel):
-    """``"hearth": {"documents": true, "k": 4}``: answer from the indexed documents (RAG) with ``k`` passages
-    (default: the server's, 4); see ``app.server.documents``."""
+    """``"hearth": {"documents": true, "k": 4, "deadline_s": 30}``: answer from the indexed documents (RAG)
+    with ``k`` passages (default: the server's, 4; see ``app.server.documents``); ``deadline_s``: seconds from
+    the engine receiving a generation (queue wait included) to its end, when the answer so far is returned
+    with finish_reason "length" (a number > 0; None: no deadline)."""
 
     model_config = ConfigDict(extra="forbid")
     documents: Optional[StrictBool] = Field(default=None, description="retrieve evidence from the documents")
     k: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_EVIDENCE, description="passages to retrieve")
+    deadline_s: Optional[float] = Field(default=None, gt=0.0, le=MAX_DEADLINE_S, strict=True, allow_inf_nan=False,
+                                        description="seconds until the answer is cut short (finish_reason length)")
 
 
 class _Sampling(_Allow):

@@ -8,7 +8,8 @@
   ``max_tokens = n_ctx - prompt_tokens`` (finish_reason "length" if it gets there; ``hearth.context``
   says so). A prompt that alone fills the context stays a 400 with both counts.
 - A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
-  another, each queued behind whatever the UI or other clients sent meanwhile (fair FIFO sharing).
+  another, each queued behind whatever other clients sent meanwhile and after the desktop window's turns
+  (the engine runs ``n_parallel`` at once and admits the window's priority 1 before the port's 0).
 - Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
   vocabulary lane: no turn in the queue, so it never waits for the generation it describes). A lookup may
   cross to the engine process, so logprob entries are formatted off the event loop.

@@ -3,7 +3,8 @@
 The window's only part in a turn is showing its events: the worker iterates ``Assistant.turn`` and forwards
 ``EvidenceFound`` as ``evidence(list[dict])`` and ``TextDelta`` as ``delta(str)``; ``TurnDone`` comes last as
 ``finished``. Retrieval (limited to the conversation's chosen documents), storing and citations happen in
-the pipeline, exactly as for ``hearth chat`` and the port.
+the pipeline, exactly as for ``hearth chat`` and the port. The window's turns are ``Caller.WINDOW``'s
+(priority 1): the engine admits them before API requests waiting for a slot.
 
 Stop cancels the engine ``Generation`` directly (``Assistant.cancel``), so it works during a long prefill
 too, when no item is flowing that a ``quit()`` flag could be checked against. The partial answer is kept in
@@ -18,7 +19,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.assistant import Assistant, EvidenceFound, TextDelta, TurnDone, given
+from app.assistant import Assistant, Caller, EvidenceFound, TextDelta, TurnDone, given
 from app.errors import Cancelled
 from app.ui.workers import GeneratorWorker, WorkerPool
 
@@ -75,7 +76,7 @@ class ChatController(QObject):
         user = self.settings_fn()
         docs = self.documents() if self.documents is not None else None
         self._assistant = Assistant(engine, self.store, decoding=user.decoding, system_prompt=user.system_prompt,
-                                    documents=docs)
+                                    documents=docs, caller=Caller.WINDOW)
         worker = GeneratorWorker(run_turn, self._assistant, conversation_id, text, **kw)
         self._worker = worker
         self.busy_changed.emit(True)

@@ -141,7 +141,8 @@ class MainWindow(QMainWindow):
 
     def _engine_loaded(self, info: dict) -> None:
         name = registry.model_id(str(info.get("model_path") or info.get("model") or ""))
-        self.status.show_model(f"Model: {name} · n_ctx {info.get('n_ctx')} · template {info.get('template')} · "
+        self.status.show_model(f"Model: {name} · n_ctx {info.get('n_ctx')} · {info.get('n_parallel') or 1} "
+                               f"parallel · template {info.get('template')} · "
                                f"loaded in {info.get('load_s', 0):.1f} s")
         self.banner.setText(BASE_MODEL_NOTE.format(name=name))
         self.banner.setVisible(name == registry.BUNDLED_MODEL_ID or info.get("template") == "transcript")

@@ -28,13 +28,22 @@ def list_models_job() -> list:
 
 
 def estimate_job(entry: Any, settings: Any) -> Any:
-    from app.engine.memory_estimate import available_vram_bytes, estimate_memory
+    """The ``MemoryEstimate`` of ``entry`` under ``settings``, with ``n_parallel`` auto (None) resolved as the
+    engine resolves it on load (``choose_parallel``), so the KV of every sequence is counted. Returns
+    ``(estimate, n_parallel)``."""
+    from dataclasses import replace
 
-    return estimate_memory(entry.info, settings, available_vram_bytes=available_vram_bytes())
+    from app.engine.memory_estimate import available_vram_bytes, choose_parallel, estimate_memory
+
+    if settings.n_parallel is None:
+        settings = replace(settings, n_parallel=choose_parallel(entry.info, settings))
+    est = estimate_memory(entry.info, settings, available_vram_bytes=available_vram_bytes())
+    return est, settings.n_parallel
 
 
-def details_html(entry: Any, est: Any = None) -> str:
-    """Metadata and the memory verdict of one model, as rich text."""
+def details_html(entry: Any, est: Any = None, n_parallel: int = 1) -> str:
+    """Metadata and the memory verdict of one model, as rich text (``n_parallel``: the sequences ``est``
+    counts, each with its own n_ctx of KV)."""
     if entry.error:
         return f"<b>{entry.id}</b><br><span style='color:#c62828'>{_esc(entry.error)}</span>"
     i = entry.info
@@ -46,8 +55,10 @@ def details_html(entry: Any, est: Any = None) -> str:
     if est is not None:
         colour = VERDICT_COLOURS.get(est.verdict, "#777")
         avail = human_bytes(est.available_ram_bytes) if est.available_ram_bytes else "unknown"
-        lines.append(f"Memory at n_ctx {est.n_ctx}: {human_bytes(est.total_bytes)} (weights "
-                     f"{human_bytes(est.weights_bytes)}, KV {human_bytes(est.kv_bytes)}, compute "
+        kv = human_bytes(est.kv_bytes) + (f" = {n_parallel} × {human_bytes(est.kv_bytes // n_parallel)}"
+                                          if n_parallel > 1 else "")
+        lines.append(f"Memory at n_ctx {est.n_ctx}, {n_parallel} parallel request{'s' if n_parallel > 1 else ''}: "
+                     f"{human_bytes(est.total_bytes)} (weights {human_bytes(est.weights_bytes)}, KV {kv}, compute "
                      f"{human_bytes(est.compute_bytes)}); available RAM {avail} → "
                      f"<b style='color:{colour}'>{est.verdict}</b>")
     return "<br>".join(lines)
@@ -171,12 +182,12 @@ class ModelPanel(QWidget):
         if entry.info is not None:
             settings = self.ctx.settings.load_for(entry.id)
             self.ctx.pool.run(estimate_job, entry, settings,
-                              on_return=lambda est, e=entry: self._estimated(e, est))
+                              on_return=lambda got, e=entry: self._estimated(e, *got))
 
-    def _estimated(self, entry: Any, est: Any) -> None:
+    def _estimated(self, entry: Any, est: Any, n_parallel: int = 1) -> None:
         if self.model.item(self.view.currentIndex().row()) is entry:
             self.estimate = est
-            self.details.setText(details_html(entry, est))
+            self.details.setText(details_html(entry, est, n_parallel))
 
     def select_path(self, path: str) -> None:
         row = self.model.row_of_path(path)

@@ -1,4 +1,5 @@
-"""Settings: load settings (n_ctx, GPU layers, KV types, flash attention, KV offload, threads, batch), the
+"""Settings: load settings (n_ctx, GPU layers, KV types, flash attention, KV offload, threads, batch, parallel
+requests: 0 shown as "auto" = ``n_parallel`` None, chosen from the memory estimate on load), the
 prefix-cache budget, sampling defaults, the system prompt. "For this model only" stores the load settings as
 the model's override (``UserSettings.per_model``) instead of changing the defaults. The values are validated by
 the core's own types (``LoadSettings.validate``, ``DecodingParams.make``) and an error names the field; saving
@@ -11,7 +12,7 @@ from dataclasses import replace
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
 
-from app.engine.types import KV_TYPES, DecodingParams, LoadSettings
+from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.errors import InvalidRequest
 from app.settings import UserSettings
 
@@ -59,6 +60,9 @@ class SettingsDialog(QDialog):
         self.flash_attn, self.offload_kqv = QCheckBox("Flash attention"), QCheckBox("Keep the KV cache on the GPU")
         self.n_threads = _spin(0, 256, "automatic")
         self.n_batch = _spin(16, 8192)
+        self.n_parallel = _spin(0, MAX_PARALLEL, "auto")
+        self.n_parallel.setToolTip("Requests answered at once (this window and the local port). Each has its "
+                                   "own context of KV cache memory; auto: 4 where the memory estimate fits.")
         self.prefix_cache = QCheckBox("Reuse prompts from the prefix cache on disk")
         self.cache_budget = _spin(0, 1 << 20)
         self.cache_budget.setSuffix(" MiB")
@@ -67,6 +71,7 @@ class SettingsDialog(QDialog):
         for label, w in (("Context (n_ctx, tokens)", self.n_ctx), ("GPU layers", self.n_gpu_layers),
                          ("KV type K", self.type_k), ("KV type V", self.type_v), ("", self.flash_attn),
                          ("", self.offload_kqv), ("Threads", self.n_threads), ("Batch (tokens)", self.n_batch),
+                         ("Parallel requests", self.n_parallel),
                          ("", self.prefix_cache), ("Cache budget", self.cache_budget), ("", self.per_model)):
             f.addRow(label, w)
         return box
@@ -97,6 +102,7 @@ class SettingsDialog(QDialog):
         self.offload_kqv.setChecked(load.offload_kqv)
         self.n_threads.setValue(load.n_threads or 0)
         self.n_batch.setValue(load.n_batch)
+        self.n_parallel.setValue(load.n_parallel or 0)
         self.prefix_cache.setChecked(s.prefix_cache)
         self.cache_budget.setValue(int(s.cache_budget_mb))
         d = s.decoding
@@ -115,7 +121,8 @@ class SettingsDialog(QDialog):
                        n_gpu_layers=self.n_gpu_layers.value(), type_k=self.type_k.currentText(),
                        type_v=self.type_v.currentText(), flash_attn=self.flash_attn.isChecked(),
                        offload_kqv=self.offload_kqv.isChecked(), n_threads=self.n_threads.value() or None,
-                       n_batch=batch, n_ubatch=min(batch, self.settings.load.n_ubatch)).validate()
+                       n_batch=batch, n_ubatch=min(batch, self.settings.load.n_ubatch),
+                       n_parallel=self.n_parallel.value() or None).validate()
 
     def _decoding(self) -> DecodingParams:
         seed = self.seed.value()
