@@ -59,7 +59,7 @@ class _FakeSeq(Seq):
     def result(self) -> tuple[str, str, dict, dict]:
         self.metrics["completion_tokens"] = len(self.sent)
         self.metrics["batch_peak"] = self.batch_peak
-        return self.script_finish, self.sent, self.metrics, self.info
+        return self.finish or self.script_finish, self.sent, self.metrics, self.info
 
 
 class FakeRuntime:
@@ -72,6 +72,7 @@ class FakeRuntime:
         self.token_delay_s = token_delay_s
         self.reply = reply or default_reply
         self.n_slots = n_parallel
+        self.prefill_budget = 1  # one prompt per step
         self.fail_next: Optional[BaseException] = None
         self.seen: list[GenerateRequest] = []
         self.started = threading.Event()
@@ -88,6 +89,9 @@ class FakeRuntime:
         seq.metrics["prompt_tokens"] = n_prompt
         seq.info = {"template": "fake", "model": self.model_name}
         return seq
+
+    def chunk_tokens(self, seq: Seq) -> int:
+        return 1
 
     def prefill_step(self, seq: Seq) -> None:
         seq.prompt_done = True

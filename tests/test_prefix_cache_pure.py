@@ -122,3 +122,74 @@ def test_fingerprint_covers_the_canonical_chunk_and_gpu_layers():
                    {"type_k": "q8_0"}, {"n_ctx": 2048}):
         assert fingerprint("0" * 64, LoadSettings(**change))[0] != base, change
     assert fingerprint("0" * 64, LoadSettings(n_threads=1))[0] == base  # prefilled KV is thread-independent
+
+
+def _stream_block(cells: list[tuple[int, int]], n_layer: int = 2, k_row: int = 6, v_row: int = 4,
+                  v_trans: bool = False) -> bytes:
+    """One KV stream as llama.cpp writes it: cell count, (pos, n_seq, seq ids) per cell, then K and V rows."""
+    import struct
+
+    out = struct.pack("<I", len(cells))
+    if not cells:
+        return out
+    for pos, seq in cells:
+        out += struct.pack("<iIi", pos, 1, seq)
+    out += struct.pack("<II", int(v_trans), n_layer)
+    fill = bytes((pos * 7 + seq) % 251 for pos, seq in cells)
+    for il in range(n_layer):
+        out += struct.pack("<iQ", 1, k_row) + (fill * k_row)[:len(cells) * k_row]
+    for il in range(n_layer):
+        if v_trans:
+            out += struct.pack("<iII", 1, 2, v_row) + (fill * 8)[:v_row * len(cells) * 2]
+        else:
+            out += struct.pack("<iQ", 1, v_row) + (fill * v_row)[:len(cells) * v_row]
+    return out
+
+
+def _whole(streams_per_module: list[list[bytes]]) -> bytes:
+    import struct
+
+    out = struct.pack("<I", 6) + b"gemma3"
+    for streams in streams_per_module:
+        out += struct.pack("<I", len(streams)) + b"".join(streams)
+    return out
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_one_stream_of_a_many_stream_state_is_the_one_sequence_entry(v_trans):
+    """Saving from slot 2 of 4 keeps exactly what a one-sequence context would have written (ids set to 0);
+    restoring that entry into slot 2 of 4 puts the block in stream 2 and the other streams empty."""
+    import struct
+
+    from app.engine.prefix_cache import extract_stream, state_streams
+
+    def cells(seq, n):
+        return [(p, seq) for p in range(n)]
+
+    modules = [[_stream_block(cells(s, 3 + s), v_trans=v_trans) if s != 1 else _stream_block([])
+                for s in range(4)] for _m in range(2)]  # two modules: a sliding-window model's two caches
+    whole = _whole(modules)
+    spans = state_streams(memoryview(whole), 10)
+    assert [len(m) for m in spans] == [4, 4] and spans[0][0][0] == 14
+    entry = extract_stream(whole, 2)
+    alone = _whole([[_stream_block(cells(0, 5), v_trans=v_trans)]] * 2)
+    assert len(entry) == len(alone) and entry[:10] == alone[:10]
+    assert state_streams(memoryview(entry), 10) == state_streams(memoryview(alone), 10)
+    buf = bytes(seq_state_buffer(entry, seq_id=2, n_stream=4))
+    assert buf[:8] == struct.pack("<Ii", 0xAF143CD8, 2)
+    block = entry[10 + 4:10 + 4 + (len(entry) - 10) // 2 - 4]
+    one_module = struct.pack("<III", 4, 0, 0) + block + struct.pack("<I", 0)
+    assert buf[8:] == one_module * 2
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40])
+def test_a_state_that_does_not_parse_to_its_end_is_refused(cut):
+    from app.engine.prefix_cache import extract_stream
+
+    whole = _whole([[_stream_block([(0, 0), (1, 0)]), _stream_block([(0, 1)])]])
+    with pytest.raises(EntryError):
+        extract_stream(whole[:-cut], 0)
+    with pytest.raises(EntryError):
+        extract_stream(whole + b"\x00" * cut, 0)
+    with pytest.raises(EntryError):
+        seq_state_buffer(whole, seq_id=1, n_stream=4)  # two streams: not an entry

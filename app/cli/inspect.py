@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)  # bad flags fail before the file is read
     info = inspect_model(resolve_model(args.model), with_sha256=args.sha256)
     auto = settings.n_parallel is None
+    from app.engine.memory_estimate import resolve_parallel
+
     settings = resolve_parallel(info, settings)
     vram = available_vram_bytes() if settings.n_gpu_layers != 0 else None
     est = estimate_memory(info, settings, available_vram_bytes=vram)
@@ -86,18 +88,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("\n".join(_model_lines(info, template) + [""] + _memory_lines(est, settings, auto)))
     return 0
-
-
-def resolve_parallel(info: Any, settings: LoadSettings) -> LoadSettings:
-    """``settings`` with ``n_parallel`` None (auto) replaced by what the engine would choose on load
-    (``memory_estimate.choose_parallel``: 4 where it fits, else fewer; RAM as the engine counts it)."""
-    if settings.n_parallel is not None:
-        return settings
-    from dataclasses import replace
-
-    from app.engine.memory_estimate import choose_parallel
-
-    return replace(settings, n_parallel=choose_parallel(info, settings))
 
 
 def _mib(n: int | None) -> str:

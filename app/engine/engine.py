@@ -13,7 +13,7 @@ policy and parent watch shared with the embedder). The handle:
 - streams events (``Delta`` … ``Done``) to the caller; closing the stream or calling ``cancel`` stops that
   generation (only that one) within one scheduler step;
 - answers vocabulary questions (``tokenize``, ``count_tokens``, ``detokenize``, ``token_piece_bytes``,
-  ``render``) on the child's *side lane*, without a turn in the FIFO: a server formatting logprobs or
+  ``render``) on the child's *side lane*, never behind a scheduler step: a server formatting logprobs or
   counting evidence tokens never waits behind the generation it serves, and no other process maps llama.cpp;
 - turns a dead child into ``EngineCrashed`` (with the signal) and starts a fresh child on the next request.
 
@@ -221,13 +221,9 @@ class Engine:
 
         info = inspect_model(self.model_path, require_chat=True)
         self.model_info = info
-        settings = self.settings
-        if settings.n_parallel is None:
-            from dataclasses import replace
+        from app.engine.memory_estimate import resolve_parallel
 
-            from app.engine.memory_estimate import choose_parallel
-
-            settings = replace(settings, n_parallel=choose_parallel(info, settings))
+        settings = resolve_parallel(info, self.settings)
         meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name}
         return ChildHost("hearth-engine", _llama_service, (self.model_path, settings, meta, self.cache_cfg),
                          label="the engine process", model_path=self.model_path, side_lane=True,
@@ -393,6 +389,8 @@ class Engine:
                 self.stats.cancelled += 1
                 call.drain()
         finish, text, cm, info = call.result
+        if not state["admitted"]:  # ended while it waited (its deadline passed): all of it was queueing
+            t_admit = time.perf_counter()
         m = _metrics(t_call, t_admit, times, cm)
         self._count(m)
         gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})

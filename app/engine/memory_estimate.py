@@ -167,6 +167,17 @@ def compute_buffer_bytes(info: ModelInfo, s: LoadSettings) -> int:
     return max(logits, scores) + activations + info.n_vocab * 4 * (s.n_parallel or 1)
 
 
+def resolve_parallel(info: ModelInfo, settings: LoadSettings) -> LoadSettings:
+    """``settings`` with ``n_parallel`` None (auto) replaced by ``choose_parallel`` (RAM read from the OS), as
+    the engine resolves it on load; the one place "auto" is decided (engine, ``hearth inspect``, the window's
+    model panel)."""
+    if settings.n_parallel is not None:
+        return settings
+    from dataclasses import replace
+
+    return replace(settings, n_parallel=choose_parallel(info, settings))
+
+
 DEFAULT_PARALLEL = 4  # sequences served at once where they fit (llama-server's default is 4 slots too)
 UNKNOWN_RAM_KV_BYTES = 2 << 30  # with unknown free memory, 4 sequences only when their KV stays under this
 

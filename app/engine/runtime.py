@@ -165,6 +165,7 @@ class Runtime:
         self.ctx = self.llm._ctx.ctx
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.batch_cap = max(settings.n_batch, 1)
+        self.prefill_budget = settings.n_batch
         self.batch = llama_cpp.llama_batch_init(self.batch_cap, 0, 1)
         self.slots = [_Slot(i) for i in range(self.n_slots)]
         self._warm_up()
@@ -399,6 +400,12 @@ class Runtime:
         if L - 1 < C:
             return "cold", f"prompt shorter than one chunk ({C} tokens) and not a repeat of the last prompt"
         return "cold", "no cached prefix of this prompt (live or on disk)"
+
+    def chunk_tokens(self, seq: LlamaSeq) -> int:
+        """Prompt tokens the next ``prefill_step`` of ``seq`` evaluates (the last chunk counts its last token)."""
+        L = len(seq.tokens)
+        end = min(seq.pos + self.settings.n_batch, L - 1)
+        return end - seq.pos + (1 if end >= L - 1 else 0)
 
     def prefill_step(self, seq: LlamaSeq) -> None:
         """Evaluate the next canonical chunk of ``seq``'s prompt (at most ``n_batch`` tokens, alone in its

@@ -11,9 +11,11 @@ loop on the engine process's main thread; each *step*:
    behind other API requests);
 4. runs **one decode step for every sequence that has a sampled token to evaluate, in one ``llama_decode``
    batch** (continuous batching: requests join and leave between steps, Orca, Yu et al. OSDI 2022; vLLM);
-5. runs **one prefill chunk** (at most ``n_batch`` tokens) of the first admitted request still prefilling
-   (chunked prefill, Sarathi-Serve, Agrawal et al. OSDI 2024): a 3000-token prompt arriving mid-stream costs the
-   running streams one chunk's time per token instead of the whole prefill.
+5. runs prefill chunks of the requests still prefilling, highest priority then first admitted, within a
+   budget of ``prefill_budget`` tokens per step (``n_batch``; the first chunk always runs): chunked prefill
+   (Sarathi-Serve, Agrawal et al. OSDI 2024). A 3000-token prompt arriving mid-stream costs the running
+   streams one chunk's time per token instead of the whole prefill, and a burst of short prompts is
+   prefilled in one step.
 
 Prefill chunks run alone in their ``llama_decode`` and in the canonical layout (``Runtime`` docs), so a
 prompt's KV is bit for bit a solo cold prefill's whatever else runs: the prefix cache (live and on disk)
@@ -102,13 +104,16 @@ class SeqRuntime(Protocol):
     ``free`` slots (the one whose live KV gives back the longest prefix), restores or reuses its prefix and
     returns its ``Seq`` (raises ``HearthError`` for a bad request). ``prefill_step`` evaluates the next chunk
     of one sequence's prompt and, with the last prompt token, samples its first token (``Seq.accept``).
-    ``decode_step`` evaluates every ``pending`` token of ``seqs`` in one batch and samples the next ones.
+    ``chunk_tokens`` says how many tokens that step evaluates. ``decode_step`` evaluates every ``pending`` token of ``seqs`` in one batch and samples the next ones.
     ``end`` is called once per admitted sequence when it leaves its slot (the KV stays for reuse unless
     ``clean`` is False: the step that ended it failed)."""
 
     n_slots: int
+    prefill_budget: int  # prompt tokens prefilled per step at most (the first chunk always runs)
 
     def ready_info(self) -> dict: ...
+
+    def chunk_tokens(self, seq: Seq) -> int: ...  # tokens the next prefill_step of seq evaluates
 
     def begin(self, rid: int, request: GenerateRequest, free: list[int]) -> Seq: ...
 
@@ -248,9 +253,14 @@ class Scheduler:
             for s in decoding:
                 s.batch_peak = max(s.batch_peak, n)
             self._guard(decoding, lambda: self.rt.decode_step(decoding))
-        prefilling = [s for s in self.active.values() if not s.prompt_done and s.finish is None]
-        if prefilling:
-            seq = min(prefilling, key=lambda s: -s.request.priority)  # stable: first admitted among equals
+        prefilling = sorted((s for s in self.active.values() if not s.prompt_done and s.finish is None),
+                            key=lambda s: -s.request.priority)  # stable: admission order among equals
+        budget = self.rt.prefill_budget
+        for seq in prefilling:
+            cost = self.rt.chunk_tokens(seq)
+            if cost > budget and budget < self.rt.prefill_budget:
+                break  # the first chunk always runs; the others only within the step's budget
+            budget -= cost
             self._guard([seq], lambda: self.rt.prefill_step(seq))
         for seq in list(self.active.values()):
             if seq.finish is not None:

@@ -7,7 +7,7 @@ Shape (STYLE.md §10, §13):
   downloads, the HTTP port starting) runs there; the GUI thread only touches widgets and small SQLite reads.
 - ``*_ctl`` modules: controllers (``QObject``) that own one core object each (the ``Engine``, a turn of a
   ``ChatSession``, the document index, the HTTP server, downloads) and speak in signals. Widgets never call the
-  engine directly, so the engine's FIFO can never make the GUI thread wait.
+  engine directly, so the engine's queue can never make the GUI thread wait.
 - ``models``: ``QAbstractListModel`` item models (conversations, models, documents, chat messages), tested
   without a window.
 - ``markdown``, ``formatting``, ``recommend``, ``hub``, ``model_files``: pure helpers, tested without Qt.

@@ -31,12 +31,9 @@ def estimate_job(entry: Any, settings: Any) -> Any:
     """The ``MemoryEstimate`` of ``entry`` under ``settings``, with ``n_parallel`` auto (None) resolved as the
     engine resolves it on load (``choose_parallel``), so the KV of every sequence is counted. Returns
     ``(estimate, n_parallel)``."""
-    from dataclasses import replace
+    from app.engine.memory_estimate import available_vram_bytes, estimate_memory, resolve_parallel
 
-    from app.engine.memory_estimate import available_vram_bytes, choose_parallel, estimate_memory
-
-    if settings.n_parallel is None:
-        settings = replace(settings, n_parallel=choose_parallel(entry.info, settings))
+    settings = resolve_parallel(entry.info, settings)
     est = estimate_memory(entry.info, settings, available_vram_bytes=available_vram_bytes())
     return est, settings.n_parallel
 

@@ -1,0 +1,135 @@
+"""The engine process's scheduler (app/engine/scheduler.py) over a scripted ``SeqRuntime``: admission by
+priority, one batched decode step for every active sequence, prefill chunks within the step's budget,
+cancel and deadline per request, a failing step ending only its own requests."""
+
+from __future__ import annotations
+
+import queue
+
+from app.engine.scheduler import Scheduler, Seq
+from app.engine.types import DecodingParams, GenerateRequest
+from app.errors import Cancelled, HearthError
+
+
+class Scripted:
+    """Prompts of ``chunks`` prefill chunks of ``chunk`` tokens; every answer is ``n`` tokens "x"."""
+
+    def __init__(self, n_slots: int, chunks: int = 1, chunk: int = 4, budget: int = 8) -> None:
+        self.n_slots, self.chunks, self.chunk, self.prefill_budget = n_slots, chunks, chunk, budget
+        self.steps: list[tuple] = []  # ("decode", rids) | ("prefill", rid)
+        self.fail_decode_of: set[int] = set()
+
+    def ready_info(self) -> dict:
+        return {}
+
+    def begin(self, rid, request, free):
+        seq = Seq(rid, request, free[0])
+        seq.left = self.chunks
+        return seq
+
+    def chunk_tokens(self, seq):
+        return self.chunk
+
+    def prefill_step(self, seq):
+        self.steps.append(("prefill", seq.rid))
+        seq.left -= 1
+        if seq.left == 0:
+            seq.prompt_done = True
+            seq.accept(7, False, b"x")
+
+    def decode_step(self, seqs):
+        self.steps.append(("decode", tuple(s.rid for s in seqs)))
+        if any(s.rid in self.fail_decode_of for s in seqs):
+            raise HearthError("scripted decode failure")
+        for s in seqs:
+            s.pending = None
+            s.accept(7, False, b"x")
+
+    def end(self, seq, clean):
+        pass
+
+    def cache_stats(self):
+        return {"lookups": 0}
+
+
+def req(n=3, priority=0, deadline_s=None):
+    return GenerateRequest(prompt="p", decoding=DecodingParams.make(max_tokens=n), priority=priority,
+                           deadline_s=deadline_s)
+
+
+def serve(rt, msgs):
+    sent: list[tuple] = []
+    inbox: queue.Queue = queue.Queue()
+    for m in msgs:
+        inbox.put(m)
+    inbox.put(("close",))
+    sched = Scheduler(rt, lambda m: sent.append(m) or True)
+    # run until every request is answered, then close
+    orig_get = inbox.get_nowait
+
+    def get_nowait():
+        if sched.active or sched.waiting:
+            if inbox.qsize() == 1:  # only the close is left: keep stepping
+                raise queue.Empty
+        return orig_get()
+
+    inbox.get_nowait = get_nowait
+    sched.run(inbox)
+    return sent
+
+
+def replies(sent):
+    return {m[1]: m for m in sent if m[0] in ("ok", "error", "bug")}
+
+
+def test_decodes_are_batched_and_requests_join_between_steps():
+    rt = Scripted(n_slots=3)
+    sent = serve(rt, [("submit", i, "generate", req(3)) for i in (1, 2, 3)])
+    r = replies(sent)
+    assert all(r[i][0] == "ok" and r[i][2][1] == "xxx" and r[i][2][0] == "length" for i in (1, 2, 3))
+    decodes = [s[1] for s in rt.steps if s[0] == "decode"]
+    assert (1, 2, 3) in decodes  # one llama_decode for the three
+    assert max(r[i][2][2]["batch_peak"] for i in (1, 2, 3)) == 3
+    admitted = [m for m in sent if m[0] == "event" and m[2] == "admitted"]
+    assert [m[3] for m in admitted] == [0, 1, 2]  # slots
+
+
+def test_priority_first_then_arrival_order():
+    rt = Scripted(n_slots=1)
+    sent = serve(rt, [("submit", 1, "generate", req(2)), ("submit", 2, "generate", req(2)),
+                      ("submit", 3, "generate", req(2, priority=1))])
+    order = [m[1] for m in sent if m[0] == "event" and m[2] == "admitted"]
+    assert order == [3, 1, 2]
+
+
+def test_prefill_chunks_run_within_the_step_budget_and_interleave_with_decodes():
+    rt = Scripted(n_slots=3, chunks=3, chunk=4, budget=8)
+    serve(rt, [("submit", i, "generate", req(10)) for i in (1, 2, 3)])
+    first_step = rt.steps[:2]
+    assert first_step == [("prefill", 1), ("prefill", 2)]  # 8-token budget: two 4-token chunks per step
+    assert rt.steps[2:4] == [("prefill", 1), ("prefill", 2)]  # first admitted first (FCFS)
+    third = [i for i, s in enumerate(rt.steps) if s == ("prefill", 3)]
+    assert len(third) == 3 and any(rt.steps[i][0] == "decode" for i in range(third[0], third[-1]))
+
+
+def test_cancel_waiting_and_running_and_a_failed_step_end_only_their_requests():
+    rt = Scripted(n_slots=2)
+    rt.fail_decode_of = {2}
+    sent = serve(rt, [("submit", 1, "generate", req(50)), ("submit", 2, "generate", req(5)),
+                      ("submit", 3, "generate", req(2)), ("cancel", 3), ("cancel", 1),
+                      ("submit", 4, "cache_stats")])
+    r = replies(sent)
+    assert r[3][0] == "error" and isinstance(r[3][2], Cancelled) and "before it started" in str(r[3][2])
+    assert r[1][0] == "error" and isinstance(r[1][2], Cancelled)
+    assert r[2][0] == "error" and "scripted decode failure" in str(r[2][2])
+    assert r[4] == ("ok", 4, {"lookups": 0})
+
+
+def test_deadline_returns_the_answer_so_far():
+    rt = Scripted(n_slots=1)
+    sent = serve(rt, [("submit", 1, "generate", req(10**6, deadline_s=0.05)),
+                      ("submit", 2, "generate", req(3, deadline_s=0.01))])
+    r = replies(sent)
+    finish, text, metrics, info = r[1][2]
+    assert finish == "length" and info["stopped_by"] == "deadline" and 0 < len(text) < 10**6
+    assert r[2][2][0] == "length" and r[2][2][3] == {"stopped_by": "deadline"}  # expired while it waited
