@@ -41,7 +41,7 @@ LLAMA_KEY := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
 WHEELHOUSE ?= $(HOME)/.cache/hearth-wheels/llama-cpp-python-0.3.36-$(LLAMA_KEY)
 LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_KEY)
 
-.PHONY: setup run test bench lint print-backend clean package
+.PHONY: setup run test bench bench-peer bench-peer-compare lint print-backend clean package
 
 print-backend:
 	@echo "backend=$(RESOLVED_BACKEND) CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' wheelhouse=$(WHEELHOUSE)"
@@ -82,6 +82,42 @@ test: setup
 
 bench: setup
 	$(BIN)/hearth bench engine
+
+# The peer: llama.cpp's own llama-server, built from the llama.cpp vendored in the same llama-cpp-python
+# 0.3.36 sdist with the same $(LLAMA_CMAKE_ARGS), once per configuration, outside the checkout
+# (docs/benchmarks.md, "The peer"). Static, no web UI, no TLS, nothing fetched at configure or build time.
+PEER_CACHE  ?= $(HOME)/.cache/hearth-peer
+PEER_SRC    := $(PEER_CACHE)/llama_cpp_python-0.3.36
+PEER_BUILD  := $(PEER_CACHE)/build-$(LLAMA_KEY)
+PEER_SERVER := $(PEER_CACHE)/llama-server-$(LLAMA_KEY)/llama-server
+PEER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+NPROC := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+
+$(PEER_SERVER): | $(BIN)/python
+	@echo ">> llama-server from llama-cpp-python 0.3.36's llama.cpp, CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)'"
+	if [ ! -f $(PEER_SRC)/vendor/llama.cpp/CMakeLists.txt ]; then \
+	  mkdir -p $(PEER_CACHE)/sdist && \
+	  { ls $(PEER_CACHE)/sdist/llama_cpp_python-0.3.36.tar.gz >/dev/null 2>&1 || \
+	    $(BIN)/pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d $(PEER_CACHE)/sdist; } && \
+	  rm -rf $(PEER_SRC).tmp && mkdir -p $(PEER_SRC).tmp && \
+	  tar -xzf $(PEER_CACHE)/sdist/llama_cpp_python-0.3.36.tar.gz -C $(PEER_SRC).tmp --strip-components=1 && \
+	  rm -rf $(PEER_SRC) && mv $(PEER_SRC).tmp $(PEER_SRC); \
+	fi
+	cmake -S $(PEER_SRC)/vendor/llama.cpp -B $(PEER_BUILD) $(PEER_CMAKE_ARGS) $(LLAMA_CMAKE_ARGS)
+	cmake --build $(PEER_BUILD) --target llama-server -j$(NPROC)
+	mkdir -p $(dir $(PEER_SERVER))
+	cp $(PEER_BUILD)/bin/llama-server $@.tmp && mv $@.tmp $@
+	printf '%s\n' '$(PEER_CMAKE_ARGS) $(LLAMA_CMAKE_ARGS)' > $(dir $(PEER_SERVER))cmake-args.txt
+
+bench-peer: $(PEER_SERVER)
+	@echo "llama-server: $(PEER_SERVER)"
+
+# Hearth's server against llama-server in one run (A/B per round, ratios llama-server/Hearth); pass more
+# `hearth bench load` flags with BENCH_ARGS, e.g. BENCH_ARGS='--workloads single,closed --clients 4'.
+bench-peer-compare: setup $(PEER_SERVER)
+	HEARTH_LLAMA_SERVER=$(PEER_SERVER) $(BIN)/hearth bench load --peer llama-server $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/python -m ruff check app tests || true

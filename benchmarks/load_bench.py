@@ -26,10 +26,14 @@ or ``--model``) on 127.0.0.1 and a free port, its disk prefix cache in a fresh t
 start, warmed only by this run's requests; ``--no-prefix-cache`` turns it off). ``--url URL`` measures any
 OpenAI-compatible server instead; ``--compare URL`` adds a second server, run alternately with the first
 (per round, each workload on the first target, then on the second) and reported as ratios second/first.
+``--peer llama-server`` makes that second server llama.cpp's own (``make bench-peer``, ``benchmarks.peer``),
+started here with the first target's model file and load settings (slots, context per slot, threads,
+batches, KV types, flash attention) and stopped at the end.
 Output: a Markdown table on stdout (``--json``: the whole record), and with ``--out DIR`` ``load.json``,
 ``load.md`` and PNG plots (``benchmarks.load_report``).
 
-Run: ``hearth bench load [--workloads closed,poisson] [--rates 0.5,1] [--compare http://127.0.0.1:8080]``.
+Run: ``hearth bench load [--workloads closed,poisson] [--rates 0.5,1] [--compare http://127.0.0.1:8080 |
+--peer llama-server]``.
 """
 
 from __future__ import annotations
@@ -241,18 +245,49 @@ def _asdict(obj: Any) -> Any:
     return asdict(obj) if is_dataclass(obj) else obj
 
 
+def peer_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, first: Target) -> Target:
+    """llama.cpp's own llama-server (``benchmarks.peer``) on a free port, stopped with ``stack``: over Hearth's
+    model file and load settings (its loaded slot count) when ``first`` is Hearth's server, else over
+    ``--model`` and the load flags. Raises ``BenchError`` when it cannot start."""
+    from benchmarks import peer
+
+    c = first.contract
+    if c["kind"] == "hearth":
+        pcfg = peer.PeerConfig.from_load_settings(c["model_path"], c["load_settings"],
+                                                  (c.get("engine_info") or {}).get("n_parallel"))
+        identity = {"model_path": c["model_path"], "model_sha256": c["model_sha256"]}
+    else:
+        from app.cli._engine_args import load_settings
+        from app.engine.registry import resolve_model
+
+        pcfg = peer.PeerConfig.from_load_settings(resolve_model(cfg.model), load_settings(cfg))
+        identity = _model_identity(pcfg.model)
+    try:
+        server = stack.enter_context(peer.llama_server(pcfg))
+    except peer.PeerError as e:
+        raise BenchError(str(e)) from None
+    t = url_target(peer.NAME, server.url, cfg)
+    t.contract.update({**identity, "kind": peer.NAME, "load_settings": pcfg.load_settings(), **server.contract(),
+                       "cache_state": "llama-server's own prompt cache (slots, --cache-ram), empty at the start"})
+    return t
+
+
 @contextlib.contextmanager
 def open_targets(cfg: argparse.Namespace, engine: Any = None):
-    """Yield the targets in run order (first: ``--url`` or Hearth's own server; second: ``--compare``), each
-    with an open ``httpx.Client``; everything started here (engine, server, clients) is stopped on exit,
-    whatever happens."""
+    """Yield the targets in run order (first: ``--url`` or Hearth's own server; second: ``--compare`` or
+    ``--peer``), each with an open ``httpx.Client``; everything started here (engine, servers, clients) is
+    stopped on exit, whatever happens."""
     import httpx
 
+    if cfg.compare and cfg.peer:
+        raise BenchError("--compare and --peer both name the second target; pass one of them")
     with contextlib.ExitStack() as stack:
         first = url_target("target", cfg.url, cfg) if cfg.url else None
         other = url_target("other", cfg.compare, cfg) if cfg.compare else None
         if first is None:
             first = hearth_target(cfg, stack, engine)
+        if cfg.peer:
+            other = peer_target(cfg, stack, first)
         targets = [t for t in (first, other) if t is not None]
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         for t in targets:
@@ -619,6 +654,9 @@ def parser() -> argparse.ArgumentParser:
                    "Hearth's (http://host:port, with or without /v1)")
     g.add_argument("--compare", default=None, metavar="URL", help="also run this server, alternating with the "
                    "first target, and print ratios other/first")
+    g.add_argument("--peer", choices=("llama-server",), default=None, help="also run llama.cpp's own llama-server "
+                   "(built by `make bench-peer`; $HEARTH_LLAMA_SERVER overrides) over the same model file and load "
+                   "settings as the first target, alternating with it, and print ratios llama-server/first")
     g.add_argument("--served-model", default=None, help="the model field to send to --url/--compare servers "
                    "(default: the first id of GET /v1/models)")
     g.add_argument("--api-key", default=None, help="Authorization: Bearer KEY for --url/--compare servers")
