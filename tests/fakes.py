@@ -93,11 +93,12 @@ class FakeRuntime:
     def chunk_tokens(self, seq: Seq) -> int:
         return 1
 
-    def prefill_step(self, seq: Seq) -> None:
-        seq.prompt_done = True
+    def prefill_step(self, seqs: list[Seq]) -> None:
         self.started.set()
         self._pace()
-        self._send_one(seq)
+        for seq in seqs:
+            seq.prompt_done = True
+            self._send_one(seq)
 
     def decode_step(self, seqs: list[Seq]) -> None:
         self._pace()  # one step for the whole batch

@@ -30,12 +30,13 @@ class Scripted:
     def chunk_tokens(self, seq):
         return self.chunk
 
-    def prefill_step(self, seq):
-        self.steps.append(("prefill", seq.rid))
-        seq.left -= 1
-        if seq.left == 0:
-            seq.prompt_done = True
-            seq.accept(7, False, b"x")
+    def prefill_step(self, seqs):
+        for seq in seqs:
+            self.steps.append(("prefill", seq.rid))
+            seq.left -= 1
+            if seq.left == 0:
+                seq.prompt_done = True
+                seq.accept(7, False, b"x")
 
     def decode_step(self, seqs):
         self.steps.append(("decode", tuple(s.rid for s in seqs)))
@@ -63,7 +64,14 @@ def serve(rt, msgs):
     for m in msgs:
         inbox.put(m)
     inbox.put(("close",))
-    sched = Scheduler(rt, lambda m: sent.append(m) or True)
+    def send(m):
+        if m[0] == "events":  # one runtime step's events, batched
+            sent.extend(("event", *ev) for ev in m[1])
+        else:
+            sent.append(m)
+        return True
+
+    sched = Scheduler(rt, send)
     # run until every request is answered, then close
     orig_get = inbox.get_nowait
 

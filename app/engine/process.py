@@ -35,6 +35,7 @@ on the main lane, each named by a request id (``rid``) the parent picks::
     parent -> child   any time:   ("submit", rid, op, *args)   ("cancel", rid)   ("close",)
     child  -> parent  per rid:    ("event", rid, *payload) ...  then  ("ok", rid, result) | ("error", rid, exc)
                                   | ("bug", rid, text)
+                      batched:    ("events", [(rid, *payload), ...])   (one step's events, in order)
 
 In the child a reader thread puts every parent message on a queue and the handler's ``serve(inbox, send)``
 runs the loop (the engine's scheduler: ``app.engine.scheduler``) on the main thread. In the parent one reader
@@ -561,6 +562,14 @@ class ChildHost:
             except (EOFError, OSError, ValueError):
                 break
             now = time.monotonic()
+            if msg is not None and msg[0] == "events":  # one step's events for several requests
+                heard = now
+                with child._lock:
+                    calls = [(child.calls.get(ev[0]), ev) for ev in msg[1]]
+                for call, ev in calls:
+                    if call is not None:
+                        call._inbox.put(("event", *ev))
+                continue
             if msg is not None:
                 heard = now
                 with child._lock:
