@@ -290,10 +290,14 @@ def open_targets(cfg: argparse.Namespace, engine: Any = None):
             other = peer_target(cfg, stack, first)
         targets = [t for t in (first, other) if t is not None]
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        # A new connection per request (no keep-alive): a server that closes an idle kept-alive connection
+        # (llama-server does) would otherwise fail the next request sent on it ("Server disconnected without
+        # sending a response"), an error of the client's connection reuse, not of the server. Connecting on
+        # 127.0.0.1 costs well under a millisecond and is inside every TTFT alike.
         for t in targets:
             t.client = stack.enter_context(httpx.Client(
                 base_url=t.url, headers=headers, timeout=httpx.Timeout(cfg.timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)))
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)))
         yield targets
 
 

@@ -141,3 +141,11 @@ def test_deadline_returns_the_answer_so_far():
     finish, text, metrics, info = r[1][2]
     assert finish == "length" and info["stopped_by"] == "deadline" and 0 < len(text) < 10**6
     assert r[2][2][0] == "length" and r[2][2][3] == {"stopped_by": "deadline"}  # expired while it waited
+
+
+def test_runs_of_consecutive_slots():
+    """A decode batch is split into one llama.cpp ubatch per run of consecutive sequence ids: the slot
+    choice minimises the runs (app/engine/runtime.py)."""
+    from app.engine.runtime import _runs
+
+    assert [_runs(s) for s in (set(), {2}, {0, 1, 2, 3}, {0, 1, 3}, {0, 2, 4})] == [0, 1, 1, 2, 3]
