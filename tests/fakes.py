@@ -8,7 +8,8 @@ process: the suite stays fast). ``n_parallel`` slots (default 1: one request at 
 The script: one token per character (token id = code point), so token counts are easy to predict; the
 rendered prompt is ``role: content`` lines then ``assistant:``, and a generation's prompt is that plus BOS.
 ``reply(request) -> str`` chooses the answer (default: ``echo: <last message>``, or ``{}`` under a grammar);
-``token_delay_s`` paces tokens, one per request per scheduler step (a cancel is honoured within one step); ``fail_next`` makes the next
+``token_delay_s`` paces tokens, one per request per scheduler step (a cancel is honoured within one step);
+``fail_next`` makes the next
 generation raise that error before its first token; ``seen`` lists the requests generated; ``started`` is
 set when a generation begins. A prompt that leaves no room for ``max_tokens`` raises
 ``ContextLengthExceeded``, as the real runtime does.

@@ -23,7 +23,8 @@ as a bug at the edges); the child keeps serving after either. The op ``"_abort"`
 makes the child die as llama.cpp does on a fatal error (``os.abort``).
 
 Lanes: the *main* lane runs ``handler.call(op, args, emit, cancelled)``, one request at a time (callers
-serialise it: the embedder's lock; the engine uses the multiplexed lane below). The optional *side* lane is a second pipe served by a
+serialise it: the embedder's lock; the engine uses the multiplexed lane below). The optional *side* lane
+is a second pipe served by a
 second thread in the child, for short read-only ops (``handler.side(op, args)``) that must not wait behind a
 running main-lane request: the engine's vocabulary (llama.cpp's tokenizer only reads the vocabulary;
 llama-server tokenizes in its HTTP threads while it decodes). Parent-side, side requests are serialised by a

@@ -106,7 +106,8 @@ class SeqRuntime(Protocol):
     returns its ``Seq`` (raises ``HearthError`` for a bad request). ``prefill_step`` evaluates the next chunk
     of each of ``seqs``' prompts (within the step's budget); a sequence whose prompt is then done either has
     its first token sampled (``Seq.accept``) or its last prompt token ``pending`` for the next decode step.
-    ``chunk_tokens`` says how many tokens that step evaluates. ``decode_step`` evaluates every ``pending`` token of ``seqs`` in one batch and samples the next ones.
+    ``chunk_tokens`` says how many tokens that step evaluates. ``decode_step`` evaluates every ``pending``
+    token of ``seqs`` in one batch and samples the next ones.
     ``end`` is called once per admitted sequence when it leaves its slot (the KV stays for reuse unless
     ``clean`` is False: the step that ended it failed)."""
 
