@@ -187,7 +187,7 @@ def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: A
     except HearthError as exc:
         handler, reply = None, ("error", exc)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
-        handler, reply = None, ("bug", _bug_text(exc))
+        handler, reply = None, ("bug", bug_text(exc))
     if not _reply(main, reply) or handler is None:
         _close(main, side)
         return
@@ -264,7 +264,7 @@ def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], A
             except HearthError as exc:
                 reply = ("error", exc)
             except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the child
-                reply = ("bug", _bug_text(exc))
+                reply = ("bug", bug_text(exc))
             if not _reply(conn, reply):
                 return
     finally:
@@ -285,10 +285,11 @@ def _reply(conn: Any, msg: tuple) -> bool:
     try:
         return _send(conn, msg)
     except Exception as exc:  # noqa: BLE001 - pickling failed before anything was written
-        return _send(conn, ("bug", _bug_text(exc)))
+        return _send(conn, ("bug", bug_text(exc)))
 
 
-def _bug_text(exc: BaseException) -> str:
+def bug_text(exc: BaseException) -> str:
+    """The formatted traceback of ``exc``: what a ``("bug", text)`` reply carries (raised as ``ChildBug``)."""
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 

@@ -129,12 +129,12 @@ class _Slot:
 
 
 class LlamaSeq(Seq):
-    """A request in a llama.cpp slot: its prompt ``tokens``, the next prompt index to evaluate (``pos``),
-    the KV length (``n_past``), its sampler chain."""
+    """A request in a llama.cpp slot: its prompt ``tokens``, the next prompt index to evaluate (``pos``), the
+    prefix it reused (``reused`` tokens), its sampler chain (None: plain greedy). The KV length is its slot's
+    ``len(tokens)``."""
 
     tokens: list[int]
     pos: int = 0
-    n_past: int = 0
     reused: int = 0
     sampler: Any = None
     t_prefill: float | None = None
@@ -164,9 +164,8 @@ class Runtime:
         self._lib = llama_cpp
         self.ctx = self.llm._ctx.ctx
         self.mem = llama_cpp.llama_get_memory(self.ctx)
-        self.batch_cap = max(settings.n_batch, 1)
         self.prefill_budget = settings.n_batch
-        self.batch = llama_cpp.llama_batch_init(self.batch_cap, 0, 1)
+        self.batch = llama_cpp.llama_batch_init(settings.n_batch, 0, 1)  # tokens per llama_decode at most
         self.slots = [_Slot(i) for i in range(self.n_slots)]
         self._warm_up()
         self.load_s = time.perf_counter() - t0
@@ -359,25 +358,25 @@ class Runtime:
         sampler = self._sampler(d)
         allowed = request.prefix_cache and self.reuse_ok
         busy = set(range(self.n_slots)) - set(free)
+        live = {i: self.live_prefix(self.slots[i], tokens) if allowed else 0 for i in free}
         slot = max((self.slots[i] for i in free),
-                   key=lambda s: (self.live_prefix(s, tokens) if allowed else 0, -_runs(busy | {s.seq_id}),
-                                  -s.last_used))
+                   key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
         seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
         seq.tokens, seq.sampler = tokens, sampler
         seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
         seq.metrics["prompt_tokens"] = len(tokens)
         seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
-        self._reuse(seq, slot, request.prefix_cache)
+        self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache)
         return seq
 
-    def _reuse(self, seq: LlamaSeq, slot: _Slot, allow_reuse: bool) -> None:
-        """Keep (live) or restore (disk) the longest exact prefix of ``seq.tokens`` in ``slot``; drop the rest."""
+    def _reuse(self, seq: LlamaSeq, slot: _Slot, reuse: int, allow_reuse: bool) -> None:
+        """Keep (``reuse`` tokens of the live KV, ``live_prefix``) or restore (disk) the longest exact prefix of
+        ``seq.tokens`` in ``slot``; drop the rest."""
         C = self.settings.n_batch
         tokens, metrics = seq.tokens, seq.metrics
         L = len(tokens)
         allowed = allow_reuse and self.reuse_ok
         cache = self.prefix_cache if allowed else None
-        reuse = self.live_prefix(slot, tokens) if allowed else 0
         source = "memory" if reuse else "none"
         if cache is not None:
             got = cache.restore_longest(self, slot, tokens, reuse, metrics)
@@ -474,7 +473,6 @@ class Runtime:
         if seq.reused < L - 1 and cache is not None and not merged:
             cache.maybe_save(self, slot, tokens[:L - 1], seq.metrics)
         seq.pending = tokens[L - 1]
-        seq.n_past = L - 1
         seq.prompt_done = True
 
     def decode_step(self, seqs: list[LlamaSeq]) -> None:
@@ -485,12 +483,12 @@ class Runtime:
         # that order were two graph computations instead of one (measured: a 4-sequence step 44 ms in order,
         # 66–74 ms not). Gaps (slots 0, 2, 3) still split; ``begin`` keeps the busy slots contiguous.
         seqs = sorted(seqs, key=lambda s: s.slot)
-        for k in range(0, len(seqs), self.batch_cap):
-            group = seqs[k:k + self.batch_cap]
-            self._decode([(s.slot, s.n_past, [s.pending]) for s in group], all_logits=True)
+        n = self.settings.n_batch
+        for k in range(0, len(seqs), n):
+            group = seqs[k:k + n]
+            self._decode([(s.slot, len(self.slots[s.slot].tokens), [s.pending]) for s in group], all_logits=True)
             for i, s in enumerate(group):
                 self.slots[s.slot].tokens.append(s.pending)
-                s.n_past += 1
                 s.pending = None
                 self._sample(s, i)
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 import logging
 import queue
 import time
-import traceback
 from typing import Any, Callable, Optional, Protocol
 
+from app.engine.process import bug_text
 from app.engine.textstream import StopStreamer
 from app.engine.types import GenerateRequest
 from app.errors import Cancelled, HearthError
@@ -64,6 +64,7 @@ class Seq:
         self.info: dict[str, Any] = {}
         self.t_first: Optional[float] = None
         self.batch_peak = 1
+        self.deadline_at: Optional[float] = None  # set by the scheduler on admission
 
     def accept(self, token: int, is_eog: bool, piece: bytes, logprob: Any = None) -> None:
         """Take one sampled token: end on an end-of-generation token (not part of the answer), else emit its
@@ -130,12 +131,16 @@ class SeqRuntime(Protocol):
 
 
 class _Waiting:
-    __slots__ = ("rid", "request", "t_arrival", "order", "cancelled")
+    __slots__ = ("rid", "request", "t_arrival", "order")
 
     def __init__(self, rid: int, request: GenerateRequest, order: int) -> None:
         self.rid, self.request, self.order = rid, request, order
         self.t_arrival = time.perf_counter()
-        self.cancelled = False
+
+    def deadline_at(self) -> Optional[float]:
+        """``time.perf_counter`` seconds at which the request's deadline passes (None: no deadline)."""
+        d = self.request.deadline_s
+        return None if d is None else self.t_arrival + d
 
 
 class Scheduler:
@@ -149,7 +154,6 @@ class Scheduler:
         self.waiting: list[_Waiting] = []
         self.active: dict[int, Seq] = {}  # rid -> seq, in admission order
         self.cancels: set[int] = set()
-        self.deadlines: dict[int, float] = {}
         self.free = list(range(runtime.n_slots))
         self._order = 0
 
@@ -193,7 +197,7 @@ class Scheduler:
         except HearthError as exc:
             self.send(("error", rid, exc))
         except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the engine
-            self.send(("bug", rid, _bug_text(exc)))
+            self.send(("bug", rid, bug_text(exc)))
 
     def _cancel(self, rid: int) -> None:
         for w in self.waiting:
@@ -212,38 +216,31 @@ class Scheduler:
             if seq is not None:
                 stage = "decode" if seq.prompt_done else "prefill"
                 self._leave(seq, Cancelled(f"cancelled during {stage}"))
-        for w in [w for w in self.waiting if w.request.deadline_s is not None
-                  and now >= w.t_arrival + w.request.deadline_s]:
+        for w in [w for w in self.waiting if _passed(w.deadline_at(), now)]:
             self.waiting.remove(w)
-            self.send(("ok", w.rid, ("length", "", {"queue_s": now - w.t_arrival, "completion_tokens": 0},
-                                     {"stopped_by": "deadline"})))
-        for rid, at in list(self.deadlines.items()):
-            seq = self.active.get(rid)
-            if seq is not None and now >= at:
-                seq.finish = seq.finish or "length"
-                seq.info["stopped_by"] = "deadline"
-                self._leave(seq)
+            self.send(("ok", w.rid, ("length", "", {"completion_tokens": 0}, {"stopped_by": "deadline"})))
+        for seq in [s for s in self.active.values() if _passed(s.deadline_at, now)]:
+            seq.finish = seq.finish or "length"
+            seq.info["stopped_by"] = "deadline"
+            self._leave(seq)
 
     def _admit(self) -> None:
         while self.free and self.waiting:
             w = min(self.waiting, key=lambda x: (-x.request.priority, x.order))
             self.waiting.remove(w)
-            t_admit = time.perf_counter()
             try:
                 seq = self.rt.begin(w.rid, w.request, list(self.free))
             except HearthError as exc:
                 self.send(("error", w.rid, exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the engine
-                self.send(("bug", w.rid, _bug_text(exc)))
+                self.send(("bug", w.rid, bug_text(exc)))
                 continue
             self.free.remove(seq.slot)
             seq.emit = self._emitter(w.rid)
-            seq.metrics["queue_s"] = t_admit - w.t_arrival
+            seq.deadline_at = w.deadline_at()
             self.active[w.rid] = seq
-            if w.request.deadline_s is not None:
-                self.deadlines[w.rid] = w.t_arrival + w.request.deadline_s
-            seq.emit("admitted", seq.slot, t_admit - w.t_arrival)
+            seq.emit("admitted", seq.slot)
         self._flush()
 
     def _emitter(self, rid: int) -> Callable[..., None]:
@@ -298,7 +295,7 @@ class Scheduler:
             for s in seqs:
                 self._leave(s, exc)
         except Exception as exc:  # noqa: BLE001 - a bug in one step must not end the engine
-            text = _bug_text(exc)
+            text = bug_text(exc)
             for s in seqs:
                 self._leave(s, bug=text)
 
@@ -306,7 +303,6 @@ class Scheduler:
         """End ``seq``: its reply (result, error or bug) goes out and its slot is free for the next step."""
         if self.active.pop(seq.rid, None) is None:
             return
-        self.deadlines.pop(seq.rid, None)
         try:
             self.rt.end(seq, clean=not bug and (error is None or isinstance(error, Cancelled)))
         except Exception:  # noqa: BLE001 - bookkeeping must not hide the request's own reply
@@ -320,5 +316,5 @@ class Scheduler:
             self._answer(seq.rid, seq.result)
 
 
-def _bug_text(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+def _passed(at: Optional[float], now: float) -> bool:
+    return at is not None and now >= at
