@@ -126,6 +126,9 @@ class FakeRuntime:
     def end(self, seq: Seq, clean: bool) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def cache_stats(self) -> dict:
         return {}
 

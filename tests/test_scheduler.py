@@ -5,6 +5,7 @@ cancel and deadline per request, a failing step ending only its own requests."""
 from __future__ import annotations
 
 import queue
+import time
 
 from app.engine.scheduler import Scheduler, Seq
 from app.engine.types import DecodingParams, GenerateRequest
@@ -81,7 +82,15 @@ def serve(rt, msgs):
                 raise queue.Empty
         return orig_get()
 
+    orig_blocking = inbox.get
+
+    def get(block=True, timeout=None):
+        if timeout is not None:  # the idle engine's wait for the rest of a burst (Scheduler._gather)
+            return get_nowait()
+        return orig_blocking(block, timeout)
+
     inbox.get_nowait = get_nowait
+    inbox.get = get
     sched.run(inbox)
     return sent
 
@@ -141,6 +150,40 @@ def test_deadline_returns_the_answer_so_far():
     finish, text, metrics, info = r[1][2]
     assert finish == "length" and info["stopped_by"] == "deadline" and 0 < len(text) < 10**6
     assert r[2][2][0] == "length" and r[2][2][3] == {"stopped_by": "deadline"}  # expired while it waited
+
+
+def test_a_burst_reaching_an_idle_engine_is_admitted_together():
+    """Requests that reach an idle engine a few ms apart are prefilled in one step (``Scheduler._gather``);
+    one that comes after the quiet gap waits for the next step, as before."""
+    import threading
+
+    from app.engine import scheduler as sch
+
+    rt = Scripted(n_slots=4, budget=16)
+    inbox: queue.Queue = queue.Queue()
+    sent: list[tuple] = []
+
+    def send(m):
+        sent.extend(("event", *ev) for ev in m[1]) if m[0] == "events" else sent.append(m)
+        return True
+
+    def feed():
+        for rid in (1, 2, 3):
+            inbox.put(("submit", rid, "generate", req(2)))
+            time.sleep(sch.GATHER_QUIET_S / 4)
+        time.sleep(sch.GATHER_MAX_S * 4)
+        inbox.put(("submit", 4, "generate", req(2)))
+        time.sleep(0.2)
+        inbox.put(("close",))
+
+    t = threading.Thread(target=feed)
+    t.start()
+    Scheduler(rt, send).run(inbox)
+    t.join()
+    first_decode = next(i for i, s in enumerate(rt.steps) if s[0] == "decode")
+    assert rt.steps[:first_decode] == [("prefill", 1), ("prefill", 2), ("prefill", 3)]
+    assert rt.steps[first_decode][1] == (1, 2, 3) and ("prefill", 4) in rt.steps
+    assert all(m[0] == "ok" for m in replies(sent).values()) and len(replies(sent)) == 4
 
 
 def test_runs_of_consecutive_slots():

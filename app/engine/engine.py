@@ -58,6 +58,8 @@ class EngineRuntime(SeqRuntime, Protocol):
 
     def render(self, request: GenerateRequest) -> Any: ...  # a RenderedPrompt
 
+    def close(self) -> None: ...  # the engine process is ending (after the scheduler's loop)
+
 
 _SIDE_OPS = frozenset({"tokenize", "detokenize", "piece_bytes", "render"})
 
@@ -73,7 +75,10 @@ class _Service:
         return {"n_parallel": self.runtime.n_slots, **self.runtime.ready_info()}
 
     def serve(self, inbox: Any, send: Callable[[tuple], bool]) -> None:
-        Scheduler(self.runtime, send).run(inbox)
+        try:
+            Scheduler(self.runtime, send).run(inbox)
+        finally:
+            self.runtime.close()  # the prefix cache's pending writes reach the disk before the process ends
 
     def side(self, op: str, args: tuple) -> Any:
         if op not in _SIDE_OPS:
@@ -430,6 +435,7 @@ def _metrics(t_call: float, t0: float, times: list[float], cm: dict) -> Metrics:
         prefill_s=prefill_s, prefill_tps=((prompt - cached) / prefill_s) if prefill_s > 0 else 0.0,
         decode_tps=(len(itl) / decode_span) if decode_span > 0 else 0.0,
         total_s=end - t0, queue_s=t0 - t_call, restore_s=cm.get("restore_s", 0.0),
+        save_s=cm.get("save_s", 0.0),
         cache_source=cm.get("cache_source", "none"), cache_error=cm.get("cache_error", ""),
         cache_reuse=cm.get("cache_reuse", "cold"), cache_reuse_reason=cm.get("cache_reuse_reason", ""),
         peak_rss_bytes=cm.get("peak_rss_bytes", 0), batch_peak=cm.get("batch_peak", 1),

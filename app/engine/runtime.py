@@ -229,6 +229,11 @@ class Runtime:
     def cache_stats(self) -> dict:
         return self.prefix_cache.stats() if self.prefix_cache else {}
 
+    def close(self) -> None:
+        """Finish the prefix cache's pending writes and close its index (the engine process is ending)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()
+
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (<eos>, <end_of_turn>, <|eot_id|>…); called once per token."""
         return bool(self._vocab_is_eog(self.vocab, token))

@@ -4,7 +4,12 @@ The context holds ``n_slots`` sequences (llama.cpp ``n_seq_max``, one KV stream 
 non-unified cache, so every sequence's cells are laid out as in a context of its own). The scheduler runs one
 loop on the engine process's main thread; each *step*:
 
-1. takes the parent's messages (``("submit", rid, op, *args)``, ``("cancel", rid)``, ``("close",)``);
+1. takes the parent's messages (``("submit", rid, op, *args)``, ``("cancel", rid)``, ``("close",)``). When
+   the engine was idle, it first waits for the rest of a burst: until ``GATHER_QUIET_S`` pass without a new
+   request (at most ``GATHER_MAX_S``), so requests sent together are admitted together. Measured through
+   ``hearth serve`` here: four clients sending at once reach the engine process 1-5 ms apart; without the
+   window the first was prefilled alone and the other three waited for its whole step (about 160 ms), as
+   llama-server's HTTP threads, quicker, never make them wait;
 2. ends requests that were cancelled or whose deadline passed (between steps: within one step);
 3. admits waiting requests into free slots, highest ``priority`` first, then in arrival order (the desktop
    window's requests carry priority 1, the port's 0: a long API job never keeps the person's own chat waiting
@@ -42,6 +47,9 @@ from app.engine.types import GenerateRequest
 from app.errors import Cancelled, HearthError
 
 log = logging.getLogger(__name__)
+
+GATHER_QUIET_S = 0.004  # seconds without a new request that end an idle engine's wait for a burst
+GATHER_MAX_S = 0.015  # the longest that wait lasts (the first request's TTFT grows by at most this)
 
 
 class Seq:
@@ -170,9 +178,28 @@ class Scheduler:
                     msg = inbox.get_nowait()
             except queue.Empty:
                 pass
+            if idle and self.waiting and not self._gather(inbox):
+                return
             self._expire()
             self._admit()
             self._step()
+
+    def _gather(self, inbox: "queue.Queue[tuple]") -> bool:
+        """The idle engine just got a request: take the messages that follow it within ``GATHER_QUIET_S`` of
+        each other (at most ``GATHER_MAX_S`` in all, and only while a slot would still be free). False when
+        ``("close",)`` came."""
+        end = time.perf_counter() + GATHER_MAX_S
+        while len(self.waiting) < len(self.free):
+            left = end - time.perf_counter()
+            if left <= 0:
+                return True
+            try:
+                msg = inbox.get(timeout=min(GATHER_QUIET_S, left))
+            except queue.Empty:
+                return True
+            if not self._handle(msg):
+                return False
+        return True
 
     def _handle(self, msg: tuple) -> bool:
         kind = msg[0]

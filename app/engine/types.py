@@ -232,6 +232,8 @@ class Metrics:
     - ``decode_tps``: (completion_tokens − 1) / (last token time − first token time).
     - ``total_s``: accepted → done.
     - ``restore_s``: time to load a prefix-cache entry from disk (0 if none).
+    - ``save_s``: time this request's path spent saving its prompt's KV state to the disk prefix cache
+      before its first token (the state's capture; the write itself runs in the background; 0 if none).
     - ``cache_reuse``: ``"exact"`` when ``cached_tokens`` were reused (live KV or a disk entry; every reuse
       path gives the cold prefill's KV bits in the cold prefill's cells, docs/prefix-cache.md), ``"cold"``
       when none were; ``cache_reuse_reason`` names the path or why none was taken.
@@ -254,6 +256,7 @@ class Metrics:
     total_s: float = 0.0
     queue_s: float = 0.0
     restore_s: float = 0.0
+    save_s: float = 0.0
     cache_source: str = "none"  # none | memory | disk
     cache_error: str = ""  # why a prefix-cache entry was rejected (then the prompt was prefilled cold)
     cache_reuse: str = "cold"  # exact (a prefix was reused, bit for bit a cold prefill's) | cold
