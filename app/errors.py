@@ -38,21 +38,28 @@ class ContextLengthExceeded(HearthError):
     """The prompt (plus room for the answer) does not fit the context window.
 
     ``prompt_tokens``: tokens in the prompt; ``n_ctx``: the context size in tokens; ``max_tokens``: tokens
-    reserved for the answer (0 when none was reserved)."""
+    reserved for the answer (0 when none was reserved); ``tools_tokens``: of the prompt, the tokens the tool
+    definitions take (0 without tools); ``param``: the request field to blame, "messages", or "tools" when
+    the prompt would fit without the tools."""
 
-    def __init__(self, prompt_tokens: int, n_ctx: int, max_tokens: int = 0) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, max_tokens: int = 0, tools_tokens: int = 0,
+                 param: str = "messages") -> None:
         msg = (
             f"prompt is {prompt_tokens} tokens but the context window (n_ctx) is {n_ctx} tokens"
             + (f" and {max_tokens} tokens are reserved for the answer (max_tokens)" if max_tokens else "")
+            + (f"; the tool definitions take {tools_tokens} of them" if tools_tokens else "")
+            + ("; send fewer or shorter tools" if param == "tools" else "")
             + "; shorten the prompt, lower max_tokens or raise n_ctx"
         )
         super().__init__(msg)
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
         self.max_tokens = max_tokens
+        self.tools_tokens = tools_tokens
+        self.param = param
 
     def __reduce__(self):
-        return (self.__class__, (self.prompt_tokens, self.n_ctx, self.max_tokens))
+        return (self.__class__, (self.prompt_tokens, self.n_ctx, self.max_tokens, self.tools_tokens, self.param))
 
 
 class InvalidRequest(HearthError):

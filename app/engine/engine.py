@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 from app.engine.process import ChildHost, MuxCall
 from app.engine.scheduler import Scheduler, SeqRuntime
+from app.engine.templates import tool_format
+from app.engine.tool_formats import FORMATS, ToolFormat
 from app.engine.types import Delta, Done, GenerateRequest, LoadSettings, Metrics
 from app.errors import Cancelled, EngineCrashed, HearthError, ModelLoadError, QueueFull
 
@@ -315,6 +317,18 @@ class Engine:
     def render(self, request: GenerateRequest):
         """The ``RenderedPrompt`` (template applied) that ``request`` would be given."""
         return self._running().side("render", request)
+
+    def tool_format(self, template: str | None = None) -> ToolFormat:
+        """The ``ToolFormat`` whose calls the loaded model writes (and whose parser reads its answers) under
+        ``template`` (None: the model's own), from the engine's ready info (``tool_format``, ``architecture``;
+        a runtime that reports neither gets ``format_for``'s choice for its template name). Starts the
+        engine if it is not running."""
+        self._running()
+        info = self.info
+        own = info.get("template", "")
+        if (template is None or template == own) and info.get("tool_format") in FORMATS:
+            return FORMATS[info["tool_format"]]
+        return tool_format(template or own, info.get("architecture", ""))
 
     def _running(self) -> ChildHost:
         """The host, started (the first request loads the model if ``load`` was not called)."""

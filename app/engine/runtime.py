@@ -24,10 +24,11 @@ import random
 import resource
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from app.engine.process import default_threads
-from app.engine.templates import RenderedPrompt, choose_template_name, render
+from app.engine.templates import RenderedPrompt, choose_template_name, render, template_tool_caps, tool_format
 from app.engine.scheduler import Seq
 from app.engine.types import GenerateRequest, LoadSettings
 from app.errors import ContextLengthExceeded, HearthError, InvalidRequest, ModelLoadError
@@ -180,6 +181,7 @@ class Runtime:
         self.reuse_ok = settings.swa_full or not self.sliding_window
         view = _MetaView(self.meta, md, model_path)
         self.chat_template = view.chat_template
+        self.architecture = view.architecture
         self.template_name = choose_template_name(view)
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
         self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
@@ -224,7 +226,16 @@ class Runtime:
     def ready_info(self) -> dict[str, Any]:
         """What the parent learns once the model is loaded (``load_s`` in seconds)."""
         return {"template": self.template_name, "n_ctx": self.settings.n_ctx, "load_s": self.load_s,
-                "n_vocab": self.n_vocab, "n_parallel": self.n_slots}
+                "n_vocab": self.n_vocab, "n_parallel": self.n_slots, "architecture": self.architecture,
+                **self.tool_info()}
+
+    def tool_info(self) -> dict[str, Any]:
+        """``tool_format``: the ``ToolFormat`` name of the model's own template; ``template_tools``: the GGUF
+        template renders the tool list itself (``templates.template_tool_caps``)."""
+        fmt = tool_format(self.template_name, self.architecture, self.chat_template)
+        caps = (template_tool_caps(self.chat_template, self.bos_text, self.eos_text)
+                if self.template_name == "gguf" and self.chat_template else None)
+        return {"tool_format": fmt.name, "template_tools": bool(caps and caps.tools)}
 
     def cache_stats(self) -> dict:
         return self.prefix_cache.stats() if self.prefix_cache else {}
@@ -243,7 +254,16 @@ class Runtime:
             return RenderedPrompt(request.prompt, "none", request.add_bos, ())
         name = request.template or self.template_name
         return render(request.messages, name, chat_template=self.chat_template, bos_token=self.bos_text,
-                      eos_token=self.eos_text)
+                      eos_token=self.eos_text, tools=request.tools, tool_choice=request.tool_choice,
+                      parallel_tool_calls=request.parallel_tool_calls, architecture=self.architecture)
+
+    def tools_tokens(self, request: GenerateRequest, prompt_tokens: int) -> int:
+        """Tokens the tool definitions add to ``request``'s prompt of ``prompt_tokens`` tokens (its render
+        without ``tools``, counted; 0 without tools)."""
+        if not request.tools:
+            return 0
+        rp = self.render(replace(request, tools=(), tool_choice=None))
+        return max(0, prompt_tokens - len(self.tokenize(rp.text, add_bos=rp.add_bos, special=True)))
 
     # -- sampling -------------------------------------------------------------------------------------
     def _sampler(self, d) -> Any:
@@ -260,8 +280,8 @@ class Runtime:
         if d.logit_bias:
             bad = [t for t, _ in d.logit_bias if t >= self.n_vocab]
             if bad:
-                raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})",
-                                     param="logit_bias")
+                raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary "
+                                     f"(0..{self.n_vocab - 1})", param="logit_bias")
             s.add_logit_bias(self.n_vocab, dict(d.logit_bias))
         if d.repeat_penalty != 1.0 or d.frequency_penalty or d.presence_penalty:
             s.add_penalties(self.n_vocab, 64, d.repeat_penalty, d.frequency_penalty, d.presence_penalty)
@@ -351,15 +371,18 @@ class Runtime:
         sums cells in cell order (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes
         back to the reuse point). The state saved to the disk cache is the KV after the first L−1 tokens.
         ``request.prefix_cache=False`` prefills cold: no live reuse, no disk lookup, no save."""
-        d = request.decoding
         rp = self.render(request)
+        d = request.decoding if rp.grammar is None else replace(request.decoding, grammar=rp.grammar)
         tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=request.prompt is None)
         if not tokens:
             raise InvalidRequest("the prompt is empty", param="prompt" if request.prompt is not None else "messages")
         n_ctx = self.settings.n_ctx
         reserve = d.max_tokens or 0
+        tools_tokens = self.tools_tokens(request, len(tokens))
         if len(tokens) + reserve > n_ctx or len(tokens) >= n_ctx:
-            raise ContextLengthExceeded(len(tokens), n_ctx, reserve)
+            fits_without = len(tokens) - tools_tokens < n_ctx
+            raise ContextLengthExceeded(len(tokens), n_ctx, reserve, tools_tokens,
+                                        "tools" if tools_tokens and fits_without else "messages")
         sampler = self._sampler(d)
         allowed = request.prefix_cache and self.reuse_ok
         busy = set(range(self.n_slots)) - set(free)
@@ -371,6 +394,8 @@ class Runtime:
         seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
         seq.metrics["prompt_tokens"] = len(tokens)
         seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
+        if request.tools:
+            seq.info.update(tool_format=rp.tool_format, tools_tokens=tools_tokens)
         self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache)
         return seq
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
+from app.engine.tools import ToolCall, ToolChoice, ToolSpec
 from app.errors import InvalidRequest
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
@@ -35,15 +36,15 @@ class LoadSettings:
     """How a model is loaded into llama.cpp (llama-cpp-python ``Llama(...)`` arguments).
 
     n_ctx: context window in tokens. n_batch / n_ubatch: logical / physical batch in tokens (prefill chunk =
-    n_batch; prefix-cache reuse is in whole chunks of n_batch tokens; 256 prefilled as fast as 512 here and
-    halves the logits buffer of a 262k vocabulary). n_threads: CPU threads (None: llama.cpp's default). n_gpu_layers: layers offloaded to the GPU
-    (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16, q8_0, q4_0; a quantized V
-    needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV cache on the GPU.
-    use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window cache (needed so
-    prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md). n_parallel: sequences served at once
-    (continuous batching; each has its own n_ctx tokens of KV, so the KV cache is n_parallel × n_ctx tokens);
-    None: chosen from the memory estimate when the engine loads (``memory_estimate.choose_parallel``: 4 where
-    it fits).
+    n_batch; prefix-cache reuse is in whole chunks of n_batch tokens; 256 prefilled as fast as 512 here and halves
+    the logits buffer of a 262k vocabulary). n_threads: CPU threads (None: llama.cpp's default). n_gpu_layers:
+    layers offloaded to the GPU (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16,
+    q8_0, q4_0; a quantized V needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV
+    cache on the GPU. use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window
+    cache (needed so prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md). n_parallel: sequences
+    served at once (continuous batching; each has its own n_ctx tokens of KV, so the KV cache is n_parallel ×
+    n_ctx tokens); None: chosen from the memory estimate when the engine loads
+    (``memory_estimate.choose_parallel``: 4 where it fits).
     """
 
     n_ctx: int = 4096
@@ -168,10 +169,49 @@ class DecodingParams:
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One chat message. role: system | user | assistant; content: plain text."""
+    """One chat message. ``role``: system | user | assistant | tool; ``content``: plain text ("" allowed for
+    an assistant turn that only made calls). ``tool_calls``: the calls an assistant turn made (OpenAI's
+    ``message.tool_calls``); ``tool_call_id``: on a ``tool`` message, the id of the call whose result
+    ``content`` is; ``name``: optional name of the author (a tool message may carry its function's name)."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(messages: tuple[ChatMessage, ...]) -> None:
+    """Raise ``InvalidRequest`` naming the first bad message field (``messages[i].role``, ``.content``,
+    ``.tool_calls``, ``.tool_call_id``): roles in ``ROLES``, text content, calls only on assistant turns,
+    and every tool message answering a call made by an earlier assistant turn."""
+    if not messages:
+        raise InvalidRequest("messages must not be empty", param="messages")
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise InvalidRequest(f"{at}.role must be system, user, assistant or tool, got {m.role!r}",
+                                 param=f"{at}.role")
+        if not isinstance(m.content, str):
+            raise InvalidRequest(f"{at}.content must be text", param=f"{at}.content")
+        if m.tool_calls and (m.role != "assistant" or not all(isinstance(c, ToolCall) for c in m.tool_calls)):
+            raise InvalidRequest(f"{at}.tool_calls: only assistant messages carry tool calls",
+                                 param=f"{at}.tool_calls")
+        calls.update(c.id for c in m.tool_calls)
+        if m.role == "tool":
+            _check_tool_message(m, at, calls)
+
+
+def _check_tool_message(m: ChatMessage, at: str, calls: set[str]) -> None:
+    if not isinstance(m.tool_call_id, str) or not m.tool_call_id:
+        raise InvalidRequest(f"{at}.tool_call_id is required on a tool message", param=f"{at}.tool_call_id")
+    if m.tool_call_id not in calls:
+        raise InvalidRequest(f"{at}.tool_call_id {m.tool_call_id!r} answers no tool call of an earlier "
+                             "assistant message", param=f"{at}.tool_call_id")
 
 
 @dataclass(frozen=True)
@@ -185,6 +225,12 @@ class GenerateRequest:
     priorities in arrival order. ``deadline_s``: seconds from the engine receiving the request to its end;
     when it passes the answer so far is returned with finish_reason "length" and ``info["stopped_by"] ==
     "deadline"`` (None: no deadline).
+
+    Tools (docs/tools.md): ``tools`` are rendered into the prompt (the GGUF template's ``tools`` or the
+    model's ``ToolFormat``), and the format's stop strings are added; ``tool_choice`` None means "auto" with
+    tools; "required" or a named function decodes through the format's grammar (one call, or several when
+    ``parallel_tool_calls``), which cannot be combined with ``decoding.grammar``. The answer's text is read
+    by ``app.engine.tool_stream`` in the caller's process.
     """
 
     prompt: str | None = None
@@ -196,24 +242,44 @@ class GenerateRequest:
     want_logprobs: int = 0
     priority: int = 0
     deadline_s: float | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def choice(self) -> ToolChoice:
+        """``tool_choice`` with its default filled in: "auto" with tools, "none" without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return ToolChoice("auto" if self.tools else "none")
 
     def validate(self) -> "GenerateRequest":
         if (self.prompt is None) == (self.messages is None):
             raise InvalidRequest("give exactly one of prompt or messages", param="messages")
         if self.messages is not None:
-            if not self.messages:
-                raise InvalidRequest("messages must not be empty", param="messages")
-            for i, m in enumerate(self.messages):
-                if m.role not in ("system", "user", "assistant"):
-                    raise InvalidRequest(f"messages[{i}].role must be system, user or assistant, got {m.role!r}",
-                                         param=f"messages[{i}].role")
-                if not isinstance(m.content, str):
-                    raise InvalidRequest(f"messages[{i}].content must be text", param=f"messages[{i}].content")
+            check_messages(self.messages)
+        self._check_tools()
         _check_range("priority", self.priority, -100, 100, integer=True)
         if self.deadline_s is not None:
             _check_range("deadline_s", self.deadline_s, 0.0, 1e6, lo_open=True)
         self.decoding.validate()
         return self
+
+    def _check_tools(self) -> None:
+        if not isinstance(self.tools, tuple) or not all(isinstance(t, ToolSpec) for t in self.tools):
+            raise InvalidRequest("tools must be a tuple of ToolSpec (app.engine.tools.parse_tools)", param="tools")
+        if self.tools and self.prompt is not None:
+            raise InvalidRequest("tools need messages (a chat), not a raw prompt", param="tools")
+        choice = self.choice
+        if choice.forces_call:
+            if choice.mode == "function" and choice.name not in {t.name for t in self.tools}:
+                raise InvalidRequest(f"tool_choice names function {choice.name!r}, which is not in tools",
+                                     param="tool_choice")
+            if not self.tools:
+                raise InvalidRequest("tool_choice is 'required' but the request has no tools", param="tool_choice")
+            if self.decoding.grammar:
+                raise InvalidRequest("tool_choice forces a tool call through a grammar, and the request already "
+                                     "has one (response_format): use one or the other", param="tool_choice")
 
 
 @dataclass
