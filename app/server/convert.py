@@ -14,24 +14,33 @@ Decisions held here (each documented in docs/server.md):
 - Every request is the port's: ``Caller.PORT``'s priority (0; the desktop window's turns, priority 1, are
   admitted before waiting API requests). ``hearth.deadline_s`` (seconds, > 0) becomes each generation's
   ``GenerateRequest.deadline_s``: when it passes, the answer so far ends with finish_reason "length".
-- Refused with a 400 rather than silently ignored: tools / functions, tool messages, non-text content parts,
-  ``echo``, ``suffix``, ``best_of`` ≠ n, token-id prompts, ``top_logprobs`` without ``logprobs``,
-  ``stream_options`` without ``stream``, ``hearth.documents`` on /v1/completions (no messages to ground).
+- Tools (docs/server.md "Tools"): ``tools`` and ``tool_choice`` are checked by ``app.engine.tools`` (each
+  error names its path: ``tools[1].function.parameters``, ``tool_choice``); assistant messages may carry
+  ``tool_calls`` (``content`` null or text; ``arguments`` a JSON string, or an object, which is serialised),
+  ``tool`` messages carry ``tool_call_id``, which must answer a call of an earlier assistant message
+  (``messages[i].tool_call_id``). The request is validated here, before it is queued, so each of these is a
+  400 however the answer is sent.
+- Refused with a 400 rather than silently ignored: the deprecated ``functions`` / ``function_call`` and
+  ``function`` role (send ``tools``), non-text content parts, ``echo``, ``suffix``, ``best_of`` ≠ n, token-id
+  prompts, ``top_logprobs`` without ``logprobs``, ``stream_options`` without ``stream``, ``hearth.documents``
+  on /v1/completions (no messages to ground).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from app.assistant.turn import Caller
+from app.engine.tools import ToolCall, parse_tool_choice, parse_tools
 from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
 from app.errors import InvalidRequest
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from app.server.structured import grammar_for
 
 MAX_GENERATIONS = 16  # prompts × n in one /v1/completions request
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
                     "frequency_penalty")
 
@@ -54,13 +63,19 @@ class Plan:
 
 
 def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
-    if body.tools or body.functions:
-        raise InvalidRequest("tools / function calling are not supported by Hearth's API", param="tools")
+    for legacy in ("functions", "function_call"):
+        if getattr(body, legacy) is not None:
+            raise InvalidRequest(f"{legacy} is the deprecated form of function calling; send tools and "
+                                 "tool_choice", param=legacy)
     messages = _messages(body.messages)
     max_tokens = _max_tokens(body, body.max_completion_tokens, "max_completion_tokens")
     lp = _chat_logprobs(body)
     dec = _decoding(body, max_tokens, grammar_for(body.response_format))
-    base = _request(body, messages=messages, decoding=dec, want_logprobs=_want(lp))
+    tools = parse_tools(body.tools)
+    choice = parse_tool_choice(body.tool_choice, tools)
+    parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
+    base = _request(body, messages=messages, decoding=dec, want_logprobs=_want(lp), tools=tools,
+                    tool_choice=choice, parallel_tool_calls=parallel).validate()
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp)
 
 
@@ -99,14 +114,43 @@ def _request(body: _Sampling, **kw: Any) -> GenerateRequest:
 def _messages(raw: list[Any]) -> tuple[ChatMessage, ...]:
     if not raw:
         raise InvalidRequest("messages must contain at least one message", param="messages")
-    out = []
-    for i, m in enumerate(raw):
-        role = _ROLES.get(m.role)
-        if role is None:
-            raise InvalidRequest(f"messages[{i}].role {m.role!r} is not supported (system, developer, user, "
-                                 "assistant)", param=f"messages[{i}].role")
-        out.append(ChatMessage(role, _content(m.content, i)))
-    return tuple(out)
+    return tuple(_message(m, i) for i, m in enumerate(raw))
+
+
+def _message(m: Any, i: int) -> ChatMessage:
+    role = _ROLES.get(m.role)
+    if role is None:
+        raise InvalidRequest(f"messages[{i}].role {m.role!r} is not supported (system, developer, user, "
+                             "assistant, tool)", param=f"messages[{i}].role")
+    if m.tool_calls and role != "assistant":
+        raise InvalidRequest(f"messages[{i}].tool_calls: only assistant messages carry tool calls",
+                             param=f"messages[{i}].tool_calls")
+    if role == "assistant" and m.tool_calls:
+        calls = tuple(_tool_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls))
+        content = "" if m.content is None else _content(m.content, i)
+        return ChatMessage("assistant", content, calls)
+    if role == "tool":
+        return ChatMessage("tool", _content(m.content, i), tool_call_id=m.tool_call_id, name=m.name)
+    return ChatMessage(role, _content(m.content, i))
+
+
+def _tool_call(raw: Any, at: str) -> ToolCall:
+    """One item of an assistant message's ``tool_calls``: ``{id, type: "function", function: {name,
+    arguments}}``; ``arguments`` is JSON text (an object is accepted and serialised)."""
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict) or raw.get("type", "function") != "function":
+        raise InvalidRequest(f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
+                             param=at)
+    call_id, name, args = raw.get("id"), fn.get("name"), fn.get("arguments", "{}")
+    if not isinstance(call_id, str) or not call_id:
+        raise InvalidRequest(f"{at}.id must be a non-empty string", param=f"{at}.id")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"{at}.function.name must be a non-empty string", param=f"{at}.function.name")
+    if isinstance(args, dict):
+        args = json.dumps(args, ensure_ascii=False)
+    if not isinstance(args, str):
+        raise InvalidRequest(f"{at}.function.arguments must be a JSON string", param=f"{at}.function.arguments")
+    return ToolCall(call_id, name, args)
 
 
 def _content(content: Any, i: int) -> str:

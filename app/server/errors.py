@@ -84,8 +84,11 @@ def _retry(seconds: float) -> dict[str, str]:
 def from_exception(exc: BaseException) -> ApiError:
     """The ``ApiError`` for a known exception type (the single place that decides status codes)."""
     if isinstance(exc, ContextLengthExceeded):
-        return ApiError(400, "invalid_request_error", exc.message, "messages", "context_length_exceeded",
-                        extra={"prompt_tokens": exc.prompt_tokens, "n_ctx": exc.n_ctx})
+        extra = {"prompt_tokens": exc.prompt_tokens, "n_ctx": exc.n_ctx}
+        if exc.tools_tokens:
+            extra["tools_tokens"] = exc.tools_tokens
+        return ApiError(400, "invalid_request_error", exc.message, exc.param, "context_length_exceeded",
+                        extra=extra)
     if isinstance(exc, ModelNotFound):
         return ApiError(404, "invalid_request_error", exc.message, "model", "model_not_found",
                         extra={"available": exc.available})

@@ -10,6 +10,12 @@ breakdown and, with documents, the citations its answer makes; per request, with
 given and the search notice. One choice: all of it flat. n > 1: the per-request part flat and the per-choice
 parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
 flat object for that choice, so a one-choice stream ends with exactly the non-streamed ``hearth``.
+
+Tool calls (``Choice.tools``, read by ``app.engine.tool_stream``) follow OpenAI's shapes: ``message.tool_calls``
+``[{id, type: "function", function: {name, arguments}}]`` with ``content`` null when there is no text, and
+finish_reason "tool_calls"; in a stream ``delta.tool_calls`` items, the first of a call with its index, id,
+type, name and ``arguments: ""``, the next ones with the index and a piece of the arguments. Calls that could
+not be passed on leave the answer as text, and ``hearth.tool_call_error`` says why.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from app.engine.tool_parser import ArgsPiece, CallStart
+from app.engine.tool_stream import ToolOutcome
 from app.engine.types import Done
 from app.server.convert import Plan
 
@@ -37,6 +45,16 @@ class Choice:
     logprobs: list[Any] = field(default_factory=list)
     clamped_to: Optional[int] = None
     max_tokens: Optional[int] = None
+    tools: Optional[ToolOutcome] = None  # the answer read for tool calls (None: no tools were offered)
+
+    @property
+    def text(self) -> str:
+        """The answer's content: the text outside tool calls when tools were offered."""
+        return self.tools.text if self.tools is not None else self.done.text
+
+    @property
+    def finish_reason(self) -> str:
+        return self.tools.finish_reason if self.tools is not None else self.done.finish_reason
 
 
 @dataclass(frozen=True)
@@ -86,22 +104,36 @@ def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
     metrics = {**choice.done.metrics.to_dict(), "stopped_by": info.get("stopped_by")}
     meta = {"template": info.get("template"), "model_file": info.get("model"), "metrics": metrics,
             "context": context(plan, choice)}
+    if info.get("tool_format"):
+        meta["tool_format"] = info["tool_format"]
+    if choice.tools is not None and choice.tools.errors:
+        meta["tool_call_error"] = tool_call_error(choice.tools)
     if plan.grounding is not None:
         meta["citations"] = plan.grounding.citations(choice.done.text)
     return meta
 
 
+def tool_call_error(outcome: ToolOutcome) -> dict[str, Any]:
+    """``hearth.tool_call_error``: why the answer's calls were not passed on (``message``, one line) and each
+    failed call (``index`` and ``name`` when known, ``reason``, ``raw``: the model's text of it)."""
+    return {"message": outcome.error_message,
+            "errors": [{"index": e.index, "name": e.name, "reason": e.reason, "raw": e.raw} for e in outcome.errors]}
+
+
 def context(plan: Plan, choice: Choice) -> dict[str, Any]:
-    """Where the context went, in tokens: the prompt (evidence included), the evidence block, the answer's
-    limit (after clamping; None: up to the end of the context) and what is left (``free`` = n_ctx − prompt
-    − max_tokens, the rule of ``app.memory.context``; 0 when the answer may take the rest)."""
+    """Where the context went, in tokens: the prompt (evidence and tools included), the evidence block, the
+    tool definitions (``tools``, only when the request offered tools), the answer's limit (after clamping;
+    None: up to the end of the context) and what is left (``free`` = n_ctx − prompt − max_tokens, the rule of
+    ``app.memory.context``; 0 when the answer may take the rest)."""
     n_ctx = choice.done.info.get("n_ctx")
     prompt = choice.done.metrics.prompt_tokens
     limit = choice.clamped_to if choice.clamped_to is not None else choice.max_tokens
     free = None if n_ctx is None else max(0, n_ctx - prompt - (limit if limit is not None else n_ctx))
-    return {"prompt_tokens": prompt, "evidence": plan.grounding.tokens if plan.grounding is not None else 0,
-            "max_tokens": limit, "max_tokens_clamped": choice.clamped_to is not None, "n_ctx": n_ctx,
-            "free": free}
+    out = {"prompt_tokens": prompt, "evidence": plan.grounding.tokens if plan.grounding is not None else 0,
+           "max_tokens": limit, "max_tokens_clamped": choice.clamped_to is not None, "n_ctx": n_ctx, "free": free}
+    if "tools_tokens" in choice.done.info:
+        out["tools"] = choice.done.info["tools_tokens"]
+    return out
 
 
 def usage(plan: Plan, choices: list[Choice]) -> dict[str, Any]:
@@ -123,8 +155,7 @@ def response(frame: Frame, choices: list[Choice], piece: Optional[PieceFn]) -> d
     for i, c in enumerate(choices):
         lp = logprobs(plan, c.logprobs, piece) if plan.logprobs is not None and piece else None
         if plan.kind == "chat":
-            out.append({"index": i, "message": {"role": "assistant", "content": c.done.text, "refusal": None},
-                        "logprobs": lp, "finish_reason": c.done.finish_reason})
+            out.append({"index": i, "message": message(c), "logprobs": lp, "finish_reason": c.finish_reason})
         else:
             out.append({"index": i, "text": c.done.text, "logprobs": lp, "finish_reason": c.done.finish_reason})
     body = {**frame.head(frame.object), "choices": out, "usage": usage(plan, choices)}
@@ -132,9 +163,28 @@ def response(frame: Frame, choices: list[Choice], piece: Optional[PieceFn]) -> d
     return body
 
 
+def message(c: Choice) -> dict[str, Any]:
+    """A chat choice's ``message``: content null when the answer is only tool calls."""
+    calls = c.tools.calls if c.tools is not None else ()
+    msg: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not calls else None, "refusal": None}
+    if calls:
+        msg["tool_calls"] = [call.to_openai() for call in calls]
+    return msg
+
+
 # -- stream chunks ----------------------------------------------------------------------------------------
+def tool_call_delta(piece: CallStart | ArgsPiece) -> dict[str, Any]:
+    """A ``delta.tool_calls`` item: a call's start (index, id, type, name, ``arguments: ""``) or a piece of
+    its arguments (index and the text)."""
+    if isinstance(piece, CallStart):
+        return {"index": piece.index, "id": piece.id, "type": "function",
+                "function": {"name": piece.name, "arguments": ""}}
+    return {"index": piece.index, "function": {"arguments": piece.text}}
+
+
 def chunk(frame: Frame, index: int, *, text: Optional[str] = None, role: bool = False,
-          finish: Optional[str] = None, lp: Optional[dict] = None, hearth: Optional[dict] = None) -> bytes:
+          finish: Optional[str] = None, lp: Optional[dict] = None, hearth: Optional[dict] = None,
+          tool_calls: Optional[list[dict[str, Any]]] = None) -> bytes:
     plan = frame.plan
     if plan.kind == "chat":
         delta: dict[str, Any] = {}
@@ -142,6 +192,8 @@ def chunk(frame: Frame, index: int, *, text: Optional[str] = None, role: bool = 
             delta = {"role": "assistant", "content": ""}
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         ch = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         obj = frame.head("chat.completion.chunk")
     else:

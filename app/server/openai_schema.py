@@ -2,8 +2,9 @@
 
 ``extra="allow"`` where OpenAI itself accepts fields Hearth does not use (``user``, ``store``, ``metadata``,
 ``service_tier``…): they are accepted and ignored, so clients that send them keep working. Fields whose
-silent omission would change the answer (tools, echo, suffix, images, audio) are checked in
-``app.server.convert`` and refused with a 400 naming them.
+silent omission would change the answer (functions, echo, suffix, images, audio) are checked in
+``app.server.convert`` and refused with a 400 naming them; ``tools`` and ``tool_choice`` are checked there
+too (``app.engine.tools``), since their errors name paths inside them.
 
 Ranges follow the OpenAI reference (temperature 0-2, penalties ±2, n 1-8 here, top_logprobs 0-20, completions
 logprobs 0-5). ``max_tokens`` has no range in the schema on purpose: ``convert`` refuses 0 and negatives with
@@ -48,11 +49,15 @@ class ResponseFormat(_Allow):
 
 class ChatMessageIn(_Allow):
     """One message. ``content``: a string or a list of content parts (only ``{"type": "text"}`` parts are
-    supported); ``name`` is accepted and ignored."""
+    supported), null on an assistant message with ``tool_calls``; ``tool_calls``: OpenAI's
+    ``[{id, type: "function", function: {name, arguments}}]`` (checked in ``convert``); ``tool_call_id``: on a
+    ``tool`` message, the call it answers; ``name`` is kept on tool messages and otherwise ignored."""
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[Any]] = None
+    tool_call_id: Optional[str] = None
 
 
 class HearthOptions(BaseModel):
@@ -99,7 +104,10 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Any]] = None
+    tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[StrictBool] = None
     functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
 
 
 class CompletionRequest(_Sampling):

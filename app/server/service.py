@@ -10,6 +10,10 @@
 - A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
   another, each queued behind whatever other clients sent meanwhile and after the desktop window's turns
   (the engine runs ``n_parallel`` at once and admits the window's priority 1 before the port's 0).
+- A request with tools reads its answer through ``app.engine.tool_stream.ToolStream`` with the loaded
+  model's ``ToolFormat`` (``engine.tool_format()``), streamed or whole: the same reader, so both agree.
+  Streams send text as it comes and a call's ``delta.tool_calls`` once it has ended and validated; logprob
+  entries held back with a call go out on the next content chunk or the choice's last one.
 - Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
   vocabulary lane: no turn in the queue, so it never waits for the generation it describes). A lookup may
   cross to the engine process, so logprob entries are formatted off the event loop.
@@ -26,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app.engine.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.tool_stream import ToolStream
 from app.engine.types import Delta, Done, GenerateRequest
 from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from app.server import format as fmt
@@ -45,20 +51,21 @@ class Service:
         watcher = DisconnectWatcher(request.receive, self.metrics.cancelled_by_client)
         piece: fmt.PieceFn | None = engine.token_piece_bytes if plan.logprobs is not None else None
         frame = fmt.Frame.new(plan)
-        if not plan.stream:
-            try:
-                choices = [await self._collect(engine, req, watcher) for req in plan.requests]
-            finally:
-                watcher.close()
-            if piece is None:
-                return JSONResponse(fmt.response(frame, choices, piece))
-            return JSONResponse(await run_in_threadpool(fmt.response, frame, choices, piece))
         try:
-            first = await self._start(engine, plan.requests[0], watcher)
+            tool_fmt = await run_in_threadpool(engine.tool_format) if plan.requests[0].tools else None
+            if not plan.stream:
+                choices = [await self._collect(engine, req, watcher, tool_fmt) for req in plan.requests]
+            else:
+                first = await self._start(engine, plan.requests[0], watcher)
         except BaseException:
             watcher.close()
             raise
-        events = self._events(frame, engine, watcher, first, piece)
+        if not plan.stream:
+            watcher.close()
+            if piece is None:
+                return JSONResponse(fmt.response(frame, choices, piece))
+            return JSONResponse(await run_in_threadpool(fmt.response, frame, choices, piece))
+        events = self._events(frame, engine, watcher, first, piece, tool_fmt)
         return SSEResponse(events, watcher)
 
     async def _start(self, engine: Any, req: GenerateRequest, watcher: DisconnectWatcher):
@@ -75,11 +82,13 @@ class Service:
                 clamped = exc.n_ctx - exc.prompt_tokens
                 req = replace(req, decoding=replace(req.decoding, max_tokens=clamped))
             except InvalidRequest as exc:
-                if exc.param == "grammar":  # the grammar came from response_format
-                    raise InvalidRequest(exc.message, param="response_format") from None
+                if exc.param == "grammar":  # from response_format, or the tools' grammar of a forced call
+                    param = "tools" if req.choice.forces_call else "response_format"
+                    raise InvalidRequest(exc.message, param=param) from None
                 raise
 
-    async def _collect(self, engine: Any, req: GenerateRequest, watcher: DisconnectWatcher) -> fmt.Choice:
+    async def _collect(self, engine: Any, req: GenerateRequest, watcher: DisconnectWatcher,
+                       tool_fmt: Any) -> fmt.Choice:
         pump, ev, clamped = await self._start(engine, req, watcher)
         lps: list[Any] = []
         gate = LogprobGate()
@@ -87,10 +96,15 @@ class Service:
             lps.extend(gate.feed(ev))
             ev = await pump.next()
         self.metrics.generation(ev)
-        return fmt.Choice(ev, lps, clamped, req.decoding.max_tokens)
+        outcome = None
+        if req.tools:
+            reader = ToolStream.for_request(req, tool_fmt)
+            reader.feed(ev.text)
+            outcome = reader.finish(ev.finish_reason)[1]
+        return fmt.Choice(ev, lps, clamped, req.decoding.max_tokens, outcome)
 
     async def _events(self, frame: fmt.Frame, engine: Any, watcher: DisconnectWatcher, first: tuple,
-                      piece: fmt.PieceFn | None) -> AsyncIterator[bytes]:
+                      piece: fmt.PieceFn | None, tool_fmt: Any) -> AsyncIterator[bytes]:
         plan = frame.plan
         choices: list[fmt.Choice] = []
         pump = first[0]
@@ -99,21 +113,16 @@ class Service:
                 pump, ev, clamped = first if i == 0 else await self._start(engine, req, watcher)
                 if plan.kind == "chat":
                     yield fmt.chunk(frame, i, role=True)
-                offset = 0
-                gate = LogprobGate()
+                out = _ChoiceStream(frame, i, piece, ToolStream.for_request(req, tool_fmt) if req.tools else None)
                 while isinstance(ev, Delta):
-                    entries = gate.feed(ev)
-                    lp = None
-                    if piece is not None and entries:
-                        lp = await run_in_threadpool(fmt.logprobs, plan, entries, piece, offset)
-                    if ev.text:
-                        yield fmt.chunk(frame, i, text=ev.text, lp=lp)
-                    offset += len(ev.text)
+                    for data in await out.delta(ev):
+                        yield data
                     ev = await pump.next()
                 choice = fmt.Choice(ev, [], clamped, req.decoding.max_tokens)
+                for data in await out.done(choice):
+                    yield data
                 choices.append(choice)
                 self.metrics.generation(ev)
-                yield fmt.chunk(frame, i, finish=ev.finish_reason, hearth=fmt.choice_hearth(plan, choice))
             if plan.include_usage:
                 yield fmt.usage_chunk(frame, choices)
             yield fmt.DONE_EVENT
@@ -126,6 +135,51 @@ class Service:
                                    "code": err.code})
         finally:
             pump.stop()  # no-op for a finished generation; cancels one left behind by a closed stream
+
+
+class _ChoiceStream:
+    """The chunks of one streamed choice: each ``Delta``'s text (read for tool calls when ``reader`` is
+    given), its logprob entries, and the last chunk with the finish reason and the ``hearth`` object."""
+
+    def __init__(self, frame: fmt.Frame, index: int, piece: fmt.PieceFn | None, reader: ToolStream | None) -> None:
+        self.frame, self.index, self.piece, self.reader = frame, index, piece, reader
+        self.gate = LogprobGate()
+        self.entries: list[Any] = []  # logprob entries waiting for the text they go out with
+        self.offset = 0
+
+    async def delta(self, ev: Delta) -> list[bytes]:
+        self.entries.extend(self.gate.feed(ev))
+        if self.reader is None:
+            return await self._pieces([TextPiece(ev.text)] if ev.text else [])
+        return await self._pieces(self.reader.feed(ev.text))
+
+    async def done(self, choice: fmt.Choice) -> list[bytes]:
+        out: list[bytes] = []
+        if self.reader is not None:
+            pieces, choice.tools = self.reader.finish(choice.done.finish_reason)
+            out = await self._pieces(pieces)
+        lp = await self._logprobs()
+        plan = self.frame.plan
+        out.append(fmt.chunk(self.frame, self.index, finish=choice.finish_reason, lp=lp,
+                             hearth=fmt.choice_hearth(plan, choice)))
+        return out
+
+    async def _pieces(self, pieces: list) -> list[bytes]:
+        out = []
+        for p in pieces:
+            if isinstance(p, TextPiece):
+                lp = await self._logprobs()
+                out.append(fmt.chunk(self.frame, self.index, text=p.text, lp=lp))
+                self.offset += len(p.text)
+            elif isinstance(p, (CallStart, ArgsPiece)):
+                out.append(fmt.chunk(self.frame, self.index, tool_calls=[fmt.tool_call_delta(p)]))
+        return out
+
+    async def _logprobs(self) -> dict | None:
+        if self.piece is None or not self.entries:
+            return None
+        entries, self.entries = self.entries, []
+        return await run_in_threadpool(fmt.logprobs, self.frame.plan, entries, self.piece, self.offset)
 
 
 class LogprobGate:
