@@ -1,10 +1,20 @@
-"""The turn pipeline: one chat turn (evidence → context → generation → store → citations) written once, for
-the CLI, the desktop window and the HTTP port (``turn.Assistant``), stateless grounding for requests that carry
-their own history (``grounding.ground``), and the evidence/citation conversions they share (``evidence``)."""
+"""The turn pipeline: one chat turn (evidence → context → generation → tools → store → citations) written once,
+for the CLI, the desktop window and the HTTP port (``turn.Assistant``), MCP tools called in a bounded loop
+(``tool_loop.ToolBox``), stateless grounding for requests that carry their own history (``grounding.ground``),
+and the evidence/citation conversions they share (``evidence``)."""
 
 from app.assistant.evidence import DocumentSource, Found, citations, given, prune_stale_citations
 from app.assistant.grounding import Grounding, ground
+from app.assistant.tool_loop import (
+    Permission,
+    ToolBox,
+    ToolCallRequested,
+    ToolNotice,
+    ToolResultShown,
+    deny_all,
+)
 from app.assistant.turn import Assistant, Caller, EvidenceFound, TextDelta, TurnDone, TurnEvent
 
-__all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "TextDelta", "TurnDone",
-           "TurnEvent", "citations", "given", "ground", "prune_stale_citations"]
+__all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "Permission", "TextDelta",
+           "ToolBox", "ToolCallRequested", "ToolNotice", "ToolResultShown", "TurnDone", "TurnEvent", "citations",
+           "deny_all", "given", "ground", "prune_stale_citations"]

@@ -8,7 +8,14 @@ typed events; adapters differ only in how they show them:
 
     EvidenceFound(evidence, notice)    the passages the model is given (after trimming), before any token
     TextDelta(text)                    a piece of the answer
+    ToolCallRequested, ToolResultShown, ToolNotice   with a ``ToolBox``: the model's tool calls, each asked
+                                       for, run and stored (``app.assistant.tool_loop``), between the steps
     TurnDone(result, citations, evidence, notice)   the stored answer with metrics and context breakdown
+
+With ``tools`` (a ``ToolBox``), a turn is up to ``max_steps`` generations: each answer that calls tools is
+stored with its calls, the results are stored after it, and the next generation answers after them; the
+last answer (no calls) is ``TurnDone``'s. The evidence stays in the person's message on every step, so each
+step's prompt begins with the one before (the prefix cache reuses it).
 
 ``cancel()`` (any thread) stops the running generation within one decode step or prefill chunk, also during
 a long prefill when no event is flowing; the partial answer is kept with status ``error`` (``Cancelled``).
@@ -34,7 +41,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Union
 
 from app.assistant import evidence as ev
+from app.assistant.tool_loop import ToolBox, ToolCallRequested, ToolNotice, ToolResultShown
 from app.engine.registry import model_id
+from app.engine.tool_parser import TextPiece
+from app.engine.tool_stream import ToolsDone, ToolStream, stream_tools
+from app.engine.tools import ToolChoice, ToolSpec
 from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest
 from app.memory.chat_session import ChatSession, TurnResult
 from app.memory.context import ContextPlan
@@ -101,7 +112,7 @@ class TurnDone:
                 "evidence": self.evidence, "search_notice": self.notice}
 
 
-TurnEvent = Union[EvidenceFound, TextDelta, TurnDone]
+TurnEvent = Union[EvidenceFound, TextDelta, ToolCallRequested, ToolResultShown, ToolNotice, TurnDone]
 
 
 class EngineCalls:
@@ -115,16 +126,30 @@ class EngineCalls:
         self._lock = threading.Lock()
         self._current: Any = None
         self.cancelled = False
+        self.tools: tuple[ToolSpec, ...] = ()  # the turn's tools: counted with every prompt (their definitions)
 
-    def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, **opts: Any) -> Iterator[Any]:
+    def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, *,
+                 tools: tuple[ToolSpec, ...] = (), tool_choice: ToolChoice | None = None,
+                 **opts: Any) -> Iterator[Any]:
+        """The engine's events for ``messages``; with ``tools``, the answer read by ``ToolStream``: ``Delta``
+        for the text outside calls, then ``ToolsDone`` (the calls) instead of ``Done``."""
         dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
-        gen = self.engine.generate(self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec)))
+        req = self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec, tools=tuple(tools),
+                                                tool_choice=tool_choice))
+        gen = self.engine.generate(req)
         with self._lock:
             self._current = gen
             if self.cancelled:
                 gen.cancel()
         try:
-            yield from gen
+            if tools:
+                for item in stream_tools(gen, ToolStream.for_request(req, self.engine.tool_format())):
+                    if isinstance(item, TextPiece):
+                        yield Delta(item.text)
+                    elif isinstance(item, ToolsDone):
+                        yield item
+            else:
+                yield from gen
         finally:
             gen.close()
             with self._lock:
@@ -142,12 +167,14 @@ class EngineCalls:
                 self._current.cancel()
 
     def count_messages(self, messages: list[ChatMessage]) -> int:
-        return prompt_tokens(self.engine, messages)
+        return prompt_tokens(self.engine, messages, self.tools)
 
 
-def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...]) -> int:
-    """Exact prompt tokens of ``messages`` once ``engine``'s chat template is applied (BOS included)."""
-    rp = engine.render(GenerateRequest(messages=tuple(messages)))
+def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...],
+                  tools: tuple[ToolSpec, ...] = ()) -> int:
+    """Exact prompt tokens of ``messages`` (and the definitions of ``tools``) once ``engine``'s chat template
+    is applied (BOS included)."""
+    rp = engine.render(GenerateRequest(messages=tuple(messages), tools=tuple(tools)))
     return len(engine.tokenize(rp.text, add_bos=rp.add_bos, special=True))
 
 
@@ -157,13 +184,15 @@ class Assistant:
     ``decoding``: sampling defaults (the person's saved settings with any per-command overrides);
     ``system_prompt``: text of the system message; ``documents``: a ``DocumentSource`` to ground turns in, or
     None; ``k``: passages per turn (1 to ``evidence.MAX_K``, else ``InvalidRequest``); ``caller``: who asks
-    (``Caller``: the desktop window passes ``Caller.WINDOW`` so its turns go before waiting API requests). One
-    turn runs at a time per assistant."""
+    (``Caller``: the desktop window passes ``Caller.WINDOW`` so its turns go before waiting API requests);
+    ``tools``: a ``ToolBox`` whose tools the model may call (None: no tools). One turn runs at a time per
+    assistant."""
 
     def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
                  system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K,
-                 caller: Caller = Caller.CLI) -> None:
+                 caller: Caller = Caller.CLI, tools: ToolBox | None = None) -> None:
         self.engine, self.store, self.documents, self.k = engine, store, documents, ev.check_k(k)
+        self.tools = tools
         self.decoding = decoding or DecodingParams()
         self.calls = EngineCalls(engine, self.decoding, Caller(caller))
         self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
@@ -177,8 +206,10 @@ class Assistant:
         return self.session.new_conversation(title)
 
     def cancel(self) -> None:
-        """Stop the answer being written (any thread)."""
+        """Stop the answer being written, or the tool call being run (any thread)."""
         self.calls.cancel()
+        if self.tools is not None:
+            self.tools.cancel()
 
     def send(self, conversation_id: str, text: str | None, **kw: Any) -> TurnDone:
         """``turn`` run to its end; ``on_delta(text)`` (optional) sees each piece of the answer."""
@@ -200,22 +231,44 @@ class Assistant:
         unused). Errors: ``StoreError`` for an unknown conversation, ``ContextLengthExceeded``,
         ``Cancelled``, ``EngineCrashed`` (the partial answer is kept)."""
         self.calls.reset()
+        if self.tools is not None:
+            self.tools.reset()
         query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
         found = self._search(conversation_id, query or "")
-        stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence)
-        given: tuple[Evidence, ...] = ()
-        notice = found.notice
+        specs = self.calls.tools = self.tools.specs() if self.tools is not None else ()
+        opts = self.tools.options(specs, 1) if self.tools is not None else {}
+        stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence, opts)
+        seen = _Seen(found)
+        for step in range(1, (self.tools.max_steps if self.tools is not None else 1) + 1):
+            result = yield from self._relay(stream, seen)
+            if result.tool_errors:
+                yield ToolNotice(f"The model wrote a tool call that was not valid ({result.tool_errors}); "
+                                 "it is kept as text.")
+            if not result.tool_calls or self.tools is None:
+                break
+            tip = yield from self.tools.run_calls(self.session, conversation_id, result.tool_calls,
+                                                  result.message_id, step)
+            stream = self.session.continue_after(conversation_id, tip, evidence=ev.evidence_text(found.evidence),
+                                                 **self.tools.options(specs, step + 1))
+        yield self._done(result, seen.given, seen.notice)
+
+    def _relay(self, stream: Iterator[Any], seen: "_Seen") -> Iterator[TurnEvent]:
+        """One generation's events as the turn's (evidence on the first plan only); returns its
+        ``TurnResult``."""
         for item in stream:
             if isinstance(item, ContextPlan):
-                given = tuple(found.evidence[i] for i in item.evidence_kept)
-                notice = ev.join_notices(notice, ev.dropped_notice(item.evidence_dropped))
-                if given:
-                    yield EvidenceFound(given, notice)
+                seen.given = tuple(seen.found.evidence[i] for i in item.evidence_kept)
+                if not seen.shown:
+                    seen.shown = True
+                    seen.notice = ev.join_notices(seen.notice, ev.dropped_notice(item.evidence_dropped))
+                    if seen.given:
+                        yield EvidenceFound(seen.given, seen.notice)
             elif isinstance(item, Delta):
                 if item.text:
                     yield TextDelta(item.text)
             elif isinstance(item, TurnResult):
-                yield self._done(item, given, notice)
+                return item
+        raise AssertionError("the session's stream ended without a TurnResult")
 
     def _search(self, conversation_id: str, query: str) -> ev.Found:
         """Evidence for ``query`` among the conversation's chosen documents (its ``documents`` setting; absent:
@@ -230,19 +283,33 @@ class Assistant:
             return ev.Found((), f"document search failed ({type(exc).__name__}: {exc}); answered without documents")
 
     def _stream(self, conversation_id: str, text: str | None, parent_id: str | None, edit: bool,
-                regenerate_of: str | None, evidence: tuple[Evidence, ...]) -> Iterator[Any]:
+                regenerate_of: str | None, evidence: tuple[Evidence, ...], opts: dict) -> Iterator[Any]:
         block = ev.evidence_text(evidence)
         if regenerate_of is not None:
-            return self.session.regenerate(conversation_id, regenerate_of, evidence=block)
+            return self.session.regenerate(conversation_id, regenerate_of, evidence=block, **opts)
         if edit and parent_id is None:
             self.store.set_current(conversation_id, None)  # editing the first message: a new first message
-        return self.session.stream(conversation_id, text or "", parent_id=parent_id, evidence=block)
+        return self.session.stream(conversation_id, text or "", parent_id=parent_id, evidence=block, **opts)
 
     def _done(self, result: TurnResult, given: tuple[Evidence, ...], notice: str | None) -> TurnDone:
         cites = ev.citations(result.text, given)
         if cites:
             self.store.add_citations(result.message_id, cites)
         return TurnDone(result, cites, ev.given(given), notice)
+
+
+@dataclass
+class _Seen:
+    """What a turn has shown so far: the search's result, the passages given on the latest plan, the notice,
+    and whether ``EvidenceFound`` went out."""
+
+    found: ev.Found
+    given: tuple[Evidence, ...] = ()
+    notice: str | None = None
+    shown: bool = False
+
+    def __post_init__(self) -> None:
+        self.notice = self.found.notice
 
 
 def _open_session(engine: Any, store: Any, calls: EngineCalls, decoding: DecodingParams,

@@ -7,13 +7,20 @@ The engine is two callables, so this module never imports it and is tested with 
 - ``generate_fn(messages: list[ChatMessage], **opts) -> Iterator[event]``: ``opts`` carries ``max_tokens``
   (tokens) and whatever the caller put in ``generate_options`` / per-turn options. It yields the engine's
   events (``app.engine.types``): each ``Delta`` adds to the answer, a ``Done`` ends it (its ``metrics`` has
-  ``to_dict()``); an engine error is raised by the iterator, as ``Engine.generate`` raises it.
+  ``to_dict()``); an engine error is raised by the iterator, as ``Engine.generate`` raises it. A generation
+  that offered tools ends with ``app.engine.tool_stream.ToolsDone`` instead: its ``outcome`` is the answer read
+  (text outside the calls, the valid calls), and the answer is stored with its ``tool_calls``.
 - ``summarizer(prompt, max_tokens) -> str`` (``app.memory.context.Summarizer``); by default the same
   ``generate_fn`` with the prompt as one user message.
 
 Layering as in mlx-lm ``generate.py``: ``stream()`` yields the turn's ``ContextPlan`` (what the model is given,
 before any token), each engine event as it comes, and finally a ``TurnResult``; ``send()`` consumes it and
 returns the ``TurnResult``. The one caller is ``app.assistant`` (the turn pipeline every adapter uses).
+
+Tools: an answer that made calls is a step of its turn, not its end. The caller stores each result
+(``add_tool_result``: a ``tool`` message under the call, the whole text) and asks for the next step with
+``continue_after(last result)``; the plan of that step is the person's message followed by the turn's calls and
+results so far (``ContextBuilder.build(tail=...)``), so each step's prompt extends the one before.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from app.engine.tool_stream import ToolsDone
+from app.engine.tools import ToolCall
 from app.engine.types import ChatMessage, Delta, Done
 from app.errors import HearthError
 from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, SummaryRequest, Summarizer
@@ -39,7 +48,9 @@ GenerateFn = Callable[..., Iterator[Any]]
 class TurnResult:
     """The outcome of one turn. ``metrics``: the engine's metrics dict; ``context``: the token breakdown of
     the prompt (``ContextPlan.breakdown``); ``summaries_added``: ids of summaries written for this turn;
-    ``dropped_ids``: older messages left out because they could not be summarized (normally empty)."""
+    ``dropped_ids``: older messages left out because they could not be summarized (normally empty);
+    ``tool_calls``: the calls the answer made (its turn goes on once their results are stored);
+    ``tool_errors``: why calls the model wrote were not valid (they were stored as text), or None."""
 
     conversation_id: str
     user_message_id: str
@@ -50,6 +61,8 @@ class TurnResult:
     context: dict
     summaries_added: list[str] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_errors: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,19 +147,39 @@ class ChatSession:
         """A new answer to an existing user message: a sibling branch of the earlier answers."""
         yield from self._answer(conversation_id, user_message_id, evidence, citations, options)
 
+    def continue_after(self, conversation_id: str, message_id: str, *, evidence: EvidenceInput = None,
+                       citations: Sequence[Citation | dict] = (), **options: Any) -> Iterator[Any]:
+        """The next step of a turn with tools: an answer under ``message_id`` (the turn's last tool result),
+        given the turn's message and its calls and results so far. Yields as ``stream`` does."""
+        yield from self._answer(conversation_id, message_id, evidence, citations, options)
+
+    def add_tool_result(self, conversation_id: str, parent_id: str, call: ToolCall, text: str, *,
+                        meta: dict | None = None) -> str:
+        """Store the result of ``call`` (made by the assistant message ``parent_id``, or answered after an
+        earlier result of the same step) as a ``tool`` message holding all of ``text``; returns its id."""
+        return self.store.append_message(conversation_id, "tool", text, parent_id, tool_call_id=call.id,
+                                         name=call.name, meta=meta)
+
     # ---- the turn ---------------------------------------------------------------------------------------------
+
+    def _parts(self, message_id: str) -> tuple[list, Any, list]:
+        """(history before the turn, the turn's user message, what the turn holds after it) for the branch
+        ending at ``message_id``."""
+        path = self.store.path_to(message_id)
+        u = max((i for i, m in enumerate(path) if m.role == "user"), default=len(path) - 1)
+        return path[:u], path[u], path[u + 1:]
 
     def plan(self, conversation_id: str, user_message_id: str,
              evidence: EvidenceInput = None) -> tuple[ContextPlan, list[str]]:
-        """The context for answering ``user_message_id``, summarizing first while the history does not fit.
+        """The context for answering ``user_message_id`` (or for the next step after a tool result: the turn's
+        message and its calls and results so far), summarizing first while the history does not fit.
         Returns the plan and the ids of summaries added."""
-        path = self.store.path_to(user_message_id)
-        history, user_text = path[:-1], path[-1].content
+        history, user, tail = self._parts(user_message_id)
         added: list[str] = []
         seen: set[tuple[str, str]] = set()
         for _ in range(16):
-            plan = self.builder.build(history, user_text, summaries=self.store.summaries_for(conversation_id),
-                                      evidence=evidence)
+            plan = self.builder.build(history, user.content, summaries=self.store.summaries_for(conversation_id),
+                                      evidence=evidence, tail=tail)
             req = plan.summary_request
             if req is None or plan.needs_summary in seen:
                 return plan, added
@@ -193,12 +226,12 @@ class ChatSession:
             _close(events)
         return "".join(parts)
 
-    def _answer(self, conversation_id: str, user_id: str, evidence: Any, citations: Sequence[Any],
+    def _answer(self, conversation_id: str, after_id: str, evidence: Any, citations: Sequence[Any],
                 options: dict) -> Iterator[Any]:
-        plan, added = self.plan(conversation_id, user_id, evidence)
+        plan, added = self.plan(conversation_id, after_id, evidence)
         yield plan
         meta = {"model": self.model, "context": plan.breakdown, "summary_ids": plan.summary_ids}
-        aid = self.store.begin_streaming_message(conversation_id, user_id, meta=meta)
+        aid = self.store.begin_streaming_message(conversation_id, after_id, meta=meta)
         opts = {**self.generate_options, "max_tokens": self.builder.max_tokens, **options}
         text: list[str] = []
         done = None
@@ -206,7 +239,7 @@ class ChatSession:
         events = iter(self.generate_fn(plan.messages, **opts))
         try:
             for ev in events:
-                if isinstance(ev, Done):
+                if isinstance(ev, (Done, ToolsDone)):
                     done = ev
                 elif isinstance(ev, Delta):
                     text.append(ev.text)
@@ -222,16 +255,24 @@ class ChatSession:
             raise
         finally:
             _close(events)  # release the engine (a Generation stops and frees its slot)
+        user_id = self._parts(after_id)[1].id
         yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), done, citations)
 
     def _finish(self, conversation_id: str, user_id: str, aid: str, plan: ContextPlan, added: list[str],
-                text: str, done: Done | None, citations: Sequence[Any]) -> TurnResult:
+                text: str, done: Done | ToolsDone | None, citations: Sequence[Any]) -> TurnResult:
+        outcome = done.outcome if isinstance(done, ToolsDone) else None
+        if isinstance(done, ToolsDone):
+            done = done.done
         metrics = _metrics_dict(done.metrics if done is not None else None)
-        finish_reason = (done.finish_reason if done is not None else None) or "unknown"
+        finish_reason = (outcome.finish_reason if outcome else done.finish_reason if done else None) or "unknown"
+        calls = outcome.calls if outcome else ()
+        errors = outcome.error_message if outcome else None
+        text = outcome.text if outcome else text
         tokens = metrics.get("completion_tokens") or self.builder.count(text)
-        final = self.store.finish_message(aid, "complete", content=text, token_count=tokens,
-                                          meta={"finish_reason": finish_reason, "metrics": metrics})
+        final = self.store.finish_message(aid, "complete", content=text, token_count=tokens, tool_calls=calls,
+                                          meta={"finish_reason": finish_reason, "metrics": metrics,
+                                                **({"tool_errors": errors} if errors else {})})
         if citations:
             self.store.add_citations(final, citations)
         return TurnResult(conversation_id, user_id, final, text, finish_reason, metrics, plan.breakdown,
-                          added, plan.dropped_ids)
+                          added, plan.dropped_ids, calls, errors)

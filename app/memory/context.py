@@ -28,17 +28,27 @@ Order (stable parts first, so the next turn's prompt starts with this turn's and
   every turn and must not break the cached prefix, and some templates (Gemma) require user/assistant turns
   to alternate. For the same reason consecutive history messages of the same role are joined, and messages
   with empty text (an answer that failed before its first token) are skipped.
+- **Tool use** (docs/ui.md, "Tools"): an assistant message with ``tool_calls`` and the ``tool`` messages that
+  answer it are history like the rest (never joined with a neighbour; a call left without its result, or a
+  result whose call is not in the prompt, is left out, since a template cannot render it). The current turn's
+  calls and results after the person's message (``tail``) are required, like the message itself, and count as
+  ``tools`` in the breakdown. A result longer than ``tool_result_fraction`` of the prompt budget is cut to that
+  share in the prompt, with a visible note (``cut_note``: its size and how much is shown); the cut depends only
+  on the result and the budget, so a turn's prompt stays the prefix of the next one. When the current turn's
+  results together would not fit, each is cut to an equal share of what is left. The store keeps every
+  result whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from app.engine.types import ChatMessage
 from app.errors import ContextLengthExceeded, InvalidRequest
 
+CUT_NOTE = "[result cut: {total:,} bytes, first {shown:,} shown; the whole result is kept in the conversation]"
 SUMMARY_HEADER = "Summary of the earlier part of this conversation (the full messages are kept in the history):"
 EVIDENCE_HEADER = "Sources that may help with the question below:"
 
@@ -83,11 +93,53 @@ def with_evidence(block: str, text: str) -> str:
 
 
 class HistoryItem(Protocol):
-    """What the builder reads from a stored message (``app.memory.store.Message`` fits)."""
+    """What the builder reads from a stored message (``app.memory.store.Message`` fits). Tool use adds
+    ``tool_calls`` (assistant), ``tool_call_id`` and ``name`` (role ``tool``); items without them are plain."""
 
     id: str
     role: str
     content: str
+
+
+def cut_note(total_bytes: int, shown_bytes: int) -> str:
+    """The note that ends a tool result cut in the prompt: its whole size and the bytes shown (UTF-8)."""
+    return CUT_NOTE.format(total=total_bytes, shown=shown_bytes)
+
+
+def _calls(m: HistoryItem) -> tuple:
+    return tuple(getattr(m, "tool_calls", None) or ())
+
+
+def calls_text(calls: Sequence) -> str:
+    """Tool calls as one line each, ``name(arguments)``: how a summary prompt and the estimates see them."""
+    return "\n".join(f"{c.name}({c.arguments})" for c in calls)
+
+
+def _summary_text(m: HistoryItem) -> str:
+    """A message as the summarizer reads it: a call's name and arguments, a result named by its tool."""
+    if m.role == "tool":
+        return f"({getattr(m, 'name', None) or 'a tool'}) {m.content}"
+    calls = _calls(m)
+    return (m.content + "\n" if m.content else "") + "(calls " + calls_text(calls) + ")" if calls else m.content
+
+
+def _pair_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Keep only calls answered by a following result and results of a call before them (the engine refuses
+    a result without its call, and a template cannot show a call without its result)."""
+    answered = {m.tool_call_id for m in messages if m.role == "tool"}
+    out: list[ChatMessage] = []
+    made: set[str] = set()
+    for m in messages:
+        if m.tool_calls:
+            calls = tuple(c for c in m.tool_calls if c.id in answered)
+            made.update(c.id for c in calls)
+            if not calls and not m.content:
+                continue
+            m = replace(m, tool_calls=calls)
+        elif m.role == "tool" and m.tool_call_id not in made:
+            continue
+        out.append(m)
+    return out
 
 
 class SummaryItem(Protocol):
@@ -169,7 +221,8 @@ class ContextPlan:
     @property
     def prompt_tokens(self) -> int:
         b = self.breakdown
-        return b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"] + b.get("template", 0)
+        return (b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"] + b.get("tools", 0)
+                + b.get("template", 0))
 
 
 def _exact_breakdown(plan: ContextPlan, exact: int) -> ContextPlan:
@@ -178,7 +231,7 @@ def _exact_breakdown(plan: ContextPlan, exact: int) -> ContextPlan:
     ``exact``. Where tokens merge across a part boundary (a rare token or two), the largest part absorbs it."""
     b = plan.breakdown
     b.update(plan.content_tokens)
-    parts = ("system", "summaries", "history", "evidence", "user")
+    parts = ("system", "summaries", "history", "evidence", "user", "tools")
     rest = exact - sum(b[k] for k in parts)
     if rest < 0:
         b[max(parts, key=lambda k: b[k])] += rest
@@ -207,11 +260,13 @@ class ContextBuilder:
     ``summary_fraction``: the share of the prompt budget summaries may take before they are rolled up.
     ``keep_fraction``: after summarizing, verbatim history fills at most this share of its budget.
     ``evidence_fraction``: the share of the prompt budget evidence may take.
+    ``tool_result_fraction``: the share of the prompt budget one tool result may take (longer ones are cut).
     """
 
     def __init__(self, count_tokens: Callable[[str], int], n_ctx: int, max_tokens: int, system_prompt: str = "",
                  *, message_overhead: int = 6, margin: int = 16, summary_max_tokens: int | None = None,
                  summary_fraction: float = 0.3, keep_fraction: float = 0.5, evidence_fraction: float = 0.4,
+                 tool_result_fraction: float = 0.25,
                  count_messages: Callable[[list[ChatMessage]], int] | None = None) -> None:
         if n_ctx - max_tokens - margin <= 0:
             raise InvalidRequest(f"max_tokens ({max_tokens}) leaves no room for a prompt in n_ctx ({n_ctx})",
@@ -222,7 +277,7 @@ class ContextBuilder:
         self.message_overhead, self.margin = message_overhead, margin
         self.summary_max_tokens = summary_max_tokens or max(32, min(512, n_ctx // 8))
         self.summary_fraction, self.keep_fraction = summary_fraction, keep_fraction
-        self.evidence_fraction = evidence_fraction
+        self.evidence_fraction, self.tool_result_fraction = evidence_fraction, tool_result_fraction
         self.count_messages = count_messages
 
     # ---- counting ---------------------------------------------------------------------------------------------
@@ -236,8 +291,37 @@ class ContextBuilder:
             n = self._memo[text] = int(self._count(text))
         return n
 
-    def _cost(self, m: HistoryItem) -> int:
-        return self.count(m.content) + self.message_overhead
+    def _cost(self, m: HistoryItem, cap: int | None = None) -> int:
+        return self.count(self._text(m, cap)) + self.message_overhead
+
+    def _text(self, m: HistoryItem, cap: int | None = None) -> str:
+        """What ``m`` puts in the prompt, for counting: a result as cut to ``cap`` (default
+        ``tool_result_cap``), a call's text with its calls."""
+        if m.role == "tool":
+            return self.cut_result(m.content, self.tool_result_cap if cap is None else cap)
+        calls = _calls(m)
+        return m.content + "\n" + calls_text(calls) if calls else m.content
+
+    @property
+    def tool_result_cap(self) -> int:
+        """Tokens one tool result may take in the prompt: ``tool_result_fraction`` of the budget (at least 16)."""
+        return max(16, int(self.available * self.tool_result_fraction))
+
+    def cut_result(self, text: str, cap: int) -> str:
+        """``text`` when it fits ``cap`` tokens; else its longest beginning that fits together with the note
+        (``cut_note``). A text over 128 characters per token of ``cap`` is not counted whole: no token is that
+        long, and a 1 MB result is never tokenized just to learn it does not fit."""
+        if len(text) <= cap * 128 and self.count(text) <= cap:
+            return text
+        total, keep = len(text.encode("utf-8")), min(len(text), cap * 4)
+        for _ in range(64):
+            head = text[:keep]
+            out = head + "\n" + cut_note(total, len(head.encode("utf-8")))
+            n = self.count(out)
+            if n <= cap or keep == 0:
+                return out
+            keep = min(keep - 1, int(keep * min(0.95, cap / n)))
+        return cut_note(total, 0)
 
     @property
     def available(self) -> int:
@@ -295,11 +379,13 @@ class ContextBuilder:
     # ---- the plan ---------------------------------------------------------------------------------------------
 
     def build(self, history: Sequence[HistoryItem], user_message: str, *, summaries: Sequence[SummaryItem] = (),
-              evidence: EvidenceInput = None) -> ContextPlan:
+              evidence: EvidenceInput = None, tail: Sequence[HistoryItem] = ()) -> ContextPlan:
         """Plan one turn. ``history``: the branch before the new message, oldest first (``Store.path_to``);
         ``summaries``: stored summaries of the conversation (any branch; those not on this one are ignored);
-        ``evidence``: retrieved passages (a string, or a list in rank order). The plan always fits."""
-        plan = self._build(history, user_message, summaries, evidence, self.margin)
+        ``evidence``: retrieved passages (a string, or a list in rank order); ``tail``: what this turn already
+        holds after the message (tool calls and their results, oldest first), always given. The plan always
+        fits."""
+        plan = self._build(history, user_message, summaries, evidence, tail, self.margin)
         if self.count_messages is None:
             return plan
         for _ in range(3):
@@ -307,22 +393,24 @@ class ContextBuilder:
             over = exact - (self.n_ctx - self.max_tokens)
             if over <= 0:
                 break
-            plan = self._build(history, user_message, summaries, evidence, self.margin + over + 8)
+            plan = self._build(history, user_message, summaries, evidence, tail, self.margin + over + 8)
             exact = self.count_messages(plan.messages)
         return _exact_breakdown(plan, exact)
 
     def _build(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
-               evidence: EvidenceInput, margin: int) -> ContextPlan:
+               evidence: EvidenceInput, tail: Sequence[HistoryItem], margin: int) -> ContextPlan:
         avail = self.n_ctx - self.max_tokens - margin
-        history = [m for m in history if m.role in ("user", "assistant")]
+        history = [m for m in history if m.role in ("user", "assistant", "tool")]
         chain = self.summary_chain(history, summaries)
         pos = {m.id: i for i, m in enumerate(history)}
         covered = pos[chain[-1].last_message_id] + 1 if chain else 0
         uncovered = history[covered:]
-        user = self.count(user_message) + self.message_overhead
         system, _ = self._system_costs("")
-        if system + user > avail:
-            raise ContextLengthExceeded(system + user + margin, self.n_ctx, self.max_tokens)
+        user = self.count(user_message) + self.message_overhead
+        cap, tools = self._tail_cost(tail, avail - system - user)
+        if system + user + tools > avail:
+            raise ContextLengthExceeded(system + user + tools + margin, self.n_ctx, self.max_tokens)
+        user += tools  # from here on the tail is as required as the message
         shown = list(chain)
         while shown and sum(self._system_costs(self._summary_block(shown))) + user > avail:
             shown.pop(0)  # summaries from a larger n_ctx: keep the newest that fit; a roll-up is requested
@@ -337,19 +425,31 @@ class ContextBuilder:
             request = self._summary_request(history, chain, uncovered, avail - system - ev - user, summ_all,
                                             force_rollup=len(shown) < len(chain))
         kept, dropped = self._fit_turns(uncovered, room)
-        messages = self._messages(self._summary_block(shown), kept, ev_block, user_message)
+        messages = self._messages(self._summary_block(shown), kept, ev_block, user_message, tail, cap)
         hist = sum(self._cost(m) for m in kept)
-        breakdown = {"system": system, "summaries": summ, "history": hist, "evidence": ev, "user": user,
-                     "reserved": self.max_tokens, "n_ctx": self.n_ctx}
+        breakdown = {"system": system, "summaries": summ, "history": hist, "evidence": ev, "user": user - tools,
+                     "tools": tools, "reserved": self.max_tokens, "n_ctx": self.n_ctx}
         breakdown["free"] = self.n_ctx - self.max_tokens - (system + summ + hist + ev + user)
         content = {"system": self.count(self.system_prompt) if self.system_prompt else 0,
                    "summaries": self.count(self._summary_block(shown)) if shown else 0,
-                   "history": sum(self.count(m.content) for m in kept), "evidence": ev,
-                   "user": self.count(user_message)}
+                   "history": sum(self.count(self._text(m)) for m in kept), "evidence": ev,
+                   "user": self.count(user_message), "tools": sum(self.count(self._text(m, cap)) for m in tail)}
         return ContextPlan(messages, breakdown,
                            (request.first_message_id, request.last_message_id) if request else None, request,
                            [s.id for s in shown], [m.id for m in kept], [m.id for m in dropped], ev_dropped, ev_kept,
                            content)
+
+    def _tail_cost(self, tail: Sequence[HistoryItem], room: int) -> tuple[int, int]:
+        """(cap per result, tokens) of this turn's calls and results: each result cut to ``tool_result_cap``,
+        or, when they would not fit ``room`` together, to an equal share of what the calls leave."""
+        cap = self.tool_result_cap
+        cost = sum(self._cost(m, cap) for m in tail)
+        results = [m for m in tail if m.role == "tool"]
+        if cost > room and results:
+            calls = sum(self._cost(m) for m in tail if m.role != "tool")
+            cap = max(16, (room - calls) // len(results) - self.message_overhead)
+            cost = sum(self._cost(m, cap) for m in tail)
+        return cap, cost
 
     def _fit_turns(self, uncovered: Sequence[HistoryItem], room: int) -> tuple[list, list]:
         """Leave out the oldest whole turns until the rest fits ``room`` tokens."""
@@ -360,24 +460,32 @@ class ContextBuilder:
         return [m for t in turns for m in t], dropped
 
     def _messages(self, summary_block: str, kept: Sequence[HistoryItem], evidence_block: str,
-                  user_message: str) -> list[ChatMessage]:
-        out: list[ChatMessage] = []
+                  user_message: str, tail: Sequence[HistoryItem] = (), cap: int | None = None) -> list[ChatMessage]:
         system = "\n\n".join(p for p in (self.system_prompt, summary_block) if p)
-        if system:
-            out.append(ChatMessage("system", system))
+        msgs = [ChatMessage("system", system)] if system else []
         for m in kept:
-            if not m.content:
-                continue
-            if out and out[-1].role == m.role:
-                out[-1] = ChatMessage(m.role, out[-1].content + "\n\n" + m.content)
+            if m.role == "tool" or _calls(m):
+                msgs.append(self._tool_message(m))
+            elif m.content:
+                msgs.append(ChatMessage(m.role, m.content))
+        msgs.append(ChatMessage("user", with_evidence(evidence_block, user_message)))
+        msgs.extend(self._tool_message(m, cap) for m in tail)
+        out: list[ChatMessage] = []
+        for m in _pair_calls(msgs):
+            prev = out[-1] if out else None
+            if prev and prev.role == m.role and m.role in ("user", "assistant") and not (prev.tool_calls
+                                                                                       or m.tool_calls):
+                out[-1] = ChatMessage(m.role, prev.content + "\n\n" + m.content)
             else:
-                out.append(ChatMessage(m.role, m.content))
-        final = with_evidence(evidence_block, user_message)
-        if out and out[-1].role == "user":
-            out[-1] = ChatMessage("user", out[-1].content + "\n\n" + final)
-        else:
-            out.append(ChatMessage("user", final))
+                out.append(m)
         return out
+
+    def _tool_message(self, m: HistoryItem, cap: int | None = None) -> ChatMessage:
+        """A call (assistant, with its calls) or a result (cut to ``cap`` tokens) as the engine takes it."""
+        if m.role == "tool":
+            return ChatMessage("tool", self._text(m, cap), tool_call_id=getattr(m, "tool_call_id", None),
+                               name=getattr(m, "name", None))
+        return ChatMessage(m.role, m.content, tool_calls=_calls(m))
 
     # ---- what to summarize --------------------------------------------------------------------------------------
 
@@ -415,7 +523,7 @@ class ContextBuilder:
                         max_words: int) -> str:
         """The summary prompt, with the longest message texts shortened (marked […]) until the messages fit
         ``capacity`` tokens."""
-        items = [_Item(m.id, m.role, m.content) for m in block]
+        items = [_Item(m.id, "tool result" if m.role == "tool" else m.role, _summary_text(m)) for m in block]
         for _ in range(32):
             over = sum(self._cost(m) for m in items) - capacity
             if over <= 0:

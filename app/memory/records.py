@@ -3,7 +3,14 @@
 The dataclasses a store hands out (``Conversation``, ``Message``, ``Summary``, ``Citation``, ``SearchHit``,
 ``ConversationData``), the content addresses (``message_id``, ``summary_id``; ``provisional_id`` for a message
 still streaming), the JSON field codec (``dumps_json``, ``loads_json``: a field that does not parse loads as
-``{}`` with a warning) and the export format's name and version. Both ``app.memory.store`` (SQLite) and
+``{}`` with a warning; ``dumps_calls``, ``loads_calls`` for a message's tool calls) and the export format's name
+and version.
+
+Tool use is stored as ordinary messages, so it is as append-only as the rest: an assistant message that calls
+tools carries ``tool_calls`` (``app.engine.tools.ToolCall``: id, name, arguments as JSON text), and each result
+is a message of role ``tool`` with ``tool_call_id`` and ``name``, holding the whole result text. The tool fields
+are part of the content address (a call of ``f`` and a call of ``g``, both with no text, are different
+messages); a message without them keeps the address it always had. Both ``app.memory.store`` (SQLite) and
 ``app.memory.transfer`` (export/import) build on this module; it imports neither, so the two never need each
 other's private names. Times are ISO 8601 UTC strings (microseconds), which sort as text.
 """
@@ -18,11 +25,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from app.engine.tools import ToolCall
+
 log = logging.getLogger(__name__)
 
 STATUSES = ("complete", "incomplete", "error")
 EXPORT_FORMAT = "hearth.conversation"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: messages carry tool_calls, tool_call_id and name (version 1 files still import)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -52,7 +61,9 @@ class Conversation:
 @dataclass(frozen=True)
 class Message:
     """One stored message. ``token_count`` in tokens of the model that was loaded when it was stored (None if
-    unknown). ``status``: complete | incomplete (streaming, or the process died mid-answer) | error."""
+    unknown). ``status``: complete | incomplete (streaming, or the process died mid-answer) | error.
+    ``tool_calls``: the calls an assistant message made; ``tool_call_id`` and ``name``: which call a ``tool``
+    message answers (its ``content`` is the whole result, never cut)."""
 
     id: str
     conversation_id: str
@@ -64,9 +75,14 @@ class Message:
     created: str = ""
     status: str = "complete"
     meta: dict = field(default_factory=dict)
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["tool_calls"] = calls_to_list(self.tool_calls)
+        return d
 
 
 @dataclass(frozen=True)
@@ -144,9 +160,15 @@ def parent_key(parent_id: str | None, conversation_id: str) -> str:
     return parent_id if parent_id else f"conversation:{conversation_id}"
 
 
-def message_id(role: str, content: str, parent_id: str | None, conversation_id: str) -> str:
-    """The content address of a message: sha256 hex over ``[parent key, role, content]`` (JSON, UTF-8)."""
-    payload = json.dumps([parent_key(parent_id, conversation_id), role, content], ensure_ascii=False)
+def message_id(role: str, content: str, parent_id: str | None, conversation_id: str,
+               tool_calls: tuple[ToolCall, ...] | list = (), tool_call_id: str | None = None,
+               name: str | None = None) -> str:
+    """The content address of a message: sha256 hex over ``[parent key, role, content]`` (JSON, UTF-8), with
+    ``{"tool_calls", "tool_call_id", "name"}`` appended when the message has any of them."""
+    parts: list[Any] = [parent_key(parent_id, conversation_id), role, content]
+    if tool_calls or tool_call_id is not None or name is not None:
+        parts.append({"tool_calls": calls_to_list(tool_calls), "tool_call_id": tool_call_id, "name": name})
+    payload = json.dumps(parts, ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -184,3 +206,45 @@ def loads_json(raw: Any, what: str, warnings: list[str] | None) -> dict:
     if warnings is not None:
         warnings.append(msg)
     return {}
+
+
+def calls_to_list(calls: tuple[ToolCall, ...] | list) -> list[dict[str, str]]:
+    """Tool calls as JSON-ready dicts ``{id, name, arguments}`` (dicts pass through as those three keys)."""
+    out = []
+    for c in calls:
+        d = c if isinstance(c, dict) else {"id": c.id, "name": c.name, "arguments": c.arguments}
+        out.append({"id": d["id"], "name": d["name"], "arguments": d["arguments"]})
+    return out
+
+
+def calls_from_list(raw: Any, what: str) -> tuple[ToolCall, ...]:
+    """``[{id, name, arguments}, ...]`` → ``ToolCall``s; ``ValueError`` naming ``what`` when malformed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ValueError(f"{what} must be a list of {{id, name, arguments}}")
+    calls = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in ("id", "name", "arguments")):
+            raise ValueError(f"{what}[{i}] needs id, name and arguments as text")
+        calls.append(ToolCall(c["id"], c["name"], c["arguments"]))
+    return tuple(calls)
+
+
+def dumps_calls(calls: tuple[ToolCall, ...] | list) -> str | None:
+    """A message's tool calls as stored: a JSON array, or None when it made none."""
+    return json.dumps(calls_to_list(calls), ensure_ascii=False) if calls else None
+
+
+def loads_calls(raw: Any, what: str, warnings: list[str] | None) -> tuple[ToolCall, ...]:
+    """Parse a stored tool-calls field; on failure log, record a warning and return () (the row still loads)."""
+    if raw is None or raw == "":
+        return ()
+    try:
+        return calls_from_list(json.loads(raw), what)
+    except (TypeError, ValueError) as exc:
+        msg = f"{what} is not a valid list of tool calls ({exc}); loaded as none"
+    log.warning("%s", msg)
+    if warnings is not None:
+        warnings.append(msg)
+    return ()

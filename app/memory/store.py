@@ -26,6 +26,10 @@ Design decisions held here:
 - **Degrade, don't fail, on bad rows.** A JSON field (``conversations.settings``, ``messages.meta``,
   ``summaries.settings``) that does not parse (edited by hand) loads as ``{}`` with a logged warning and an
   entry in ``ConversationData.warnings``; other rows and conversations load normally.
+- **Tool use is messages too** (m004): an assistant message's ``tool_calls`` (a JSON array) and a ``tool``
+  message's ``tool_call_id`` / ``tool_name`` are columns under the same immutability trigger, and part of the
+  content address (``records.message_id``). A tool result is stored whole, however large; the context builder
+  cuts it in the prompt, never here.
 - **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
   INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
   a search always finds what was actually said.
@@ -41,13 +45,14 @@ import re
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
 from sqlite_utils import Database, Migrations
 
+from app.engine.tools import ToolCall
 from app.errors import InvalidRequest, StoreError
 from app.memory import transfer
 from app.memory.records import (
@@ -58,7 +63,9 @@ from app.memory.records import (
     Message,
     SearchHit,
     Summary,
+    dumps_calls,
     dumps_json,
+    loads_calls,
     loads_json,
     message_id,
     now,
@@ -160,6 +167,23 @@ def m003_messages_fts(db: Database) -> None:
             INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
         END""")
     db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")  # index rows that predate it
+
+
+@migrations()
+def m004_tool_messages(db: Database) -> None:
+    db.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT")  # JSON [{id, name, arguments}]; NULL: none
+    db.execute("ALTER TABLE messages ADD COLUMN tool_call_id TEXT")  # a tool message: the call it answers
+    db.execute("ALTER TABLE messages ADD COLUMN tool_name TEXT")
+    # The same rule as m001's trigger, now also over the tool columns (a trigger cannot be altered in place).
+    db.execute("DROP TRIGGER messages_immutable")
+    db.execute("""
+        CREATE TRIGGER messages_immutable
+        BEFORE UPDATE OF id, conversation_id, parent_id, role, content, reasoning, status, tool_calls,
+                         tool_call_id, tool_name ON messages
+        WHEN old.status != 'incomplete'
+        BEGIN
+            SELECT RAISE(ABORT, 'hearth: a finished message cannot be changed (history is append-only)');
+        END""")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -340,30 +364,37 @@ class Store:
             self._require_message(parent_id, conversation_id)
 
     def _insert_message(self, db: Database, row: dict) -> None:
+        row = {"tool_calls": None, "tool_call_id": None, "tool_name": None, **row}
         db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, reasoning, token_count, "
-                   "created, status, meta) VALUES (:id, :conversation_id, :parent_id, :role, :content, "
-                   ":reasoning, :token_count, :created, :status, :meta)", row)
+                   "created, status, meta, tool_calls, tool_call_id, tool_name) VALUES (:id, :conversation_id, "
+                   ":parent_id, :role, :content, :reasoning, :token_count, :created, :status, :meta, :tool_calls, "
+                   ":tool_call_id, :tool_name)", row)
 
     def append_message(self, conversation_id: str, role: str, content: str, parent_id: str | None = None, *,
                        reasoning: str | None = None, token_count: int | None = None, status: str = "complete",
-                       meta: dict | None = None, set_current: bool = True) -> str:
+                       meta: dict | None = None, set_current: bool = True, tool_calls: Sequence[ToolCall] = (),
+                       tool_call_id: str | None = None, name: str | None = None) -> str:
         """Append a finished message under ``parent_id`` (None: a first message); return its content id.
 
-        The same role and content under the same parent return the existing id and change nothing (the first
-        writer's token_count/meta stay). ``token_count`` in tokens. ``set_current`` moves the tip to it."""
+        The same role, content and tool fields under the same parent return the existing id and change nothing
+        (the first writer's token_count/meta stay). ``token_count`` in tokens. ``set_current`` moves the tip to
+        it. ``tool_calls``: the calls an assistant message makes; a ``tool`` message (a result) names the call
+        it answers with ``tool_call_id`` and the tool's ``name``."""
         if not isinstance(content, str):
             raise InvalidRequest("content must be text", param="content")
         if status == "incomplete":
             raise InvalidRequest("use begin_streaming_message for an incomplete message", param="status")
         self._check_new(conversation_id, role, parent_id, status)
-        mid = message_id(role, content, parent_id, conversation_id)
+        calls = tuple(tool_calls)
+        mid = message_id(role, content, parent_id, conversation_id, calls, tool_call_id, name)
         ts = now()
         with self._tx() as db:
             if not db.execute("SELECT 1 FROM messages WHERE id = ?", [mid]).fetchone():
                 self._insert_message(db, dict(id=mid, conversation_id=conversation_id, parent_id=parent_id,
                                               role=role, content=content, reasoning=reasoning,
                                               token_count=token_count, created=ts, status=status,
-                                              meta=dumps_json(meta)))
+                                              meta=dumps_json(meta), tool_calls=dumps_calls(calls),
+                                              tool_call_id=tool_call_id, tool_name=name))
             self._touch(db, conversation_id, mid if set_current else None, ts)
         return mid
 
@@ -399,10 +430,11 @@ class Store:
 
     def finish_message(self, message_id: str, status: str = "complete", *, content: str | None = None,
                        reasoning: str | None = None, token_count: int | None = None,
-                       meta: dict | None = None) -> str:
+                       meta: dict | None = None, tool_calls: Sequence[ToolCall] | None = None) -> str:
         """End a streamed message with ``status`` complete or error; ``content`` replaces the text if given,
-        ``meta`` is merged into its meta. Returns the final id: for ``complete`` the content hash (the
-        provisional row is re-keyed, or dropped in favour of an identical existing sibling), else the same id."""
+        ``meta`` is merged into its meta, ``tool_calls`` (if given) are the calls the answer made. Returns the
+        final id: for ``complete`` the content hash (the provisional row is re-keyed, or dropped in favour of an
+        identical existing sibling), else the same id."""
         if status not in ("complete", "error"):
             raise InvalidRequest(f"status must be complete or error, got {status!r}", param="status")
         with self._tx() as db:
@@ -413,14 +445,16 @@ class Store:
             final = dict(row, content=row["content"] if content is None else content,
                          reasoning=row["reasoning"] if reasoning is None else reasoning,
                          token_count=row["token_count"] if token_count is None else token_count,
-                         status=status, meta=dumps_json(merged))
+                         status=status, meta=dumps_json(merged),
+                         tool_calls=row["tool_calls"] if tool_calls is None else dumps_calls(tuple(tool_calls)))
             final.pop("seq")
             new_id = message_id
             if status == "complete" and not self._has_dependents(db, message_id):
                 new_id = self._rekey(db, final)
             if new_id == message_id:
                 db.execute("UPDATE messages SET content = :content, reasoning = :reasoning, "
-                           "token_count = :token_count, meta = :meta, status = :status WHERE id = :id", final)
+                           "token_count = :token_count, meta = :meta, tool_calls = :tool_calls, status = :status "
+                           "WHERE id = :id", final)
             cur = db.execute("SELECT current_message_id FROM conversations WHERE id = ?",
                              [row["conversation_id"]]).fetchone()
             self._touch(db, row["conversation_id"], new_id if cur and cur[0] == message_id else None, now())
@@ -433,7 +467,9 @@ class Store:
 
     def _rekey(self, db: Database, final: dict) -> str:
         old = final["id"]
-        new = message_id(final["role"], final["content"], final["parent_id"], final["conversation_id"])
+        new = message_id(final["role"], final["content"], final["parent_id"], final["conversation_id"],
+                         loads_calls(final["tool_calls"], "tool_calls", None), final["tool_call_id"],
+                         final["tool_name"])
         if new == old:
             return old
         if not db.execute("SELECT 1 FROM messages WHERE id = ?", [new]).fetchone():
@@ -447,7 +483,9 @@ class Store:
         return Message(id=row["id"], conversation_id=row["conversation_id"], parent_id=row["parent_id"],
                        role=row["role"], content=row["content"] if isinstance(row["content"], str) else "",
                        reasoning=row["reasoning"], token_count=row["token_count"], created=row["created"],
-                       status=status, meta=loads_json(row["meta"], f"message {row['id']}: meta", warnings))
+                       status=status, meta=loads_json(row["meta"], f"message {row['id']}: meta", warnings),
+                       tool_calls=loads_calls(row["tool_calls"], f"message {row['id']}: tool_calls", warnings),
+                       tool_call_id=row["tool_call_id"], name=row["tool_name"])
 
     def get_message(self, message_id: str) -> Message:
         return self._message_from_row(self._require_message(message_id))
@@ -634,7 +672,9 @@ class Store:
             self._insert_message(db, dict(id=m["id"], conversation_id=conv["id"], parent_id=m.get("parent_id"),
                                           role=m["role"], content=m["content"], reasoning=m.get("reasoning"),
                                           token_count=m.get("token_count"), created=m["created"],
-                                          status=m.get("status", "complete"), meta=dumps_json(m.get("meta"))))
+                                          status=m.get("status", "complete"), meta=dumps_json(m.get("meta")),
+                                          tool_calls=dumps_calls(m.get("tool_calls") or ()),
+                                          tool_call_id=m.get("tool_call_id"), tool_name=m.get("name")))
         for s in doc["summaries"]:
             db.execute("INSERT INTO summaries (id, conversation_id, text, first_message_id, last_message_id, "
                        "model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

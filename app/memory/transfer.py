@@ -1,14 +1,17 @@
 """Export and import of one conversation: JSON (canonical) and Markdown (readable, and parseable back).
 
-JSON document (``format: "hearth.conversation"``, ``version: 1``)::
+JSON document (``format: "hearth.conversation"``, ``version: 2``)::
 
-    {"format": "hearth.conversation", "version": 1,
+    {"format": "hearth.conversation", "version": 2,
      "conversation": {id, title, model, settings, created, updated, current_message_id},
-     "messages":  [{id, parent_id, role, content, reasoning, token_count, created, status, meta}, ...],
+     "messages":  [{id, parent_id, role, content, reasoning, token_count, created, status, meta,
+                    tool_calls: [{id, name, arguments}], tool_call_id, name}, ...],
      "summaries": [{id, text, first_message_id, last_message_id, model, settings, created}, ...],
      "citations": [{message_id, evidence_id, path, page, quote}, ...]}
 
-Messages are listed parents first (the order they were stored). Importing keeps every id.
+Messages are listed parents first (the order they were stored). Importing keeps every id. Tool use travels
+as it is stored: the assistant message's ``tool_calls`` and each ``tool`` message with its whole result (the
+cut a prompt may show is never exported). Version 1 documents (no tool fields) import unchanged.
 
 Markdown: a heading per message for people, and before each message/summary text an HTML comment that machines
 read: ``<!-- hearth:message {JSON} -->``. The JSON holds every field but the text, plus ``length``, the text's
@@ -34,13 +37,16 @@ from app.memory.records import (
     EXPORT_VERSION,
     STATUSES,
     ConversationData,
+    calls_from_list,
+    calls_to_list,
     message_id,
     provisional_id,
     summary_id,
 )
 
 _MARKER = re.compile(r"^<!-- hearth:(conversation|message|summary) (\{.*\}) -->$", re.MULTILINE)
-_MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "reasoning", "token_count", "created", "status", "meta")
+_MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "reasoning", "token_count", "created", "status", "meta",
+                   "tool_calls", "tool_call_id", "name")
 _SUMMARY_FIELDS = ("id", "text", "first_message_id", "last_message_id", "model", "settings", "created")
 
 
@@ -50,7 +56,7 @@ def to_dict(data: ConversationData) -> dict[str, Any]:
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
         "conversation": data.conversation.to_dict(),
-        "messages": [{k: getattr(m, k) for k in _MESSAGE_FIELDS} for m in data.messages],
+        "messages": [{k: d[k] for k in _MESSAGE_FIELDS} for d in (m.to_dict() for m in data.messages)],
         "summaries": [{k: getattr(s, k) for k in _SUMMARY_FIELDS} for s in data.summaries],
         "citations": [c.to_dict() for c in data.citations],
     }
@@ -72,11 +78,16 @@ def to_markdown(data: ConversationData) -> str:
     for c in doc["citations"]:
         cites.setdefault(c["message_id"], []).append(c)
     for m in doc["messages"]:
-        head = m["role"].capitalize() + ("" if m["status"] == "complete" else f" ({m['status']})")
+        head = m["role"].capitalize() + (f" ({m['name']})" if m.get("name") else "")
+        head += "" if m["status"] == "complete" else f" ({m['status']})"
         meta = {k: m[k] for k in _MESSAGE_FIELDS if k != "content"}
         meta["citations"] = [{k: v for k, v in c.items() if k != "message_id"} for c in cites.get(m["id"], [])]
         meta["length"] = len(m["content"])
         out += [f"## {head}\n\n", _comment("message", meta), "\n", m["content"], "\n\n"]
+        for call in m.get("tool_calls") or ():
+            out.append(f"- calls `{call['name']}` with `{call['arguments']}`\n")
+        if m.get("tool_calls"):
+            out.append("\n")
         for c in meta["citations"]:
             page = f", page {c['page']}" if c.get("page") is not None else ""
             out.append(f"- source: {c.get('path') or c['evidence_id']}{page}\n")
@@ -151,12 +162,21 @@ def _validate(doc: dict[str, Any]) -> dict[str, Any]:
     conv = doc.get("conversation")
     if not isinstance(conv, dict) or not all(isinstance(conv.get(k), str) for k in ("id", "created", "updated")):
         raise _bad("conversation needs id, created and updated")
-    msgs = doc.get("messages") or []
+    msgs = [dict(m) if isinstance(m, dict) else m for m in doc.get("messages") or []]
     for m in msgs:
+        if not isinstance(m, dict):
+            raise _bad("every message must be an object")
         if not all(isinstance(m.get(k), str) for k in ("id", "role", "content", "created")):
             raise _bad("every message needs id, role, content and created as text")
         if m.get("status", "complete") not in STATUSES:
             raise _bad(f"message {m['id']}: status {m.get('status')!r}")
+        try:
+            m["tool_calls"] = calls_to_list(calls_from_list(m.get("tool_calls"), f"message {m['id']}: tool_calls"))
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+        for k in ("tool_call_id", "name"):
+            if m.get(k) is not None and not isinstance(m[k], str):
+                raise _bad(f"message {m['id']}: {k} must be text")
     ids = {m["id"] for m in msgs}
     for s in doc.get("summaries") or []:
         if s.get("first_message_id") not in ids or s.get("last_message_id") not in ids:
@@ -195,7 +215,8 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
     for m in doc["messages"]:
         parent = idmap.get(m["parent_id"]) if m.get("parent_id") else None
         if m.get("status", "complete") == "complete":
-            new = message_id(m["role"], m["content"], parent, new_conversation_id)
+            new = message_id(m["role"], m["content"], parent, new_conversation_id, m.get("tool_calls") or (),
+                             m.get("tool_call_id"), m.get("name"))
         else:
             new = provisional_id(m["role"], parent, new_conversation_id)
         idmap[m["id"]] = new
