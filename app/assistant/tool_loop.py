@@ -85,6 +85,7 @@ class ToolResultShown:
 
     @property
     def is_error(self) -> bool:
+        """Anything but "ok": the model was told the call did not give what it asked for."""
         return self.outcome != "ok"
 
 
@@ -158,6 +159,7 @@ class ToolBox:
 
     @property
     def cancelled(self) -> bool:
+        """Stop was asked for during this turn."""
         return self._cancel.is_set()
 
     # ---- one step's calls ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ regeneration as a sibling branch), as ``ChatRow`` values. No Qt; reads the ``Sto
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.ui.models import ChatRow
@@ -24,14 +25,33 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
     if tip is None:
         return []
     rows = []
+    calls: dict[str, Any] = {}
     for m in store.path_to(tip):
         sibs = store.children(m.parent_id, conversation_id)
         ids = tuple(s.id for s in sibs) or (m.id,)
         pos = ids.index(m.id) + 1 if m.id in ids else 1
         cites = [c.to_dict() for c in store.citations_for(m.id)]
-        rows.append(ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
-                            cites))
+        row = ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
+                      cites, tool_calls=m.tool_calls)
+        calls.update((c.id, c) for c in m.tool_calls)
+        rows.append(tool_row(row, m, calls.get(m.tool_call_id or "")) if m.role == "tool" else row)
     return rows
+
+
+def tool_row(row: ChatRow, m: Any, call: Any) -> ChatRow:
+    """A stored ``tool`` message as the row of its call: the call's arguments and how it went (its meta)."""
+    meta = m.meta
+    return replace(row, call_id=m.tool_call_id, tool_name=m.name or "", server=str(meta.get("server") or ""),
+                   tool=str(meta.get("tool") or m.name or ""), arguments=call.arguments if call else "",
+                   tool_state=str(meta.get("outcome") or "ok"), notice=meta.get("error"),
+                   size_bytes=int(meta.get("size_bytes") or len(m.content.encode("utf-8"))))
+
+
+def turn_start(store: Any, message_id: str) -> str:
+    """The person's message that began the turn ``message_id`` belongs to (itself for a user message): the
+    message a regeneration answers again, tool calls and all."""
+    path = store.path_to(message_id)
+    return next((m.id for m in reversed(path) if m.role == "user"), message_id)
 
 
 def sibling_tip(store: Any, row: ChatRow, step: int) -> str | None:

@@ -6,9 +6,14 @@ The window's only part in a turn is showing its events: the worker iterates ``As
 the pipeline, exactly as for ``hearth chat`` and the port. The window's turns are ``Caller.WINDOW``'s
 (priority 1): the engine admits them before API requests waiting for a slot.
 
+Tools: with a ``ToolsController`` whose ``mcp.json`` lists servers, each turn gets its ``ToolBox``; the loop's
+events come out as ``tool_call(ToolCallRequested)``, ``tool_result(ToolResultShown)`` and ``tool_notice(str)``.
+A call that needs permission waits on the worker until ``answer(call_id, Permission)`` (the window's buttons).
+
 Stop cancels the engine ``Generation`` directly (``Assistant.cancel``), so it works during a long prefill
-too, when no item is flowing that a ``quit()`` flag could be checked against. The partial answer is kept in
-the store with status ``error`` (``meta.error = "Cancelled"``).
+too, when no item is flowing that a ``quit()`` flag could be checked against; a turn waiting for the person's
+answer or for a tool is released too. The partial answer is kept in the store with status ``error``
+(``meta.error = "Cancelled"``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,18 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.assistant import Assistant, Caller, EvidenceFound, TextDelta, TurnDone, given
+from app.assistant import (
+    Assistant,
+    Caller,
+    EvidenceFound,
+    Permission,
+    TextDelta,
+    ToolCallRequested,
+    ToolNotice,
+    ToolResultShown,
+    TurnDone,
+    given,
+)
 from app.errors import Cancelled
 from app.ui.workers import GeneratorWorker, WorkerPool
 
@@ -27,35 +43,46 @@ log = logging.getLogger(__name__)
 
 
 def run_turn(assistant: Assistant, conversation_id: str, text: str | None, **kw: Any) -> Iterator[tuple]:
-    """The worker's generator: ``("evidence", [dict])`` and ``("delta", text)`` items; returns the
-    ``TurnDone``."""
+    """The worker's generator: ``("evidence", [dict])``, ``("delta", text)``, ``("tool_call", request)``,
+    ``("tool_result", shown)`` and ``("tool_notice", text)`` items; returns the ``TurnDone``."""
     done = None
     for item in assistant.turn(conversation_id, text, **kw):
         if isinstance(item, EvidenceFound):
             yield ("evidence", given(item.evidence))
         elif isinstance(item, TextDelta):
             yield ("delta", item.text)
+        elif isinstance(item, ToolCallRequested):
+            yield ("tool_call", item)
+        elif isinstance(item, ToolResultShown):
+            yield ("tool_result", item)
+        elif isinstance(item, ToolNotice):
+            yield ("tool_notice", item.text)
         elif isinstance(item, TurnDone):
             done = item
     return done
 
 
 class ChatController(QObject):
-    """Signals: ``busy_changed(bool)``, ``evidence(list[dict])``, ``delta(str)``, ``finished(TurnDone)``,
-    ``failed(exc)`` (``Cancelled`` when stopped). ``documents()``: the ``DocumentSource`` turns search (None:
-    no documents)."""
+    """Signals: ``busy_changed(bool)``, ``evidence(list[dict])``, ``delta(str)``, ``tool_call(request)``,
+    ``tool_result(shown)``, ``tool_notice(str)``, ``finished(TurnDone)``, ``failed(exc)`` (``Cancelled`` when
+    stopped). ``documents()``: the ``DocumentSource`` turns search (None: no documents); ``tools``: the
+    ``ToolsController`` (None: no tools)."""
 
     busy_changed = Signal(bool)
     evidence = Signal(list)
     delta = Signal(str)
+    tool_call = Signal(object)
+    tool_result = Signal(object)
+    tool_notice = Signal(str)
     finished = Signal(object)
     failed = Signal(object)
 
     def __init__(self, pool: WorkerPool, store: Any, engine_ctl: Any, settings_fn: Callable[[], Any],
-                 documents: Callable[[], Any] | None = None, parent: QObject | None = None) -> None:
+                 documents: Callable[[], Any] | None = None, tools: Any = None,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.pool, self.store, self.engine_ctl = pool, store, engine_ctl
-        self.settings_fn, self.documents = settings_fn, documents
+        self.settings_fn, self.documents, self.tools = settings_fn, documents, tools
         self._worker: GeneratorWorker | None = None
         self._assistant: Assistant | None = None
 
@@ -75,8 +102,9 @@ class ChatController(QObject):
             return False
         user = self.settings_fn()
         docs = self.documents() if self.documents is not None else None
+        box = self.tools.toolbox() if self.tools is not None else None
         self._assistant = Assistant(engine, self.store, decoding=user.decoding, system_prompt=user.system_prompt,
-                                    documents=docs, caller=Caller.WINDOW)
+                                    documents=docs, caller=Caller.WINDOW, tools=box)
         worker = GeneratorWorker(run_turn, self._assistant, conversation_id, text, **kw)
         self._worker = worker
         self.busy_changed.emit(True)
@@ -86,7 +114,13 @@ class ChatController(QObject):
 
     def _item(self, item: tuple) -> None:
         kind, payload = item
-        (self.delta if kind == "delta" else self.evidence).emit(payload)
+        {"delta": self.delta, "evidence": self.evidence, "tool_call": self.tool_call,
+         "tool_result": self.tool_result, "tool_notice": self.tool_notice}[kind].emit(payload)
+
+    def answer(self, call_id: str, permission: Permission) -> None:
+        """The person's answer to a call the running turn asks about."""
+        if self.tools is not None:
+            self.tools.answer(call_id, permission)
 
     def _returned(self, done: Any) -> None:
         """The worker's result: the ``TurnDone``, or None when Stop closed the turn before it ended (then the
@@ -104,5 +138,7 @@ class ChatController(QObject):
         """Stop the answer being written (within one token or one prefill chunk)."""
         if self._assistant is not None:
             self._assistant.cancel()
+        if self.tools is not None:
+            self.tools.release_all()
         if self._worker is not None:
             self._worker.quit()

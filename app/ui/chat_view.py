@@ -4,7 +4,9 @@ Each message is a ``MessageWidget`` with a ``MarkdownView`` (a ``QTextBrowser`` 
 Markdown renderer, plus a "Copy code" link under each code block, see ``app.ui.markdown``). The view listens to
 the model: a reset rebuilds the bubbles, an insert adds one, a change marks the row dirty, and dirty rows are
 re-rendered by a timer every ``RENDER_INTERVAL_MS`` — so a fast stream costs one Markdown layout per tick, not
-per token (the throttle idea of qutebrowser's ``misc/throttle.py``).
+per token (the throttle idea of qutebrowser's ``misc/throttle.py``). A ``tool`` row is a ``ToolCallWidget``
+(``app.ui.tool_view``: the call, the permission buttons, the result collapsed); an assistant message that only
+made calls shows no body, just "calls a tool".
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
 from app.ui.formatting import file_name
 from app.ui.markdown import copy_index, with_copy_links
 from app.ui.models import ChatModel, ChatRow
+from app.ui.tool_view import ToolCallWidget
 
 RENDER_INTERVAL_MS = 50
 
@@ -135,6 +138,7 @@ class MessageWidget(QFrame):
     def render(self) -> None:
         r = self.row
         self.body.set_content(r.content or ("…" if r.streaming else ""), markdown=r.role == "assistant")
+        self.body.setVisible(bool(r.content or r.streaming or not r.tool_calls))
         self.thinking.setVisible(bool(r.reasoning))
         if r.reasoning:
             self.reasoning.set_content(r.reasoning)
@@ -152,6 +156,9 @@ class MessageWidget(QFrame):
 def _status_text(r: ChatRow) -> str:
     if r.streaming:
         return "<i>writing…</i>"
+    if r.tool_calls:
+        n = len(r.tool_calls)
+        return "<i>calls a tool</i>" if n == 1 else f"<i>calls {n} tools</i>"
     if r.status == "error":
         return "<i>stopped</i>" if r.content else "<i>no answer</i>"
     if r.status == "incomplete":
@@ -203,7 +210,7 @@ class ChatView(QWidget):
     def __init__(self, model: ChatModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
-        self.widgets: list[MessageWidget] = []
+        self.widgets: list[MessageWidget | ToolCallWidget] = []
         self._dirty: set[int] = set()
         self._timer = QTimer(self, interval=RENDER_INTERVAL_MS, singleShot=True)
         self._timer.timeout.connect(self._render_dirty)
@@ -272,7 +279,8 @@ class ChatView(QWidget):
         self._scroll_to_end()
 
     def _add(self, i: int) -> None:
-        w = MessageWidget(self.model.item(i), self.container)
+        row = self.model.item(i)
+        w = (ToolCallWidget if row.role == "tool" else MessageWidget)(row, self.container)
         w.action.connect(self.message_action.emit)
         self.column.insertWidget(self.column.count() - 1, w)
         self.widgets.insert(i, w)

@@ -1,6 +1,7 @@
 """``AppContext``: what one window works with — user settings, the conversation store, the worker pool and
-the controllers. Built once per window; ``close()`` stops everything in order (chat, downloads, ingest, port,
-engine, then the pool) so that no worker thread or child process outlives the window."""
+the controllers (MCP tools included). Built once per window; ``close()`` stops everything in order (chat,
+downloads, ingest, port, engine, the pool, then the MCP servers) so that no worker thread or child process
+outlives the window."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from app.ui.download_ctl import DownloadController
 from app.ui.engine_ctl import EngineController, LoadJob
 from app.ui.hub import HubClient
 from app.ui.server_ctl import ServerController
+from app.ui.tools_ctl import ToolsController
 from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,9 @@ class AppContext(QObject):
         self.pool = WorkerPool(max_threads=6, parent=self)
         self.engine = EngineController(self.pool, self)
         self.docs = DocumentsController(self.pool, self)
+        self.tools = ToolsController(parent=self)
         self.chat = ChatController(self.pool, self.store, self.engine, lambda: self.settings,
-                                   documents=self.docs.source, parent=self)
+                                   documents=self.docs.source, tools=self.tools, parent=self)
         self.server = ServerController(self.pool, self.engine.current, documents=self.docs.source,
                                        embedder=self.docs.embedder, parent=self)
         self.downloads = DownloadController(self.pool, hub, self)
@@ -86,6 +89,7 @@ class AppContext(QObject):
         self.engine.shutdown()
         if not self.pool.shutdown(20000):
             log.warning("workers still running at exit")
+        self.tools.close()
         self.docs.shutdown()
         self.store.close()
 

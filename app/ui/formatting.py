@@ -67,6 +67,7 @@ def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
 
 _PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),
           ("Document evidence", "evidence"), ("Your message", "user"),
+          ("This turn's tool calls and results", "tools"),
           ("Chat template (role markers, BOS)", "template"))
 
 
@@ -116,7 +117,8 @@ def context_tooltip(breakdown: dict[str, Any], metrics: dict[str, Any] | None = 
         lines.append(f"  Prompt, as the model counted it (with the chat template): {_int(metrics, 'prompt_tokens')}")
         # answers since the turn pipeline carry an exact breakdown (its ``template`` part); older ones an estimate
         lines.append("  Per part:" if "template" in breakdown else "  Estimated per part:")
-    lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS if key != "template" or key in breakdown]
+    lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS
+              if key not in ("template", "tools") or key in breakdown]
     lines.append(f"  Answer: {_int(metrics, 'completion_tokens')}")
     lines.append(f"  Reserved for the answer: {_int(breakdown, 'reserved')}")
     lines.append(f"  Free: {_int(breakdown, 'free')}")

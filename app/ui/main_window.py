@@ -2,6 +2,11 @@
 
 It wires widgets to controllers and keeps the one piece of state the widgets share: which conversation and
 branch is shown. Every slow step is a controller call that returns at once; results come back as signals.
+
+A turn with tools shows as it runs: the streaming answer stops at a call, a tool row appears (asking, with
+the permission buttons, or running), the result fills it, and the next answer streams in a new bubble below;
+at the end the branch is shown again from the store. An MCP server that fails (at start, or later) is named
+in a note under the chat with its reason; the chat goes on with the other servers' tools.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
                                QSplitter, QTabWidget, QTextBrowser, QVBoxLayout, QWidget)
 
+from app.assistant import Permission
 from app.engine import registry
 from app.errors import Cancelled, HearthError
-from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
+from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import file_name
@@ -56,6 +62,12 @@ class MainWindow(QMainWindow):
         self.ctx.pool.run(_machine_memory, on_return=lambda mem: self.models.show_recommendations(*mem))
         if ctx.settings.server.enabled:
             ctx.server.apply(ctx.settings.server)
+        self._server_notes: dict[str, str] = {}
+        ctx.tools.status_changed.connect(self._tools_status)
+        if ctx.tools.config_error:
+            self._server_notes[""] = f"mcp.json is not used: {ctx.tools.config_error}"
+            self._show_notes()
+        ctx.tools.start()
         if autoload:
             self.load_startup_model()
 
@@ -69,10 +81,12 @@ class MainWindow(QMainWindow):
         self.banner.linkActivated.connect(lambda _l: self.tabs.setCurrentWidget(self.models))
         self.error = QLabel(wordWrap=True, visible=False, styleSheet="color:#c62828")
         self.error.setObjectName("chatError")
+        self.notice = QLabel(wordWrap=True, visible=False, styleSheet="color:#8a6d00")
+        self.notice.setObjectName("chatNotice")
         center = QWidget()
         col = QVBoxLayout(center)
         col.setContentsMargins(0, 0, 0, 0)
-        for w in (self.banner, self.chat, self.error):
+        for w in (self.banner, self.chat, self.notice, self.error):
             col.addWidget(w, 1 if w is self.chat else 0)
         self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
         self.tabs = QTabWidget()
@@ -110,7 +124,10 @@ class MainWindow(QMainWindow):
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
         chat.busy_changed.connect(self.chat.set_busy)
-        chat.delta.connect(self.chat_model.append_text)
+        chat.delta.connect(self._delta)
+        chat.tool_call.connect(self._tool_call)
+        chat.tool_result.connect(self._tool_result)
+        chat.tool_notice.connect(self._tool_notice)
         chat.evidence.connect(self._evidence)
         chat.finished.connect(self._turn_finished)
         chat.failed.connect(self._turn_failed)
@@ -153,10 +170,23 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> None:
         job = self.ctx.engine.job
         model_id = registry.model_id(job.path) if job else None
-        dlg = SettingsDialog(self.ctx.settings, model_id, self)
+        dlg = SettingsDialog(self.ctx.settings, model_id, self, tools=self.ctx.tools)
         if dlg.exec() != QDialog.DialogCode.Accepted:
             return
         self.apply_settings(dlg.new_settings, model_id)
+        if dlg.new_mcp is not None:
+            self.apply_mcp(dlg.new_mcp)
+
+    def apply_mcp(self, cfg: Any) -> None:
+        """Save ``cfg`` as mcp.json and run it (servers restart in the background)."""
+        try:
+            self.ctx.tools.apply(cfg)
+        except OSError as exc:
+            self.error.setText(f"Cannot save mcp.json: {exc}")
+            self.error.setVisible(True)
+            return
+        self._server_notes = {k: v for k, v in self._server_notes.items() if k in cfg.names()}
+        self._show_notes()
 
     def apply_settings(self, new: Any, model_id: str | None) -> None:
         """Save ``new``; reload the model when its load settings or cache options changed."""
@@ -211,17 +241,74 @@ class MainWindow(QMainWindow):
         self.set_editing(None)
         self.chat.composer.clear()
         self.error.setVisible(False)
+        self._show_notes()
         self.chat_model.append(ChatRow(None, "user", text))
         self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
         self.ctx.chat.send(self.conversation_id, text, parent_id=parent, edit=edit is not None)
 
     def regenerate(self, row: ChatRow) -> None:
+        """A new answer to the person's message that began ``row``'s turn (its tool calls are made again)."""
         if row.parent_id is None or self.conversation_id is None or self.ctx.chat.busy:
             return
+        user = turn_start(self.ctx.store, row.parent_id)
         rows = self.chat_model.items()
-        self.chat_model.set_rows(rows[:rows.index(row)] if row in rows else rows)
+        start = next((i for i, r in enumerate(rows) if r.id == user), None)
+        self.chat_model.set_rows(rows[:start + 1] if start is not None else rows)
         self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
-        self.ctx.chat.regenerate(self.conversation_id, row.parent_id)
+        self.ctx.chat.regenerate(self.conversation_id, user)
+
+    # -- tools in a turn ----------------------------------------------------------------------------------
+    def _delta(self, text: str) -> None:
+        """Answer text: onto the streaming bubble, or a new one after a tool call."""
+        last = self.chat_model.item(self.chat_model.rowCount() - 1)
+        if last is None or last.role != "assistant" or not last.streaming:
+            self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
+        self.chat_model.append_text(text)
+
+    def _tool_call(self, req: Any) -> None:
+        """``req``: the turn's ``ToolCallRequested``: the answer so far stops, a tool row appears."""
+        last = self.chat_model.item(self.chat_model.rowCount() - 1)
+        if last is not None and last.role == "assistant" and last.streaming:
+            self.chat_model.update_last(streaming=False, tool_calls=(req.call,))
+        if self.chat_model.row_of_call(req.call.id) >= 0:
+            return
+        self.chat_model.append(ChatRow(None, "tool", "", call_id=req.call.id, tool_name=req.call.name,
+                                       server=req.server, tool=req.tool, arguments=req.call.arguments,
+                                       tool_state="asking" if req.needs_permission else "running"))
+
+    def _tool_result(self, shown: Any) -> None:
+        """``shown``: the turn's ``ToolResultShown``."""
+        i = self.chat_model.row_of_call(shown.call.id)
+        if i >= 0:
+            self.chat_model.update_row(i, id=shown.message_id, content=shown.text, tool_state=shown.outcome,
+                                       notice=shown.notice, size_bytes=shown.size_bytes,
+                                       prompt_note=shown.prompt_note)
+
+    def _tool_notice(self, text: str) -> None:
+        self.notice.setText(text)
+        self.notice.setVisible(True)
+
+    def answer_tool(self, row: ChatRow, permission: Permission) -> None:
+        """The person's answer to the call of ``row`` (its buttons)."""
+        if row.call_id is None or row.tool_state != "asking":
+            return
+        i = self.chat_model.row_of_call(row.call_id)
+        if i >= 0:
+            self.chat_model.update_row(i, tool_state="running")
+        self.ctx.chat.answer(row.call_id, permission)
+
+    def _tools_status(self, status: Any) -> None:
+        """A server's ``ServerStatus``: a failure is named under the chat until it runs again."""
+        if status.state == "failed":
+            self._server_notes[status.name] = f"MCP server {status.name!r} failed: {status.error}"
+        elif status.state in ("ready", "stopped"):
+            self._server_notes.pop(status.name, None)
+        self._show_notes()
+
+    def _show_notes(self) -> None:
+        text = "\n".join(self._server_notes.values())
+        self.notice.setText(text)
+        self.notice.setVisible(bool(text))
 
     def _evidence(self, evidence: list) -> None:
         self.last_evidence = evidence
@@ -249,7 +336,10 @@ class MainWindow(QMainWindow):
 
     # -- message actions ----------------------------------------------------------------------------------
     def message_action(self, name: str, row: ChatRow) -> None:
-        if name == "edit":
+        answers = {"allow_once": Permission.ONCE, "allow_always": Permission.ALWAYS, "deny": Permission.DENY}
+        if name in answers:
+            self.answer_tool(row, answers[name])
+        elif name == "edit":
             self.set_editing(row)
         elif name == "regenerate":
             self.regenerate(row)

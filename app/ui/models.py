@@ -244,7 +244,13 @@ class DocumentListModel(_ListModel):
 class ChatRow:
     """One message on the shown branch. ``siblings``: (1-based position, count) among its parent's replies;
     ``citations``: dicts with evidence_id, path, page, quote; ``retrieved``: passages given to the model
-    (shown when the answer cited none)."""
+    (shown when the answer cited none).
+
+    Tool use: an assistant row's ``tool_calls`` are the calls it made; a ``tool`` row is one call and its
+    result (``content``): ``call_id``, ``tool_name`` (the name the model used), ``server`` / ``tool`` (MCP
+    names), ``arguments`` (JSON text), ``tool_state`` (asking, running, ok, error, denied, failed),
+    ``notice`` (for the person), ``size_bytes`` of the result, ``prompt_note`` (the cut note when the prompt
+    shows only part of it)."""
 
     id: str | None
     role: str
@@ -257,6 +263,16 @@ class ChatRow:
     citations: list[dict] = field(default_factory=list)
     retrieved: list[dict] = field(default_factory=list)
     streaming: bool = False
+    tool_calls: tuple = ()
+    call_id: str | None = None
+    tool_name: str = ""
+    server: str = ""
+    tool: str = ""
+    arguments: str = ""
+    tool_state: str = ""
+    notice: str | None = None
+    size_bytes: int = 0
+    prompt_note: str | None = None
 
 
 class ChatModel(_ListModel):
@@ -273,11 +289,17 @@ class ChatModel(_ListModel):
         return n
 
     def update_last(self, **changes: Any) -> None:
-        if not self._rows:
-            return
-        last = len(self._rows) - 1
-        self._rows[last] = replace(self._rows[last], **changes)
-        self.dataChanged.emit(self.index(last), self.index(last))
+        if self._rows:
+            self.update_row(len(self._rows) - 1, **changes)
+
+    def update_row(self, row: int, **changes: Any) -> None:
+        """Change fields of row ``row`` (a ``dataChanged`` for it)."""
+        self._rows[row] = replace(self._rows[row], **changes)
+        self.dataChanged.emit(self.index(row), self.index(row))
+
+    def row_of_call(self, call_id: str) -> int:
+        """The row of tool call ``call_id``, or -1."""
+        return next((i for i, r in enumerate(self._rows) if r.role == "tool" and r.call_id == call_id), -1)
 
     def append_text(self, text: str) -> None:
         """Add streamed text to the last row."""

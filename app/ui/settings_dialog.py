@@ -3,14 +3,21 @@ requests: 0 shown as "auto" = ``n_parallel`` None, chosen from the memory estima
 prefix-cache budget, sampling defaults, the system prompt. "For this model only" stores the load settings as
 the model's override (``UserSettings.per_model``) instead of changing the defaults. The values are validated by
 the core's own types (``LoadSettings.validate``, ``DecodingParams.make``) and an error names the field; saving
-is atomic (``app.settings.save_user_settings``). The window reloads the model when load settings changed."""
+is atomic (``app.settings.save_user_settings``). The window reloads the model when load settings changed.
+
+With the app's ``ToolsController`` the dialog has a second page, **MCP servers** (``app.ui.mcp_page``): after
+Save, ``new_mcp`` is the edited ``McpConfig`` (None when nothing changed), which the window saves as mcp.json
+and runs. Server status updates arrive live while the dialog is open."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from typing import Any
+
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
+                               QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.errors import InvalidRequest
@@ -29,17 +36,31 @@ def _dspin(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinB
 
 
 class SettingsDialog(QDialog):
-    """``result_settings()`` after ``accept``: the new ``UserSettings``."""
+    """``result_settings()`` after ``accept``: the new ``UserSettings`` (``new_settings``); ``new_mcp``: the
+    edited MCP config, or None. ``tools``: the ``ToolsController`` (None: no MCP page)."""
 
-    def __init__(self, settings: UserSettings, model_id: str | None, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: UserSettings, model_id: str | None, parent: QWidget | None = None,
+                 tools: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.settings, self.model_id = settings, model_id
-        lay = QHBoxLayout()
+        self.new_mcp: Any = None
+        general = QWidget()
+        lay = QHBoxLayout(general)
         lay.addWidget(self._load_box())
         lay.addWidget(self._sampling_box())
+        self.pages = QTabWidget()
+        self.pages.addTab(general, "General")
+        self.mcp = None
+        if tools is not None:
+            from app.ui.mcp_page import McpPage
+
+            self.mcp = McpPage(tools.config, tools.statuses(), tools.config_error)
+            tools.status_changed.connect(self.mcp.update_status)
+            self.pages.addTab(self.mcp, "MCP servers")
+        self.tools = tools
         outer = QVBoxLayout(self)
-        outer.addLayout(lay)
+        outer.addWidget(self.pages)
         self.error = QLabel(wordWrap=True, styleSheet="color:#c62828")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -147,6 +168,23 @@ class SettingsDialog(QDialog):
         try:
             self.new_settings = self.result_settings()
         except InvalidRequest as exc:
+            self.pages.setCurrentIndex(0)
             self.error.setText(str(exc))
             return
+        if self.mcp is not None:
+            try:
+                cfg = self.mcp.result_config()
+            except InvalidRequest as exc:
+                self.pages.setCurrentWidget(self.mcp)
+                self.error.setText(f"MCP servers: {exc}")
+                return
+            tools = self.tools
+            self.new_mcp = None if tools is not None and cfg == tools.config and not tools.config_error else cfg
         super().accept()
+
+    def done(self, result: int) -> None:
+        """Qt's end of the dialog: stop following the hub's status first."""
+        if self.mcp is not None and self.tools is not None:
+            self.tools.status_changed.disconnect(self.mcp.update_status)
+            self.tools = None
+        super().done(result)
