@@ -348,3 +348,40 @@ def test_tool_view_wording() -> None:
     big = result_preview("z" * MB)
     assert big.startswith("z" * PREVIEW_CHARS) and f"of {MB:,}" in big
     assert Permission("once") is Permission.ONCE
+
+
+def test_without_mcp_json_turns_offer_no_tools(qtbot) -> None:
+    from app.ui.settings_dialog import SettingsDialog
+
+    w = open_window(qtbot, lambda req: "plain")
+    try:
+        send(qtbot, w, "hi")
+        qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
+        assert w.chat_model.items()[-1].content == "plain" and w.ctx.engine.engine.seen[-1].tools == ()
+        dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+        assert dlg.mcp.servers.count() == 0 and not dlg.mcp.editor.isEnabled()
+        dlg.accept()
+        assert dlg.new_mcp is None  # nothing changed: mcp.json is not written
+        assert not (w.ctx.tools.config_path or (Path(w.ctx.store.path).parent / "mcp.json")).exists()
+    finally:
+        close_window(w)
+
+
+def test_a_malformed_mcp_json_is_named_and_replaced_from_settings(qtbot, hearth_home: Path) -> None:
+    from app.ui.settings_dialog import SettingsDialog
+
+    (hearth_home / "mcp.json").write_text('{"mcpServers": {"x": {"args": []}}}', encoding="utf-8")
+    w = open_window(qtbot, lambda req: "plain")
+    try:
+        assert shown(w.notice) and "mcpServers.x needs a command" in w.notice.text()
+        dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+        assert shown(dlg.mcp.file_error) and "needs a command" in dlg.mcp.file_error.text()
+        dlg.mcp.add_server()
+        dlg.mcp.command.setText(sys.executable)
+        dlg.mcp.args.setPlainText(str(SERVERS / "tool_server.py"))
+        dlg.accept()
+        w.apply_mcp(dlg.new_mcp)
+        assert load_config().names() == ["server1"] and not shown(w.notice)
+        qtbot.waitUntil(lambda: w.ctx.tools.statuses()["server1"].state == "ready", timeout=30_000)
+    finally:
+        close_window(w)

@@ -77,13 +77,14 @@ class ToolsController(QObject):
 
     def apply(self, cfg: Any) -> None:
         """Save ``cfg`` as mcp.json (atomically) and run it: switches apply at once, new or changed servers
-        (re)start in the background, removed ones stop. Raises ``OSError`` when the file cannot be written
-        (then nothing changes)."""
+        (re)start in the background, removed ones stop, and servers that had failed are started again. Raises
+        ``OSError`` when the file cannot be written (then nothing changes)."""
         from app.tools import save_config
 
         save_config(self.config_path, cfg)
         self.config_error = None
         self.hub.apply_config(cfg, timeout_s=self.start_timeout_s)
+        self.start()  # the hub may never have run (no servers, or a malformed file, at start); retries failures
         self.config_changed.emit()
 
     def toolbox(self) -> ToolBox | None:
