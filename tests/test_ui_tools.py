@@ -74,7 +74,7 @@ def close_window(w) -> None:
     ctx = w.ctx
     w.close()
     assert ctx.pool.pool.activeThreadCount() == 0 and ctx.pool.active == 0
-    assert not [t for t in threading.enumerate() if t.name == "hearth-tool-call" and t.is_alive()]
+    assert not [t for t in threading.enumerate() if t.name in ("hearth-tool-call", "mcp-hub") and t.is_alive()]
     assert all(s.state != "ready" for s in ctx.tools.statuses().values())  # every server stopped
 
 
