@@ -118,16 +118,18 @@ class McpPage(QWidget):
         self.env = QPlainTextEdit(placeholderText="KEY=value, one per line")
         self.headers = QPlainTextEdit(placeholderText="Authorization: Bearer …, one per line")
         for box in (self.args, self.env, self.headers):
-            box.setFixedHeight(64)
+            box.setFixedHeight(52)
         self.disabled = QCheckBox("Disabled (listed, not started)")
         self.status = QLabel(wordWrap=True, textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.tools = QListWidget()
+        self.tools.setMinimumHeight(150)
         self.tools.itemChanged.connect(self._tool_switched)
         for label, w in (("Name", self.name), ("Kind", kind), ("Command", self.command), ("Arguments", self.args),
                          ("Environment", self.env), ("Working folder", self.cwd), ("URL", self.url),
-                         ("Headers", self.headers), ("", self.disabled), ("Status", self.status),
-                         ("Tools (unchecked: hidden from the model)", self.tools)):
+                         ("Headers", self.headers), ("", self.disabled), ("Status", self.status)):
             f.addRow(label, w)
+        f.addRow(QLabel("Tools (unchecked: hidden from the model)"))
+        f.addRow(self.tools)
         return self.editor
 
     # -- servers ------------------------------------------------------------------------------------------

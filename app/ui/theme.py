@@ -9,9 +9,11 @@ from PySide6.QtWidgets import QApplication
 
 BUBBLES = {
     "light": "QFrame#userMessage { background: #eef3fb; border-radius: 8px; border: 1px solid #d6e0f0; }"
-             "QFrame#assistantMessage { background: #ffffff; border-radius: 8px; border: 1px solid #e3e3e3; }",
+             "QFrame#assistantMessage { background: #ffffff; border-radius: 8px; border: 1px solid #e3e3e3; }"
+             "QFrame#toolCall { background: #fbf8ef; border-radius: 8px; border: 1px solid #e6dcc0; }",
     "dark": "QFrame#userMessage { background: #2b3342; border-radius: 8px; border: 1px solid #3b4558; }"
-            "QFrame#assistantMessage { background: #262626; border-radius: 8px; border: 1px solid #383838; }",
+            "QFrame#assistantMessage { background: #262626; border-radius: 8px; border: 1px solid #383838; }"
+            "QFrame#toolCall { background: #2d2a22; border-radius: 8px; border: 1px solid #4a4433; }",
 }
 
 

@@ -22,6 +22,7 @@ from app.ui.models import ChatRow
 
 PREVIEW_CHARS = 100_000  # characters of a result the widget holds (a 1 MB result would make Qt's layout crawl)
 ARGS_CHARS = 600
+RESULT_MAX_PX = 220
 _STATES = {"asking": "asks for your permission", "running": "running…", "ok": "done",
            "error": "the tool reported an error", "denied": "denied", "failed": "failed"}
 
@@ -80,7 +81,7 @@ class ToolCallWidget(QFrame):
         self.toggle.toggled.connect(self._toggle)
         self.result = QPlainTextEdit(readOnly=True, visible=False)
         self.result.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.result.setMaximumHeight(220)
+        self.result.setMaximumHeight(RESULT_MAX_PX)
         for w in (self.header, self.args):
             lay.addWidget(w)
         lay.addLayout(self._asking_bar())
@@ -104,8 +105,15 @@ class ToolCallWidget(QFrame):
     def _toggle(self, on: bool) -> None:
         self.result.setVisible(on)
         if on and not self.result.toPlainText():
-            self.result.setPlainText(result_preview(self.row.content))
+            self._fill()
         self._toggle_text()
+
+    def _fill(self) -> None:
+        """The result into its box, which is as tall as its lines up to ``RESULT_MAX_PX``."""
+        text = result_preview(self.row.content)
+        self.result.setPlainText(text)
+        n = min(text.count("\n") + 1 + len(text) // 100, 40)
+        self.result.setFixedHeight(min(RESULT_MAX_PX, self.result.fontMetrics().lineSpacing() * n + 14))
 
     def _toggle_text(self) -> None:
         arrow = "▾" if self.toggle.isChecked() else "▸"
@@ -120,7 +128,7 @@ class ToolCallWidget(QFrame):
         self.row = row
         self.render()
         if self.toggle.isChecked() and not self.result.toPlainText():
-            self.result.setPlainText(result_preview(row.content))
+            self._fill()
 
     def render(self) -> None:
         """Draw the row: header, arguments, the permission bar while asking, the notice, the result toggle."""
