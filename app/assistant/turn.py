@@ -244,7 +244,7 @@ class Assistant:
             if result.tool_errors:
                 yield ToolNotice(f"The model wrote a tool call that was not valid ({result.tool_errors}); "
                                  "it is kept as text.")
-            if not result.tool_calls or self.tools is None:
+            if not result.tool_calls or self.tools is None or step >= self.tools.max_steps:
                 break
             tip = yield from self.tools.run_calls(self.session, conversation_id, result.tool_calls,
                                                   result.message_id, step)
