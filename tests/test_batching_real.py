@@ -47,23 +47,38 @@ def engine4(bundled_model):
     eng.close()
 
 
+# Longer than one prefill chunk (n_batch 256): never prefilled together with another prompt.
+LONG_NOTE = ("Note 9: the harbour ledger, copied out in full by a careful visitor: " + " ".join(
+    f"On day {d} the ship from the north came in with {d + 3} crates of salt and wool." for d in range(1, 21))
+    + " The visitor's own note at the bottom of the page begins like this:")
+
+
 def test_four_streams_single_active_equal_solo_and_batched_agreement(engine4, bundled_model):
-    solo = [engine4.complete(greedy(p, 48)) for p in PROMPTS]
-    assert all(d.metrics.batch_peak == 1 for d in solo)
-    batched = at_once(engine4, [greedy(p, 48) for p in PROMPTS])
+    prompts = PROMPTS[:3] + [LONG_NOTE]
+    solo = [engine4.complete(greedy(p, 48)) for p in prompts]
+    assert all(d.metrics.batch_peak == 1 and not d.metrics.prefill_shared for d in solo)
+    assert solo[3].metrics.prompt_tokens > 257
+    batched = at_once(engine4, [greedy(p, 48) for p in prompts])
     assert max(d.metrics.batch_peak for d in batched) >= 2  # they really decoded together
     assert all(d.metrics.completion_tokens == 48 for d in batched)
+    # The prompts' KV is the solo runs' (here reused from the live cache: the same prompts); the last prompt
+    # token is evaluated in a decode step shared with the other streams, so even a first token may differ.
+    assert all(d.metrics.cached_tokens == d.metrics.prompt_tokens - 1 for d in batched)
     ids = [engine4.tokenize(d.text) for d in batched]
-    # Prefill chunks run alone, so every first token is the solo run's; later tokens may differ in the last bits.
-    assert all(b.text[:3] == s.text[:3] for b, s in zip(batched, solo))
     agree = sum(b.text == s.text for b, s in zip(batched, solo))
-    print(f"batched agreement: {agree}/4 streams token-identical to solo; token counts {[len(x) for x in ids]}")
+    first = sum(b.text[:3] == s.text[:3] for b, s in zip(batched, solo))
+    print(f"batched agreement: {agree}/4 streams token-identical to solo, {first}/4 first tokens; token "
+          f"counts {[len(x) for x in ids]}")
     # One request active at a time (a 1-slot engine, the four sent at once and queued): each equals the solo
     # run of the 4-slot engine, token for token.
     with Engine(bundled_model, LoadSettings(n_ctx=4096, n_parallel=1), max_queue=8) as one:
-        queued = at_once(one, [greedy(p, 48) for p in PROMPTS])
+        queued = at_once(one, [greedy(p, 48) for p in prompts])
     assert [d.text for d in queued] == [d.text for d in solo]
     assert max(d.metrics.queue_s for d in queued) > 0.1  # three of them waited for the slot
+    # New short prompts sent at once reach the idle engine within its burst wait and share one llama_decode
+    # (Metrics.prefill_shared); the long one is prefilled alone, chunk by chunk.
+    fresh = at_once(engine4, [greedy(p.replace("Note", "Page"), 2) for p in prompts])
+    assert [d.metrics.prefill_shared for d in fresh] == [True, True, True, False]
 
 
 def test_long_prompt_during_three_decodes_keeps_their_itl_under_two_chunks(engine4):

@@ -453,4 +453,5 @@ def _metrics(t_call: float, t0: float, times: list[float], cm: dict) -> Metrics:
         cache_source=cm.get("cache_source", "none"), cache_error=cm.get("cache_error", ""),
         cache_reuse=cm.get("cache_reuse", "cold"), cache_reuse_reason=cm.get("cache_reuse_reason", ""),
         peak_rss_bytes=cm.get("peak_rss_bytes", 0), batch_peak=cm.get("batch_peak", 1),
+        prefill_shared=cm.get("prefill_shared", False),
     )

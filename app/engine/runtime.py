@@ -499,6 +499,8 @@ class Runtime:
         slot, tokens = self.slots[seq.slot], seq.tokens
         L = len(tokens)
         slot.layout_len = 0 if merged else L
+        if merged:
+            seq.metrics["prefill_shared"] = True
         cache = self.prefix_cache if seq.request.prefix_cache and self.reuse_ok else None
         if seq.reused < L - 1 and cache is not None and not merged:
             cache.maybe_save(self, slot, tokens[:L - 1], seq.metrics)

@@ -306,6 +306,9 @@ class Metrics:
     - ``peak_rss_bytes``: peak resident memory of the engine process (``ru_maxrss``).
     - ``batch_peak``: the most sequences decoded in one step while this request decoded (1: it ran alone, and
       its tokens are exactly the solo run's).
+    - ``prefill_shared``: the prompt (shorter than one chunk) arrived with others and was prefilled in one
+      ``llama_decode`` with theirs: its KV, and so even its first token, may differ in the last bits from a
+      solo run (every other prompt is prefilled alone, in the canonical layout).
     """
 
     prompt_tokens: int = 0
@@ -329,6 +332,7 @@ class Metrics:
     cache_reuse_reason: str = ""  # which reuse path, or why none was taken
     peak_rss_bytes: int = 0
     batch_peak: int = 1
+    prefill_shared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
