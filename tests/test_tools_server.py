@@ -25,13 +25,13 @@ from app.settings import ServerSettings
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                   "additionalProperties": False}
-TIME_PARAMS = {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"],
-               "additionalProperties": False}
+STOCK_PARAMS = {"type": "object", "properties": {"symbol": {"type": "string"}}, "required": ["symbol"],
+                "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                                             "parameters": WEATHER_PARAMS, "strict": True}}
-TIME = {"type": "function", "function": {"name": "get_local_time", "description": "Local time in a timezone",
-                                         "parameters": TIME_PARAMS, "strict": True}}
-SCHEMAS = {"get_weather": WEATHER_PARAMS, "get_local_time": TIME_PARAMS}
+STOCK = {"type": "function", "function": {"name": "get_stock_price", "description": "Latest price of a stock",
+                                          "parameters": STOCK_PARAMS, "strict": True}}
+SCHEMAS = {"get_weather": WEATHER_PARAMS, "get_stock_price": STOCK_PARAMS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_TEXT = 'Tool call: {"name": "get_weather", "arguments": {"city": "Paris"}}'
 
@@ -77,7 +77,7 @@ def test_fake_call_whole_and_streamed_in_openai_shapes(fake):
     eng, srv, replies = fake
     replies["answer"] = CALL_TEXT
     c = oai(srv)
-    r = c.chat.completions.create(model="fake-model", messages=ASK, tools=[WEATHER, TIME])
+    r = c.chat.completions.create(model="fake-model", messages=ASK, tools=[WEATHER, STOCK])
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls" and ch.message.content is None
     (call,) = ch.message.tool_calls
@@ -186,18 +186,23 @@ def check_calls(calls: list[dict]) -> None:
 def test_real_required_and_named_calls_validate_and_stream_the_same(real):
     _eng, srv = real
     c = oai(srv)
-    for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_local_time"}},
-                                              "get_local_time")):
-        kw = dict(GREEDY, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=False)
-        r = c.chat.completions.create(**kw)
-        assert r.choices[0].finish_reason == "tool_calls", r.model_extra["hearth"].get("tool_call_error")
-        calls = whole_calls(r.choices[0].message)
-        assert len(calls) == 1 and (name is None or calls[0]["name"] == name)
-        check_calls(calls)
-        text, streamed, finish, _ = accumulate(c.chat.completions.create(**kw, stream=True))
-        assert finish == "tool_calls" and not text
-        assert [(x["name"], x["arguments"]) for x in streamed] == [(x["name"], x["arguments"]) for x in calls]
+    kw = dict(GREEDY, messages=ASK, tools=[WEATHER, STOCK], tool_choice="required")
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls", r.model_extra["hearth"].get("tool_call_error")
+    calls = whole_calls(r.choices[0].message)
+    print("required:", calls)
+    assert len(calls) == 1 and r.choices[0].message.content is None
+    check_calls(calls)
+    text, streamed, finish, _ = accumulate(c.chat.completions.create(**kw, stream=True))
+    assert finish == "tool_calls" and not text
+    assert [(x["name"], x["arguments"]) for x in streamed] == [(x["name"], x["arguments"]) for x in calls]
     assert r.model_extra["hearth"]["context"]["tools"] > 100  # the definitions are counted in the prompt
+    # a named function is decoded even where the question asks for the other one
+    named = {"type": "function", "function": {"name": "get_stock_price"}}
+    r = c.chat.completions.create(**dict(kw, tool_choice=named, parallel_tool_calls=False))
+    calls = whole_calls(r.choices[0].message)
+    assert r.choices[0].finish_reason == "tool_calls" and [x["name"] for x in calls] == ["get_stock_price"]
+    check_calls(calls)
 
 
 @pytest.mark.model
@@ -217,14 +222,15 @@ def test_real_round_trip_ends_in_a_text_answer(real):
 @pytest.mark.model
 def test_real_parallel_calls_with_two_tools(real):
     _eng, srv = real
-    ask = [{"role": "user", "content": "What is the weather in Paris, and what time is it in Tokyo?"}]
-    r = oai(srv).chat.completions.create(**dict(GREEDY, max_tokens=60), messages=ask, tools=[WEATHER, TIME],
+    ask = [{"role": "user", "content": "Call both tools: get_weather for Paris, then get_stock_price for AAPL."}]
+    r = oai(srv).chat.completions.create(**dict(GREEDY, max_tokens=80), messages=ask, tools=[WEATHER, STOCK],
                                          tool_choice="required", parallel_tool_calls=True)
     calls = whole_calls(r.choices[0].message)
-    print("parallel calls:", calls, r.model_extra["hearth"].get("tool_call_error"))
-    assert r.choices[0].finish_reason == "tool_calls" and calls
+    print("parallel calls:", calls)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert sorted(c["name"] for c in calls) == ["get_stock_price", "get_weather"]  # measured: both, in order
     check_calls(calls)
-    assert len({c["id"] for c in calls}) == len(calls)
+    assert len({c["id"] for c in calls}) == 2
 
 
 @pytest.mark.model

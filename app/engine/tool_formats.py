@@ -30,7 +30,11 @@ Families (``FORMATS``; ``format_for`` picks one):
   example's values), and the tools as JSON lines. A call is one line ``Tool call: {"name": ..., "arguments":
   {...}}``; a result is a user turn ``Tool result: ...``. The grammar produces exactly that line (an optional
   leading space first, since the transcript prompt ends in ``Assistant:``; several calls one per line, never
-  a blank line, which is a transcript stop string).
+  a blank line between them, which is a transcript stop string), then an optional blank line: that is where
+  a base model ends its turn (the stop string ends the answer there). Without it, under a parallel grammar
+  a call could only be followed by an end-of-generation token, which a base model seldom writes, or by
+  another call: the bundled Gemma 3 270M repeated the same call until ``max_tokens`` cut it; with it, it
+  stops after its calls.
 """
 
 from __future__ import annotations
@@ -457,7 +461,8 @@ class JsonFormat(ToolFormat):
         return "user", f"Tool result: {content}"
 
     def _root_rule(self, parallel: bool) -> str:
-        return '" "? call' + (' ("\\n" call)*' if parallel else "")
+        # The blank line is the transcript's stop string: where a base model ends its turn (module docstring).
+        return '" "? call' + (' ("\\n" call)*' if parallel else "") + ' "\\n\\n"?'
 
     def _call_rule(self, name: str, args_rule: str) -> str:
         return (gbnf_literal(f'Tool call: {{"name": {json.dumps(name)}, "arguments": ') + f" {args_rule} "
