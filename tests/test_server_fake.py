@@ -490,8 +490,10 @@ def _stream(url: str, content: str, max_tokens: int = 200):
 
 
 def test_queue_full_is_429_with_retry_after():
-    # max_queue=1: one request runs, one waits, the next is refused.
-    eng = FakeEngine(max_queue=1, token_delay_s=0.01, reply=lambda r: "x" * 60)
+    # max_queue=1: one request runs, one waits, the next is refused. A runs for about 3.8 s (190 tokens of
+    # 20 ms), so it is still running when the third request comes even on a loaded machine; B is short.
+    eng = FakeEngine(max_queue=1, token_delay_s=0.02,
+                     reply=lambda r: "x" * (190 if r.messages[-1].content == "A" else 5))
     results: list = []
     with ServerThread(create_app(eng, ServerSettings(), catalog=CATALOG)) as srv:
         def run(tag):
