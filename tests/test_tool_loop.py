@@ -266,6 +266,16 @@ def test_stop_while_asking_ends_the_turn_and_the_chat_goes_on(hub, memory_store)
     assert all(not m.tool_calls and m.role != "tool" for m in last)  # the unanswered call is left out
 
 
+def test_a_forced_choice_asks_for_one_call_per_step(hub) -> None:
+    box = ToolBox(hub, max_steps=2, tool_choice=ToolChoice("required"))
+    specs = box.specs()
+    first, last = box.options(specs, 1), box.options(specs, 2)
+    assert (first["tool_choice"].mode, first["parallel_tool_calls"]) == ("required", False)
+    assert (last["tool_choice"].mode, last["parallel_tool_calls"]) == ("none", True)
+    assert ToolBox(hub).options(specs, 1) == {"tools": specs, "tool_choice": None, "parallel_tool_calls": True}
+    assert box.options((), 1) == {}
+
+
 def test_toolbox_refuses_bad_limits(hub) -> None:
     with pytest.raises(ValueError, match="max_steps"):
         ToolBox(hub, max_steps=0)

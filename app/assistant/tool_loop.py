@@ -143,11 +143,14 @@ class ToolBox:
         return tuple(specs)
 
     def options(self, specs: tuple[ToolSpec, ...], step: int) -> dict[str, Any]:
-        """Generation options for ``step`` (1-based): the tools, and tool_choice "none" on the last step."""
+        """Generation options for ``step`` (1-based): the tools, and tool_choice "none" on the last step. A
+        forced choice asks for one call per step: with several allowed, the grammar lets a small model repeat
+        the call until ``max_tokens`` cuts the last one off (and a cut call passes none on)."""
         if not specs:
             return {}
-        last = step >= self.max_steps
-        return {"tools": specs, "tool_choice": ToolChoice("none") if last else self.tool_choice}
+        choice = ToolChoice("none") if step >= self.max_steps else self.tool_choice
+        return {"tools": specs, "tool_choice": choice,
+                "parallel_tool_calls": not (choice is not None and choice.forces_call)}
 
     def reset(self) -> None:
         """A new turn: forget a cancel of the previous one."""

@@ -130,12 +130,12 @@ class EngineCalls:
 
     def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, *,
                  tools: tuple[ToolSpec, ...] = (), tool_choice: ToolChoice | None = None,
-                 **opts: Any) -> Iterator[Any]:
+                 parallel_tool_calls: bool = True, **opts: Any) -> Iterator[Any]:
         """The engine's events for ``messages``; with ``tools``, the answer read by ``ToolStream``: ``Delta``
         for the text outside calls, then ``ToolsDone`` (the calls) instead of ``Done``."""
         dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
         req = self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec, tools=tuple(tools),
-                                                tool_choice=tool_choice))
+                                                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls))
         gen = self.engine.generate(req)
         with self._lock:
             self._current = gen

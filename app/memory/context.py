@@ -313,15 +313,22 @@ class ContextBuilder:
         long, and a 1 MB result is never tokenized just to learn it does not fit."""
         if len(text) <= cap * 128 and self.count(text) <= cap:
             return text
-        total, keep = len(text.encode("utf-8")), min(len(text), cap * 4)
+        total, keep, best = len(text.encode("utf-8")), min(len(text), cap * 4), None
         for _ in range(64):
             head = text[:keep]
             out = head + "\n" + cut_note(total, len(head.encode("utf-8")))
             n = self.count(out)
-            if n <= cap or keep == 0:
+            if n > cap and best is None and keep > 0:  # too long: shrink in proportion
+                keep = min(keep - 1, int(keep * min(0.95, cap / n)))
+                continue
+            if n > cap:  # grew past the cap: the last one that fitted
+                return best or out
+            best = out  # fits: grow in proportion while the room left is worth it (a token can be 8 x's)
+            grown = min(len(text) - 1, int(keep * cap / max(1, n) * 0.97))
+            if n >= cap * 0.9 or grown <= keep:
                 return out
-            keep = min(keep - 1, int(keep * min(0.95, cap / n)))
-        return cut_note(total, 0)
+            keep = grown
+        return best or cut_note(total, 0)
 
     @property
     def available(self) -> int:

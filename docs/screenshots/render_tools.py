@@ -1,0 +1,123 @@
+"""Render docs/screenshots/tool-call.png and mcp-settings.png: a real xcb window under Xvfb, the bundled model
+calling the ``add`` tool of the MCP test server (``tests/mcp_servers/tool_server.py``), captured from the X
+screen (``QScreen.grabWindow``).
+
+    .venv/bin/python docs/screenshots/render_tools.py
+
+Starts ``Xvfb :99`` itself (the ``xvfb`` package; Qt's xcb plugin needs libxcb-cursor0 and friends) and uses a
+temporary HEARTH_HOME. The bundled model is a small base model that would rarely call a tool on its own, so the
+window's first step is forced to call ``add`` (a named ``tool_choice``: the grammar makes the call valid), and
+the second step answers after the result. The permission row is answered "Allow once" by the script, the
+result row expanded, then the window is captured; then Settings' MCP page.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = Path(__file__).resolve().parent
+DISPLAY = ":99"
+sys.path.insert(0, str(REPO))
+
+
+def spin(app, cond, timeout_s: float = 180) -> None:
+    from PySide6.QtCore import QEventLoop
+
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError
+        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
+
+
+def pause(app, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    spin(app, lambda: time.monotonic() > end)
+
+
+def setup_home() -> None:
+    import json
+
+    from app import paths
+    from app.engine.types import DecodingParams, LoadSettings
+    from app.settings import UserSettings, save_user_settings
+    from app.setup_model import ensure_bundled_model
+
+    paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
+    save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
+                                    decoding=DecodingParams(temperature=0.0, max_tokens=40)))
+    server = {"command": sys.executable, "args": [str(REPO / "tests/mcp_servers/tool_server.py")],
+              "disabledTools": ["big", "crash", "fail", "grow", "header", "slow"]}
+    (paths.home() / "mcp.json").write_text(json.dumps({"mcpServers": {"calc": server}}, indent=2))
+
+
+def render() -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from app.engine.tools import ToolChoice
+    from app.ui.theme import apply_theme
+
+    app = QApplication.instance() or QApplication([])
+    apply_theme(app)
+    from app.ui.context import AppContext
+    from app.ui.main_window import MainWindow
+    from app.ui.tool_view import ToolCallWidget
+
+    ctx = AppContext()
+    ctx.tools.tool_choice, ctx.tools.max_steps = ToolChoice("function", "calc__add"), 2
+    w = MainWindow(ctx)
+    w.resize(1360, 820)
+    w.show()
+    spin(app, lambda: ctx.engine.state == "ready" and ctx.tools.statuses()["calc"].state == "ready")
+    w.send("What is 2 + 3? Use the add tool.")
+
+    def row() -> ToolCallWidget | None:
+        found = [x for x in w.chat.widgets if isinstance(x, ToolCallWidget)]
+        return found[-1] if found else None
+
+    spin(app, lambda: row() is not None and row().row.tool_state == "asking")
+    pause(app, 0.3)
+    row().buttons["allow_once"].click()
+    spin(app, lambda: not ctx.chat.busy)
+    pause(app, 0.3)
+    row().toggle.click()
+    pause(app, 0.5)
+    shot = app.primaryScreen().grabWindow(w.winId())
+    shot.save(str(OUT / "tool-call.png"))
+    print("tool call:", row().row.arguments, "->", row().row.content, "| answer:", w.chat_model.items()[-1].content)
+    from app.ui.settings_dialog import SettingsDialog
+
+    dlg = SettingsDialog(ctx.settings, None, w, tools=ctx.tools)
+    dlg.pages.setCurrentWidget(dlg.mcp)
+    dlg.resize(900, 640)
+    dlg.show()
+    pause(app, 0.5)
+    app.primaryScreen().grabWindow(dlg.winId()).save(str(OUT / "mcp-settings.png"))
+    dlg.reject()
+    w.close()
+
+
+def main() -> int:
+    xvfb = subprocess.Popen(["Xvfb", DISPLAY, "-screen", "0", "1400x860x24", "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        os.environ.update(DISPLAY=DISPLAY, QT_QPA_PLATFORM="xcb")
+        with tempfile.TemporaryDirectory() as home:
+            os.environ["HEARTH_HOME"] = home
+            setup_home()
+            render()
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
