@@ -192,12 +192,26 @@ def test_response_format_grammars():
     {"type": "nonsense"},
     {"$ref": "https://example.com/schema.json"},
     {"type": "string", "maxLength": 5000},
+    {"type": "string", "maxLength": 987654321},  # written out, this grammar took 23 GB before the kernel killed us
     {"type": "array", "minItems": "three"},
 ])
 def test_bad_schemas_are_400(c, schema):
     r = c.post("/v1/chat/completions", json={"messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
     err(r, 400, "response_format")
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]}),
+    ("/v1/completions", {"prompt": "hi \udfff there"}),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_field(c, path, body):
+    """JSON may escape a lone surrogate (``"\\ud800"``); it is not Unicode text and cannot be tokenized."""
+    import json
+
+    r = c.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    e = err(r, 400)
+    assert e["param"] in ("messages[0].content", "prompt") and "surrogate" in e["message"]
 
 
 # -- SSE ---------------------------------------------------------------------------------------------------

@@ -506,8 +506,6 @@ def _tool(**fn: Any) -> dict[str, Any]:
      "tools[0].function.parameters", "invalid JSON schema"),
     ([_tool(parameters={"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}})],
      "tools[0].function.parameters", "local $ref"),
-    ([_tool(parameters={"type": "object", "properties": {"a": {"type": "string", "maxLength": 5000}}})],
-     "tools[0].function.parameters", "too large"),
     ([_tool(parameters={"type": "object", "properties": {"a": {"type": "string", "description": "x" * 70000}}})],
      "tools[0].function.parameters", "larger than"),
     ([_tool(strict=True, parameters={"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}})],
@@ -520,6 +518,26 @@ def test_bad_tools_name_the_field(raw, param, words):
         parse_tools(raw)
     assert ei.value.param == param
     assert words in str(ei.value)
+
+
+@pytest.mark.parametrize("prop,words", [({"type": "string", "maxLength": 987654321}, "more than a grammar"),
+                                        ({"type": "string", "maxLength": 300}, "more than a grammar"),
+                                        ({"enum": []}, "enum at schema.properties.a is empty")])
+def test_grammars_are_built_only_for_a_forced_choice_and_refused_before_they_grow(prop, words):
+    """A bound the grammar converter would write out as that many nested groups (987654321 took 23 GB
+    before the kernel killed the server) is refused before anything is built, and only when a grammar is
+    needed: under "auto" the tool is fine."""
+    import time
+
+    from app.engine.tools import check_tool_grammars
+
+    tools = parse_tools([_tool(parameters={"type": "object", "properties": {"a": prop}})])
+    check_tool_grammars(tools, parse_tool_choice("auto", tools))
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequest) as ei:
+        check_tool_grammars(tools, parse_tool_choice("required", tools))
+    assert ei.value.param == "tools[0].function.parameters" and words in str(ei.value)
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_non_strict_tools_may_use_keywords_the_grammar_loosens():

@@ -287,3 +287,20 @@ def test_stream_tools_wraps_an_engine_stream():
     assert isinstance(out[-1], ToolsDone) and out[-1].done is done
     assert out[-1].outcome.finish_reason == "tool_calls" and out[-1].outcome.calls[0].name == "get_weather"
     assert isinstance(out[0], TextPiece)
+
+
+def test_repeated_calls_and_a_last_call_cut_by_max_tokens_are_dropped():
+    """What the bundled model does under a forced parallel grammar: the same call again and again until
+    max_tokens cuts the last one. The whole calls are passed on once each, renumbered from 0."""
+    one = 'Tool call: {"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    two = 'Tool call: {"name": "get_time", "arguments": {"tz": "UTC"}}\n'
+    text = one + one.replace('"city"', ' "city"') + two + 'Tool call: {"name": "get_weather", "argu'
+    _, late, outcome = read(text, [text], ToolChoice("required"), finish="length")
+    assert [c.name for c in outcome.calls] == ["get_weather", "get_time"] and not outcome.errors
+    assert outcome.finish_reason == "tool_calls"
+    starts = [p for p in late if isinstance(p, CallStart)]
+    assert [p.index for p in starts] == [0, 1]
+    assert sorted({p.index for p in late if isinstance(p, ArgsPiece)}) == [0, 1]
+    # cut off while it stopped by itself ("stop"): a broken call, nothing passed on
+    _, _, stopped = read(text, [text], ToolChoice("required"), finish="stop")
+    assert stopped.calls == () and stopped.errors

@@ -28,11 +28,46 @@ def schema_to_gbnf(schema: Any) -> str:
     if not isinstance(schema, dict):
         raise InvalidRequest("response_format.json_schema.schema must be a JSON object",
                              param="response_format")
+    problem = _unbuildable(schema, "schema")
+    if problem:
+        raise InvalidRequest(f"cannot compile this JSON schema into a grammar: {problem}", param="response_format")
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as exc:  # the converter raises bare Exceptions/KeyErrors/RecursionError
         raise InvalidRequest(f"cannot compile this JSON schema into a grammar: {type(exc).__name__}: {exc}",
                              param="response_format") from None
+
+
+# The converter writes a bound of n as n nested groups: ``maxLength: 987654321`` took 23 GB before the kernel
+# killed the server (found by a break-it test), and a grammar nested deeper than 256 is refused anyway
+# (``schema_check.MAX_GRAMMAR_NESTING``). So bounds above this are refused before anything is built.
+MAX_GRAMMAR_BOUND = 256
+_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+def _unbuildable(node: Any, path: str) -> str | None:
+    """Why ``node`` (a schema) cannot become a grammar without building something huge or broken, or None:
+    a length/item bound over ``MAX_GRAMMAR_BOUND``, or an empty ``enum`` (no value could match)."""
+    if isinstance(node, list):
+        for i, sub in enumerate(node):
+            why = _unbuildable(sub, f"{path}[{i}]")
+            if why:
+                return why
+        return None
+    if not isinstance(node, dict):
+        return None
+    for key in _BOUNDS:
+        v = node.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_GRAMMAR_BOUND:
+            return f"{key} {v!r} at {path} is more than a grammar can enforce (at most {MAX_GRAMMAR_BOUND})"
+    if node.get("enum") == []:
+        return f"enum at {path} is empty (no value could match)"
+    for key, sub in node.items():
+        if isinstance(sub, (dict, list)) and key not in ("enum", "const", "default", "examples", "required"):
+            why = _unbuildable(sub, f"{path}.{key}")
+            if why:
+                return why
+    return None
 
 
 def json_object_gbnf() -> str:

@@ -172,7 +172,11 @@ class ToolFormat:
                  "call ::= " + " | ".join(f"call-{i}" for i in range(len(chosen)))]
         for i, tool in enumerate(chosen):
             lines.append(f"call-{i} ::= {self._call_rule(tool.name, f't{i}-root')}")
-            lines += prefixed_rules(parameters_gbnf(tool.parameters), f"t{i}-")
+            try:
+                lines += prefixed_rules(parameters_gbnf(tool.parameters), f"t{i}-")
+            except ValueError as exc:  # the converter wrote a rule this reader does not know: refuse, not crash
+                raise InvalidRequest(f"cannot build a grammar for tool {tool.name!r}: {exc}",
+                                     param="tools") from None
         return "\n".join(lines) + "\n"
 
     def _root_rule(self, parallel: bool) -> str:

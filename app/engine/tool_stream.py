@@ -21,7 +21,8 @@ With ``tool_choice`` "none", or without tools, nothing is parsed: the text passe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence, Union
 
 from app.engine.tool_formats import ToolFormat
@@ -114,7 +115,7 @@ class ToolStream:
         """End the answer (``finish_reason``: the engine's). Returns the pieces still to go out and the
         ``ToolOutcome``."""
         out = self._take(self._parser.finish()) if self._parser is not None else []
-        held = self._held or []
+        held = _complete_calls(self._held or [], finish_reason)
         errors = self._errors(held)
         if errors:
             raw, sent = "".join(self._raw), "".join(self._sent)
@@ -137,6 +138,48 @@ class ToolStream:
                 if why is not None:
                     errors.append(ToolCallError(p.call.arguments, why, p.index, p.call.name))
         return errors
+
+
+def _complete_calls(held: list, finish_reason: str) -> list:
+    """``held`` without what a small model adds after its calls: a last call cut off by ``max_tokens``
+    (finish_reason "length", after at least one whole call) and exact repeats of an earlier call (same name and
+    arguments); the calls left are renumbered from 0. Measured on the bundled 270M model under a forced,
+    parallel grammar: five identical calls, then a sixth cut by max_tokens, which used to turn the whole
+    answer into text."""
+    ends = [p for p in held if isinstance(p, CallEnd)]
+    failed = [p for p in held if isinstance(p, CallFailed)]
+    drop: set[int] = set()
+    if finish_reason == "length" and ends and len(failed) == 1:
+        last = failed[0].error.index
+        if last is not None and last > max(p.index for p in ends):
+            drop.add(last)
+            held = [p for p in held if p is not failed[0]]
+    seen: set[tuple[str, str]] = set()
+    for p in ends:
+        key = (p.call.name, _canonical(p.call.arguments))
+        if key in seen:
+            drop.add(p.index)
+        seen.add(key)
+    if not drop:
+        return held
+    kept = sorted({p.index for p in held if isinstance(p, CallStart)} - drop)
+    new = {old: i for i, old in enumerate(kept)}
+    out = []
+    for p in held:
+        index = getattr(p, "index", None)
+        if isinstance(p, (CallStart, ArgsPiece, CallEnd)):
+            if index in drop:
+                continue
+            p = replace(p, index=new[index])
+        out.append(p)
+    return out
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
 
 
 def stream_tools(events: Iterable[Delta | Done], reader: ToolStream) -> Iterator[Piece | ToolsDone]:

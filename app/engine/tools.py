@@ -113,11 +113,31 @@ def parse_tools(raw: Any) -> tuple[ToolSpec, ...]:
                                  param=f"tools[{i}].function.name")
         seen[spec.name] = i
         specs.append(spec)
-    total = sum(len(parameters_gbnf(s.parameters)) for s in specs)
+    return tuple(specs)
+
+
+def check_tool_grammars(tools: Sequence[ToolSpec], choice: ToolChoice) -> None:
+    """Compile the grammars a forced ``choice`` decodes through (``required``: every tool; a named function:
+    that one), so a schema the converter cannot compile, or one whose grammar would be too large, is a 400
+    before the request is queued. ``auto`` and ``none`` decode without a grammar: nothing is built (a schema
+    with ``maxLength: 1000`` is fine there). Raises ``InvalidRequest`` naming ``tools[i].function.parameters``,
+    or ``tools`` when the grammars are too large together."""
+    if not choice.forces_call:
+        return
+    total = 0
+    for i, spec in enumerate(tools):
+        if choice.mode == "function" and spec.name != choice.name:
+            continue
+        at = f"tools[{i}].function.parameters"
+        try:
+            gbnf = parameters_gbnf(spec.parameters)
+        except InvalidRequest as exc:  # schema_to_gbnf names response_format
+            raise InvalidRequest(exc.message, param=at) from None
+        schema_check.check_grammar(gbnf, at)
+        total += len(gbnf)
     if total > MAX_TOOLS_GRAMMAR_CHARS:
         raise InvalidRequest(f"the tools' schemas compile to {total} characters of grammar together; at most "
                              f"{MAX_TOOLS_GRAMMAR_CHARS} are allowed (send fewer or smaller tools)", param="tools")
-    return tuple(specs)
 
 
 def _parse_tool(item: Any, at: str) -> ToolSpec:
@@ -158,11 +178,6 @@ def _check_parameters(schema: Any, at: str, strict: bool) -> dict[str, Any]:
                              param=at)
     if strict:
         schema_check.refuse_unenforceable(schema, at, label="strict function")
-    try:
-        gbnf = parameters_gbnf(schema)
-    except InvalidRequest as exc:  # schema_to_gbnf names response_format
-        raise InvalidRequest(exc.message, param=at) from None
-    schema_check.check_grammar(gbnf, at)
     return schema
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from app.assistant.turn import Caller
-from app.engine.tools import ToolCall, parse_tool_choice, parse_tools
+from app.engine.tools import ToolCall, check_tool_grammars, parse_tool_choice, parse_tools
 from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
 from app.errors import InvalidRequest
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -63,6 +63,7 @@ class Plan:
 
 
 def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
+    check_text(body.model_dump(exclude_none=True))
     for legacy in ("functions", "function_call"):
         if getattr(body, legacy) is not None:
             raise InvalidRequest(f"{legacy} is the deprecated form of function calling; send tools and "
@@ -73,6 +74,7 @@ def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
     dec = _decoding(body, max_tokens, grammar_for(body.response_format))
     tools = parse_tools(body.tools)
     choice = parse_tool_choice(body.tool_choice, tools)
+    check_tool_grammars(tools, choice)
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     base = _request(body, messages=messages, decoding=dec, want_logprobs=_want(lp), tools=tools,
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
@@ -80,6 +82,7 @@ def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
 
 
 def completion_plan(body: CompletionRequest, model: str) -> Plan:
+    check_text(body.model_dump(exclude_none=True))
     prompts = _prompts(body.prompt)
     if body.echo:
         raise InvalidRequest("echo is not supported", param="echo")
@@ -101,6 +104,24 @@ def completion_plan(body: CompletionRequest, model: str) -> Plan:
         reqs.extend(_choices(_request(body, prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
         index.extend([i] * body.n)
     return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp)
+
+
+def check_text(node: Any, path: str = "") -> None:
+    """Raise ``InvalidRequest`` naming the field when a string of the request body holds a lone surrogate
+    (JSON can escape ``"\\ud800"``, which is not Unicode text: it cannot be encoded to UTF-8 nor tokenized;
+    it used to surface as a 500 from the engine)."""
+    if isinstance(node, str):
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest(f"{path or 'the request'} holds a lone surrogate (\\ud800-\\udfff), which is not "
+                                 "valid Unicode text", param=path or None) from None
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            check_text(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_text(v, f"{path}[{i}]")
 
 
 # -- pieces ------------------------------------------------------------------------------------------------
@@ -148,9 +169,17 @@ def _tool_call(raw: Any, at: str) -> ToolCall:
         raise InvalidRequest(f"{at}.function.name must be a non-empty string", param=f"{at}.function.name")
     if isinstance(args, dict):
         args = json.dumps(args, ensure_ascii=False)
-    if not isinstance(args, str):
-        raise InvalidRequest(f"{at}.function.arguments must be a JSON string", param=f"{at}.function.arguments")
+    if not isinstance(args, str) or not _json_object(args):
+        raise InvalidRequest(f"{at}.function.arguments must be a JSON object, as a string (got {args!r:.80})",
+                             param=f"{at}.function.arguments")
     return ToolCall(call_id, name, args)
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _content(content: Any, i: int) -> str:
