@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from app import paths
-from app.engine.types import DecodingParams, LoadSettings
+from app.engine.types import DecodingParams, LoadSettings, _check_range
 from app.errors import InvalidRequest
 from app.fileio import atomic_write_text
 
@@ -36,13 +36,34 @@ class ServerSettings:
     max_queue: int = 16
 
 
+# The chat's tool loop (``tools`` in settings.json, Settings → MCP servers): name -> (lowest, highest).
+TOOL_LIMITS = {"max_steps": (1, 20), "call_timeout_s": (1, 600), "start_timeout_s": (1, 300)}
+
+
+@dataclass
+class ToolSettings:
+    """The tool loop's limits. ``max_steps``: generations per turn (the last may not call a tool);
+    ``call_timeout_s``: seconds one MCP call may take; ``start_timeout_s``: seconds a server has to answer
+    ``initialize`` (applies to servers started after the change). Whole numbers in ``TOOL_LIMITS``."""
+
+    max_steps: int = 6
+    call_timeout_s: int = 60
+    start_timeout_s: int = 30
+
+    def validate(self) -> "ToolSettings":
+        """Raise ``InvalidRequest`` (``param``: the field) for a value out of ``TOOL_LIMITS``; return self."""
+        for name, (lo, hi) in TOOL_LIMITS.items():
+            _check_range(name, getattr(self, name), lo, hi, integer=True)
+        return self
+
+
 @dataclass
 class UserSettings:
     """Everything the app remembers. ``model``: the model id or path last chosen (None: bundled). ``load``:
     ``LoadSettings``, e.g. ``load.n_parallel`` (requests served at once; null: auto, chosen from the memory
     estimate when the model loads; out of 1-64 or not an integer: a warning and auto).
     ``cache_budget_mb``: byte budget of the on-disk prefix cache in MiB. ``per_model``: overrides of
-    ``load`` fields keyed by model id."""
+    ``load`` fields keyed by model id. ``tools``: ``ToolSettings``, the tool loop's limits."""
 
     model: str | None = None
     load: LoadSettings = field(default_factory=LoadSettings)
@@ -52,6 +73,7 @@ class UserSettings:
     cache_budget_mb: float = 4096.0
     server: ServerSettings = field(default_factory=ServerSettings)
     per_model: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     def load_for(self, model_id: str | None) -> LoadSettings:
         """Load settings for ``model_id`` with its remembered overrides applied."""
@@ -145,14 +167,16 @@ def from_dict(data: dict[str, Any]) -> UserSettings:
     if not 1 <= server.port <= 65535:
         log.warning("settings: server.port=%r is out of range; using %d", server.port, DEFAULT_PORT)
         server = replace(server, port=DEFAULT_PORT)
-    top = {k: v for k, v in data.items() if k not in ("load", "decoding", "server")}
+    tools = _validated(lambda **k: ToolSettings(**k).validate(),
+                       _typed(ToolSettings, data.get("tools"), "tools."), "tools.")
+    top = {k: v for k, v in data.items() if k not in ("load", "decoding", "server", "tools")}
     base = UserSettings(**_typed(UserSettings, top, ""))
     if base.cache_budget_mb < 0:
         log.warning("settings: cache_budget_mb=%r is negative; using the default", base.cache_budget_mb)
         base = replace(base, cache_budget_mb=UserSettings().cache_budget_mb)
     if not all(isinstance(v, dict) for v in base.per_model.values()):
         base = replace(base, per_model={k: v for k, v in base.per_model.items() if isinstance(v, dict)})
-    return replace(base, load=load, decoding=dec, server=server)
+    return replace(base, load=load, decoding=dec, server=server, tools=tools)
 
 
 def load_user_settings() -> UserSettings:

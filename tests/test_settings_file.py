@@ -9,7 +9,7 @@ import pytest
 
 from app import paths
 from app.cli._engine_args import add_decoding_args, add_load_args, decoding, load_settings
-from app.settings import UserSettings, load_user_settings, save_user_settings
+from app.settings import ToolSettings, UserSettings, load_user_settings, save_user_settings
 
 
 def write(data) -> None:
@@ -28,11 +28,17 @@ def parse(*argv: str) -> argparse.Namespace:
     ({"server": {"port": "abc"}}, lambda s: s.server.port == 8765),
     ({"server": {"port": 99999}}, lambda s: s.server.port == 8765),
     ({"system_prompt": 5, "prefix_cache": False}, lambda s: s.system_prompt == "" and s.prefix_cache is False),
-    ({"decoding": {"temperature": -3, "top_k": 5}}, lambda s: s.decoding.temperature == 0.8 and s.decoding.top_k == 5),
+    ({"decoding": {"temperature": -3, "top_k": 5}},
+     lambda s: s.decoding.temperature == 0.8 and s.decoding.top_k == 5),
     ({"load": {"n_ctx": -5, "type_k": "q8_0"}}, lambda s: s.load.n_ctx == 4096 and s.load.type_k == "q8_0"),
     ({"decoding": {"stop": ["END"], "logit_bias": {"5": -1}}},
      lambda s: s.decoding.stop == ("END",) and s.decoding.logit_bias == ((5, -1.0),)),
     ([1, 2, 3], lambda s: s == UserSettings()),
+    ({"tools": {"max_steps": 0, "call_timeout_s": 601, "start_timeout_s": 5}},
+     lambda s: s.tools == ToolSettings(max_steps=6, call_timeout_s=60, start_timeout_s=5)),
+    ({"tools": {"max_steps": "3", "call_timeout_s": 2.5, "start_timeout_s": True}},
+     lambda s: s.tools == ToolSettings()),
+    ({"tools": 7, "system_prompt": "hi"}, lambda s: s.tools == ToolSettings() and s.system_prompt == "hi"),
 ])
 def test_bad_values_fall_back_to_defaults_and_keep_the_rest(data, check):
     write(data)
@@ -70,3 +76,14 @@ def test_save_is_atomic_and_round_trips():
     save_user_settings(s)
     assert load_user_settings() == s
     assert not list(paths.home().glob(".settings-*.tmp"))
+
+
+def test_tool_limits_round_trip_and_a_bad_one_is_named_in_a_warning(caplog):
+    save_user_settings(UserSettings(tools=ToolSettings(max_steps=20, call_timeout_s=1, start_timeout_s=300)))
+    assert json.loads(paths.settings_file().read_text(encoding="utf-8"))["tools"] == {
+        "max_steps": 20, "call_timeout_s": 1, "start_timeout_s": 300}
+    assert load_user_settings().tools == ToolSettings(20, 1, 300)
+    write({"tools": {"max_steps": 21, "call_timeout_s": 30}})
+    with caplog.at_level("WARNING", logger="app.settings"):
+        assert load_user_settings().tools == ToolSettings(max_steps=6, call_timeout_s=30, start_timeout_s=30)
+    assert any("tools.max_steps" in r.getMessage() and "<= 20" in r.getMessage() for r in caplog.records)

@@ -385,3 +385,95 @@ def test_a_malformed_mcp_json_is_named_and_replaced_from_settings(qtbot, hearth_
         qtbot.waitUntil(lambda: w.ctx.tools.statuses()["server1"].state == "ready", timeout=30_000)
     finally:
         close_window(w)
+
+
+def test_always_allowed_is_taken_back_in_settings_and_the_next_call_asks(qtbot, stdio_window) -> None:
+    from app.ui.settings_dialog import SettingsDialog
+
+    w = stdio_window
+    send(qtbot, w, "first")
+    qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)
+    qtbot.mouseClick(tool_widget(w).buttons["allow_always"], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
+    assert load_config().server("t").always_allow == {"add"}
+    dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+    page = dlg.mcp
+    items = {page.tools.item(i).data(Qt.ItemDataRole.UserRole): page.tools.item(i) for i in range(page.tools.count())}
+    assert items["add"].text().endswith("(always allowed)") and "always" not in items["echo"].text()
+    page.tools.setCurrentItem(items["echo"])
+    assert not page.ask_again_btn.isEnabled()
+    page.tools.setCurrentItem(items["add"])
+    assert page.ask_again_btn.isEnabled()
+    qtbot.mouseClick(page.ask_again_btn, Qt.MouseButton.LeftButton)
+    add = next(page.tools.item(i) for i in range(page.tools.count())
+               if page.tools.item(i).data(Qt.ItemDataRole.UserRole) == "add")
+    assert "always" not in add.text() and not page.ask_again_btn.isEnabled()
+    assert load_config().server("t").always_allow == {"add"}  # nothing saved before Save
+    dlg.accept()
+    assert dlg.result() and dlg.new_mcp.server("t").always_allow == frozenset()
+    w.apply_mcp(dlg.new_mcp)
+    saved = json.loads((w.ctx.tools.config_path or (Path(w.ctx.store.path).parent / "mcp.json")).read_text())
+    assert "alwaysAllow" not in saved["mcpServers"]["t"] and load_config().server("t").always_allow == set()
+    send(qtbot, w, "second")
+    qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)  # asks again
+    qtbot.mouseClick(tool_widget(w).buttons["allow_once"], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
+    assert w.chat_model.items()[-1].content == "The sum is 5"
+    assert load_config().server("t").always_allow == set()
+
+
+def test_tool_limits_come_from_settings_json_and_are_edited_on_the_mcp_page(qtbot, hearth_home: Path) -> None:
+    from app import paths
+    from app.settings import ToolSettings, load_user_settings
+    from app.ui.settings_dialog import SettingsDialog
+
+    paths.settings_file().write_text(json.dumps({"tools": {"max_steps": 3, "call_timeout_s": 1,
+                                                           "start_timeout_s": 9999}}), encoding="utf-8")
+    write_mcp(hearth_home, {"t": server("tool_server.py")})
+    w = open_window(qtbot, calls_then_answers("t__slow", {"seconds": 30}, "Sorry:"))
+    try:
+        tools = w.ctx.tools
+        assert (tools.max_steps, tools.call_timeout_s, tools.start_timeout_s) == (3, 1.0, 30.0)  # 9999: default
+        wait_ready(qtbot, w, "t")
+        assert tools.toolbox().max_steps == 3 and tools.toolbox().call_timeout_s == 1.0
+        send(qtbot, w, "slow please")  # the call timeout from settings.json is the one used
+        qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)
+        qtbot.mouseClick(tool_widget(w).buttons["allow_once"], Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
+        assert "no answer within 1 s" in tool_widget(w).notice.text()
+        dlg = SettingsDialog(w.ctx.settings, None, w, tools=tools)
+        spins = dlg.mcp.limits
+        assert {k: s.value() for k, s in spins.items()} == {"max_steps": 3, "call_timeout_s": 1,
+                                                             "start_timeout_s": 30}
+        assert (spins["max_steps"].maximum(), spins["call_timeout_s"].maximum(),
+                spins["start_timeout_s"].maximum()) == (20, 600, 300)
+        spins["max_steps"].setValue(99)  # clamped by the spin box
+        spins["call_timeout_s"].setValue(120)
+        spins["start_timeout_s"].setValue(45)
+        dlg.accept()
+        assert dlg.result() and dlg.new_mcp is None  # mcp.json unchanged
+        w.apply_settings(dlg.new_settings, None)
+        assert load_user_settings().tools == ToolSettings(max_steps=20, call_timeout_s=120, start_timeout_s=45)
+        assert (tools.max_steps, tools.call_timeout_s, tools.start_timeout_s) == (20, 120.0, 45.0)
+        assert tools.toolbox().max_steps == 20 and tools.toolbox().call_timeout_s == 120.0
+    finally:
+        close_window(w)
+
+
+
+def test_ask_every_time_keeps_the_other_tools_and_keys(qtbot) -> None:
+    from types import SimpleNamespace
+
+    from app.tools.mcp_config import parse_config
+    from app.ui.mcp_page import McpPage
+
+    cfg = parse_config({"mcpServers": {"s": {"command": "x", "alwaysAllow": ["a", "b"], "autoApprove": ["a"]}}})
+    st = SimpleNamespace(name="s", state="ready", disabled=False, error=None,
+                         tools=[SimpleNamespace(name=n, description="") for n in ("a", "b", "c")])
+    page = McpPage(cfg, {"s": st})
+    qtbot.addWidget(page)
+    page.ask_every_time(page.tools.item(2))  # "c" is not always allowed: nothing to take back
+    page.ask_every_time(page.tools.item(0))
+    assert [page.tools.item(i).text() for i in range(3)] == ["a", "b (always allowed)", "c"]
+    out = page.result_config().server("s")
+    assert out.always_allow == {"b"} and dict(out.extra) == {"autoApprove": ["a"]}  # another client's key kept

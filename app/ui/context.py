@@ -37,7 +37,7 @@ class AppContext(QObject):
         self.pool = WorkerPool(max_threads=6, parent=self)
         self.engine = EngineController(self.pool, self)
         self.docs = DocumentsController(self.pool, self)
-        self.tools = ToolsController(parent=self)
+        self.tools = ToolsController(parent=self, settings=self.settings.tools)
         self.chat = ChatController(self.pool, self.store, self.engine, lambda: self.settings,
                                    documents=self.docs.source, tools=self.tools, parent=self)
         self.server = ServerController(self.pool, self.engine.current, documents=self.docs.source,
@@ -47,8 +47,10 @@ class AppContext(QObject):
 
     # -- settings -----------------------------------------------------------------------------------------
     def save_settings(self, settings: UserSettings) -> None:
-        """Persist (atomically) and remember ``settings``."""
+        """Persist (atomically) and remember ``settings`` (new tool limits go to the tools controller)."""
         save_user_settings(settings)
+        if settings.tools != self.settings.tools:
+            self.tools.use_settings(settings.tools)
         self.settings = settings
 
     def job_for(self, path: str, model_id: str) -> LoadJob:

@@ -6,7 +6,11 @@ another client's ``autoApprove``, stay as they were), and ``result_config()`` va
 MCP client's own parser (``app.tools.parse_server``), so an error names the field the way the file would
 (``mcpServers.fs.command must be a non-empty string``). The text boxes take one argument per line,
 ``KEY=value`` per environment line and ``Name: value`` per header line. A tool switched off is saved in the
-entry's ``disabledTools``; a tool the person allowed "always" from the chat (``alwaysAllow``) is marked so.
+entry's ``disabledTools``; a tool the person allowed "always" from the chat (``alwaysAllow``) is marked so, and
+**Ask every time** (the button under the list, or the tool's context menu) takes that back: on save the tool
+leaves ``alwaysAllow`` (``McpConfig.with_always_allow(server, tool, allow=False)``) and its next call asks.
+The **Tool calls** box edits the tool loop's limits (settings.json's ``tools``, ``app.settings.ToolSettings``):
+``result_limits()``.
 Status comes from the running hub (``update_status``, live while the dialog is open); a server
 that is not running lists only the tools already switched off.
 """
@@ -16,12 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QPlainTextEdit, QPushButton, QRadioButton, QSplitter, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+                               QListWidget, QListWidgetItem, QMenu, QPlainTextEdit, QPushButton, QRadioButton,
+                               QSpinBox, QSplitter, QVBoxLayout, QWidget)
 
 from app.errors import InvalidRequest
+from app.settings import TOOL_LIMITS, ToolSettings
 
+_ALWAYS_ROLE = Qt.ItemDataRole.UserRole + 1  # a tool item's data: allowed without asking
 _LAUNCH_KEYS = ("command", "args", "env", "cwd", "url", "headers", "disabled", "type")
 
 
@@ -60,15 +66,19 @@ def status_line(status: Any) -> str:
 
 class McpPage(QWidget):
     """``config``: the ``McpConfig`` running now; ``statuses``: its servers' ``ServerStatus`` by name;
-    ``error``: why mcp.json could not be read (shown at the top; saving replaces the file)."""
+    ``error``: why mcp.json could not be read (shown at the top; saving replaces the file); ``limits``: the
+    ``ToolSettings`` shown in the Tool calls box (None: the defaults)."""
 
     def __init__(self, config: Any, statuses: dict[str, Any], error: str | None = None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, limits: ToolSettings | None = None) -> None:
         super().__init__(parent)
         self.config, self.statuses = config, dict(statuses)
-        self.drafts: list[dict[str, Any]] = [{"name": s.name, "entry": s.to_json()} for s in config.servers]
+        # a draft: "name", "entry" (its JSON), "revoked" (tools taken out of alwaysAllow), "raw" (text boxes)
+        self.drafts: list[dict[str, Any]] = [{"name": s.name, "entry": s.to_json(), "revoked": set()}
+                                             for s in config.servers]
         self.current = -1
         self._build(error)
+        self.show_limits(limits or ToolSettings())
         for d in self.drafts:
             self.servers.addItem(self._item_text(d["name"]))
         self.servers.currentRowChanged.connect(self._select)
@@ -98,8 +108,26 @@ class McpPage(QWidget):
         split.addWidget(self._editor())
         split.setSizes([200, 520])
         outer.addWidget(split, 1)
+        outer.addWidget(self._limits_box())
         self.error = QLabel(wordWrap=True, styleSheet="color:#c62828")
         outer.addWidget(self.error)
+
+    def _limits_box(self) -> QGroupBox:
+        box = QGroupBox("Tool calls (every server)")
+        row = QHBoxLayout(box)
+        self.limits: dict[str, QSpinBox] = {}
+        for name, label, suffix, tip in (
+                ("max_steps", "Steps per answer", "", "Generations per turn; the last one may not call a tool"),
+                ("call_timeout_s", "Call timeout", " s", "Seconds one tool call may take"),
+                ("start_timeout_s", "Server start timeout", " s",
+                 "Seconds a server has to start (servers started after the change)")):
+            lo, hi = TOOL_LIMITS[name]
+            spin = QSpinBox(minimum=lo, maximum=hi, suffix=suffix, toolTip=tip)
+            self.limits[name] = spin
+            row.addWidget(QLabel(label))
+            row.addWidget(spin)
+        row.addStretch(1)
+        return box
 
     def _editor(self) -> QWidget:
         self.editor = QWidget()
@@ -124,12 +152,19 @@ class McpPage(QWidget):
         self.tools = QListWidget()
         self.tools.setMinimumHeight(150)
         self.tools.itemChanged.connect(self._tool_switched)
+        self.tools.currentItemChanged.connect(lambda *_: self._enable_ask_again())
+        self.tools.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.tools.customContextMenuRequested.connect(self._tool_menu)
+        self.ask_again_btn = QPushButton("Ask every time", enabled=False,
+                                         toolTip="Take back \"Always allow\": the next call of this tool asks first")
+        self.ask_again_btn.clicked.connect(lambda: self.ask_every_time(self.tools.currentItem()))
         for label, w in (("Name", self.name), ("Kind", kind), ("Command", self.command), ("Arguments", self.args),
                          ("Environment", self.env), ("Working folder", self.cwd), ("URL", self.url),
                          ("Headers", self.headers), ("", self.disabled), ("Status", self.status)):
             f.addRow(label, w)
         f.addRow(QLabel("Tools (unchecked: hidden from the model)"))
         f.addRow(self.tools)
+        f.addRow(self.ask_again_btn)
         return self.editor
 
     # -- servers ------------------------------------------------------------------------------------------
@@ -146,7 +181,7 @@ class McpPage(QWidget):
         self._commit()
         names = {d["name"] for d in self.drafts}
         name = next(f"server{i}" for i in range(1, 1000) if f"server{i}" not in names)
-        self.drafts.append({"name": name, "entry": {"command": ""}})
+        self.drafts.append({"name": name, "entry": {"command": ""}, "revoked": set()})
         self.servers.addItem(self._item_text(name))
         self.servers.setCurrentRow(len(self.drafts) - 1)
 
@@ -186,7 +221,7 @@ class McpPage(QWidget):
         self.status.setText(status_line(st))
         self.status.setStyleSheet("color:#c62828" if st is not None and st.state == "failed" else "")
         e = d["entry"]
-        off, always = set(e.get("disabledTools") or []), set(e.get("alwaysAllow") or [])
+        off, always = set(e.get("disabledTools") or []), set(e.get("alwaysAllow") or []) - d["revoked"]
         known = [(t.name, t.description) for t in (st.tools if st is not None else ())]
         known += [(n, "") for n in sorted(off) if n not in {k for k, _ in known}]
         self.tools.blockSignals(True)
@@ -196,10 +231,32 @@ class McpPage(QWidget):
                                                                                   if name in always else "")
             item = QListWidgetItem(text)
             item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setData(_ALWAYS_ROLE, name in always)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Unchecked if name in off else Qt.CheckState.Checked)
             self.tools.addItem(item)
         self.tools.blockSignals(False)
+        self._enable_ask_again()
+
+    def _enable_ask_again(self) -> None:
+        item = self.tools.currentItem()
+        self.ask_again_btn.setEnabled(item is not None and bool(item.data(_ALWAYS_ROLE)))
+
+    def _tool_menu(self, pos: Any) -> None:
+        item = self.tools.itemAt(pos)
+        if item is None or not item.data(_ALWAYS_ROLE):
+            return
+        menu = QMenu(self.tools)
+        menu.addAction("Ask every time", lambda: self.ask_every_time(item))
+        menu.exec(self.tools.viewport().mapToGlobal(pos))
+
+    def ask_every_time(self, item: QListWidgetItem | None) -> None:
+        """Take back "Always allow" for ``item``'s tool (saved with the dialog; its next call asks first)."""
+        if item is None or not item.data(_ALWAYS_ROLE) or not 0 <= self.current < len(self.drafts):
+            return
+        d = self.drafts[self.current]
+        d["revoked"].add(item.data(Qt.ItemDataRole.UserRole))
+        self._show_status(d)
 
     def _transport_changed(self) -> None:
         stdio = self.stdio.isChecked()
@@ -262,7 +319,20 @@ class McpPage(QWidget):
 
         self._commit()
         servers = tuple(parse_server(d["name"], self._entry(d)) for d in self.drafts)
-        return McpConfig(servers=servers, extra=dict(self.config.extra))
+        cfg = McpConfig(servers=servers, extra=dict(self.config.extra))
+        for d in self.drafts:
+            for tool in sorted(d["revoked"]):
+                cfg = cfg.with_always_allow(d["name"], tool, allow=False)
+        return cfg
+
+    def show_limits(self, limits: ToolSettings) -> None:
+        """Show ``limits`` in the Tool calls box."""
+        for name, spin in self.limits.items():
+            spin.setValue(int(getattr(limits, name)))
+
+    def result_limits(self) -> ToolSettings:
+        """The Tool calls box as ``ToolSettings`` (the spin boxes keep each value in range)."""
+        return ToolSettings(**{name: spin.value() for name, spin in self.limits.items()}).validate()
 
     def update_status(self, status: Any) -> None:
         """A server's new ``ServerStatus`` (from the hub, on the GUI thread)."""

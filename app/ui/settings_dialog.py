@@ -7,7 +7,8 @@ is atomic (``app.settings.save_user_settings``). The window reloads the model wh
 
 With the app's ``ToolsController`` the dialog has a second page, **MCP servers** (``app.ui.mcp_page``): after
 Save, ``new_mcp`` is the edited ``McpConfig`` (None when nothing changed), which the window saves as mcp.json
-and runs. Server status updates arrive live while the dialog is open."""
+and runs; its Tool calls box (steps per answer, call and start timeouts) is saved in the settings' ``tools``.
+Server status updates arrive live while the dialog is open."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class SettingsDialog(QDialog):
         if tools is not None:
             from app.ui.mcp_page import McpPage
 
-            self.mcp = McpPage(tools.config, tools.statuses(), tools.config_error)
+            self.mcp = McpPage(tools.config, tools.statuses(), tools.config_error, limits=settings.tools)
             tools.status_changed.connect(self.mcp.update_status)
             self.pages.addTab(self.mcp, "MCP servers")
         self.tools = tools
@@ -87,7 +88,8 @@ class SettingsDialog(QDialog):
         self.prefix_cache = QCheckBox("Reuse prompts from the prefix cache on disk")
         self.cache_budget = _spin(0, 1 << 20)
         self.cache_budget.setSuffix(" MiB")
-        self.per_model = QCheckBox(f"For this model only ({self.model_id})" if self.model_id else "For this model only")
+        self.per_model = QCheckBox(f"For this model only ({self.model_id})" if self.model_id
+                                   else "For this model only")
         self.per_model.setEnabled(bool(self.model_id))
         for label, w in (("Context (n_ctx, tokens)", self.n_ctx), ("GPU layers", self.n_gpu_layers),
                          ("KV type K", self.type_k), ("KV type V", self.type_v), ("", self.flash_attn),
@@ -160,6 +162,8 @@ class SettingsDialog(QDialog):
         else:
             per_model.pop(self.model_id or "", None)
             s = replace(s, load=load)
+        if self.mcp is not None:
+            s = replace(s, tools=self.mcp.result_limits())
         return replace(s, decoding=self._decoding(), system_prompt=self.system_prompt.toPlainText(),
                        prefix_cache=self.prefix_cache.isChecked(), cache_budget_mb=float(self.cache_budget.value()),
                        per_model=per_model)

@@ -11,6 +11,10 @@ when the person clicks, and whoever comes first creates the future, so a click t
 starts waiting is not lost. ``release_all`` (Stop, closing) answers every waiting call with "deny" so a
 stopped turn never stays blocked.
 
+The limits (``max_steps``, ``call_timeout_s``, ``start_timeout_s``) come from settings.json's ``tools`` section
+(``app.settings.ToolSettings``, edited on Settings → MCP servers) through ``use_settings``: a new call timeout or
+step count applies from the next turn, a new start timeout to servers started after it.
+
 A malformed ``mcp.json`` does not stop the app: no server runs, ``config_error`` says why (Settings shows it)
 and saving a corrected config from Settings replaces the file.
 """
@@ -30,25 +34,29 @@ from app.errors import HearthError
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 30.0  # the defaults of app.settings.ToolSettings
 CALL_TIMEOUT_S = 60.0
 MAX_STEPS = 6
 
 
 class ToolsController(QObject):
     """Signals: ``status_changed(ServerStatus)`` (GUI thread), ``config_changed()`` after ``apply``.
-    ``config_path``: the mcp.json to use (None: the data folder's)."""
+    ``config_path``: the mcp.json to use (None: the data folder's); ``settings``: the ``ToolSettings`` limits
+    (None: the defaults)."""
 
     status_changed = Signal(object)
     config_changed = Signal()
 
-    def __init__(self, config_path: str | Path | None = None, parent: QObject | None = None) -> None:
+    def __init__(self, config_path: str | Path | None = None, parent: QObject | None = None,
+                 settings: Any = None) -> None:
         super().__init__(parent)
         from app.tools import McpConfig, McpHub, load_config
 
         self.config_path = config_path
         self.config_error: str | None = None
         self.start_timeout_s, self.call_timeout_s, self.max_steps = START_TIMEOUT_S, CALL_TIMEOUT_S, MAX_STEPS
+        if settings is not None:
+            self.use_settings(settings)
         self.tool_choice: Any = None  # None: "auto"; a ToolChoice forces the steps before the last
         try:
             cfg = load_config(config_path)
@@ -59,6 +67,12 @@ class ToolsController(QObject):
         self._lock = threading.Lock()
         self._answers: dict[str, concurrent.futures.Future] = {}
         self._closed = False
+
+    def use_settings(self, settings: Any) -> None:
+        """Take the limits of ``settings`` (``app.settings.ToolSettings``, already validated)."""
+        self.max_steps = int(settings.max_steps)
+        self.call_timeout_s = float(settings.call_timeout_s)
+        self.start_timeout_s = float(settings.start_timeout_s)
 
     # -- servers ------------------------------------------------------------------------------------------
     def start(self) -> None:
