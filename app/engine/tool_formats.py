@@ -44,7 +44,7 @@ import re
 from typing import Callable, Sequence
 
 from app.engine.tool_parser import WS, Chars, ParsedOutput, ToolCallParser
-from app.engine.tools import ToolCall, ToolChoice, ToolSpec, new_call_id, parameters_gbnf
+from app.engine.tools import ToolCall, ToolChoice, ToolSpec, forced_tools, new_call_id, parameters_gbnf
 from app.errors import InvalidRequest
 
 _RULE_LINE = re.compile(r"([a-zA-Z0-9-]+) ::= (.*)")
@@ -103,18 +103,6 @@ def _rename(body: str, names: set[str], prefix: str) -> str:
     return "".join(out)
 
 
-def _chosen(tools: Sequence[ToolSpec], choice: ToolChoice) -> list[ToolSpec]:
-    if choice.mode == "required":
-        if not tools:
-            raise InvalidRequest("tool_choice is 'required' but the request has no tools", param="tool_choice")
-        return list(tools)
-    chosen = [t for t in tools if t.name == choice.name]
-    if not chosen:
-        raise InvalidRequest(f"tool_choice names function {choice.name!r}, which is not in tools",
-                             param="tool_choice")
-    return chosen
-
-
 def _canonical(arguments: str) -> str:
     """Arguments as a template's ``tojson`` writes them (", " and ": "); the raw text if it is not JSON."""
     try:
@@ -166,7 +154,7 @@ class ToolFormat:
         when ``choice`` asks for a tool that is not in ``tools``."""
         if not choice.forces_call:
             return None
-        chosen = _chosen(tools, choice)
+        chosen = forced_tools(tools, choice)
         # Tool i's schema rules are all named t<i>-…; the rules written here never start that way.
         lines = [f"root ::= {self._root_rule(parallel)}",
                  "call ::= " + " | ".join(f"call-{i}" for i in range(len(chosen)))]

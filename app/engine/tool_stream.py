@@ -156,7 +156,7 @@ def _complete_calls(held: list, finish_reason: str) -> list:
             held = [p for p in held if p is not failed[0]]
     seen: set[tuple[str, str]] = set()
     for p in ends:
-        key = (p.call.name, _canonical(p.call.arguments))
+        key = (p.call.name, _args_key(p.call.arguments))
         if key in seen:
             drop.add(p.index)
         seen.add(key)
@@ -175,7 +175,8 @@ def _complete_calls(held: list, finish_reason: str) -> list:
     return out
 
 
-def _canonical(arguments: str) -> str:
+def _args_key(arguments: str) -> str:
+    """Arguments compared by value (keys sorted); the raw text if it is not JSON."""
     try:
         return json.dumps(json.loads(arguments), sort_keys=True)
     except ValueError:

@@ -116,6 +116,20 @@ def parse_tools(raw: Any) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
+def forced_tools(tools: Sequence[ToolSpec], choice: ToolChoice) -> list[ToolSpec]:
+    """The tools a forced ``choice`` decodes through: every tool for "required", the named one for a function.
+    Raises ``InvalidRequest(param="tool_choice")`` when there is none."""
+    if choice.mode == "required":
+        if not tools:
+            raise InvalidRequest("tool_choice is 'required' but the request has no tools", param="tool_choice")
+        return list(tools)
+    chosen = [t for t in tools if t.name == choice.name]
+    if not chosen:
+        raise InvalidRequest(f"tool_choice names function {choice.name!r}, which is not in tools",
+                             param="tool_choice")
+    return chosen
+
+
 def check_tool_grammars(tools: Sequence[ToolSpec], choice: ToolChoice) -> None:
     """Compile the grammars a forced ``choice`` decodes through (``required``: every tool; a named function:
     that one), so a schema the converter cannot compile, or one whose grammar would be too large, is a 400
@@ -124,9 +138,10 @@ def check_tool_grammars(tools: Sequence[ToolSpec], choice: ToolChoice) -> None:
     or ``tools`` when the grammars are too large together."""
     if not choice.forces_call:
         return
+    chosen = {spec.name for spec in forced_tools(tools, choice)}
     total = 0
     for i, spec in enumerate(tools):
-        if choice.mode == "function" and spec.name != choice.name:
+        if spec.name not in chosen:
             continue
         at = f"tools[{i}].function.parameters"
         try:
