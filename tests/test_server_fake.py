@@ -519,7 +519,9 @@ def test_queue_full_is_429_with_retry_after():
         assert eng.started.wait(5)
         threads[1].start()
         deadline = time.time() + 5
-        while eng.queue_depth() < 1 and time.time() < deadline:
+        # A counts as running once its stream has read its "admitted" event; until then it counts as waiting
+        # itself, and the third request would overtake B.
+        while (eng.active() < 1 or eng.queue_depth() < 1) and time.time() < deadline:
             time.sleep(0.01)
         r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": USER}, timeout=10)
         err(r, 429, code="queue_full")
