@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Union
 
+from app.engine.reasoning_budget import ReasoningBudget
 from app.engine.tools import ToolCall, ToolChoice, ToolSpec
 from app.errors import InvalidRequest
 
@@ -214,6 +215,32 @@ def _check_tool_message(m: ChatMessage, at: str, calls: set[str]) -> None:
                              "assistant message", param=f"{at}.tool_call_id")
 
 
+SPECULATIVE_MODES = ("prompt_lookup", "draft")
+
+
+@dataclass(frozen=True)
+class ReasoningRequest:
+    """How one request may think (docs/reasoning.md).
+
+    ``budget``: the request's budget as ``reasoning_budget.resolve_budget`` resolved it over the request,
+    conversation and model layers (not yet fitted: the engine fits it to the context with
+    ``ReasoningBudget.fit``). ``answer_now``: a line inserted after a forced end of thinking (s1's
+    "Final Answer:"), None for none. A request without one (``GenerateRequest.reasoning`` None) still has
+    a native thinker's thinking split off, with the unset budget (half the context left)."""
+
+    budget: ReasoningBudget = field(default_factory=ReasoningBudget)
+    answer_now: str | None = None
+
+    def validate(self) -> "ReasoningRequest":
+        if not isinstance(self.budget, ReasoningBudget):
+            raise InvalidRequest("reasoning.budget must be a ReasoningBudget (reasoning_budget.resolve_budget)",
+                                 param="hearth.reasoning_budget")
+        if self.answer_now is not None and (not isinstance(self.answer_now, str) or len(self.answer_now) > 200):
+            raise InvalidRequest(f"hearth.answer_now must be text of at most 200 characters, got "
+                                 f"{self.answer_now!r}", param="hearth.answer_now")
+        return self
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One generation. Exactly one of ``prompt`` (raw text, no template) or ``messages`` (templated).
@@ -245,6 +272,8 @@ class GenerateRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    reasoning: ReasoningRequest | None = None
+    speculative: str | None = None
 
     @property
     def choice(self) -> ToolChoice:
@@ -259,6 +288,13 @@ class GenerateRequest:
         if self.messages is not None:
             check_messages(self.messages)
         self._check_tools()
+        if self.reasoning is not None:
+            if not isinstance(self.reasoning, ReasoningRequest):
+                raise InvalidRequest("reasoning must be a ReasoningRequest", param="reasoning_effort")
+            self.reasoning.validate()
+        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
+            raise InvalidRequest(f"hearth.speculative must be one of {', '.join(SPECULATIVE_MODES)} or null, "
+                                 f"got {self.speculative!r}", param="hearth.speculative")
         _check_range("priority", self.priority, -100, 100, integer=True)
         if self.deadline_s is not None:
             _check_range("deadline_s", self.deadline_s, 0.0, 1e6, lo_open=True)
@@ -309,6 +345,18 @@ class Metrics:
     - ``prefill_shared``: the prompt (shorter than one chunk) arrived with others and was prefilled in one
       ``llama_decode`` with theirs: its KV, and so even its first token, may differ in the last bits from a
       solo run (every other prompt is prefilled alone, in the canonical layout).
+
+    Thinking (``reasoning_budget.ReasoningMetrics``): ``reasoning_tokens`` / ``answer_tokens`` split
+    ``completion_tokens`` (sampled tokens; inserted end-of-thinking text is in neither);
+    ``ttfat_s``: the request entered its slot → the first *answer* text was available to the caller (None:
+    no answer text); ``thinking_s``: first thinking token → end of thinking (engine clock);
+    ``reasoning_budget``: the thinking tokens allowed after fitting (None: no thinking split for this
+    model and request); ``reasoning_forced`` / ``reasoning_stopped_by`` ("budget", "deadline", "user"):
+    Hearth ended thinking, and why; ``reasoning_unclosed``: the output ended inside thinking.
+
+    Speculative decoding (docs/speculative.md): ``spec_mode`` ("prompt_lookup", "draft", or None),
+    ``spec_drafted`` draft tokens proposed, ``spec_accepted`` of them accepted, ``spec_steps`` verification
+    steps (``acceptance_rate`` = accepted / drafted).
     """
 
     prompt_tokens: int = 0
@@ -333,6 +381,23 @@ class Metrics:
     peak_rss_bytes: int = 0
     batch_peak: int = 1
     prefill_shared: bool = False
+    reasoning_tokens: int = 0
+    answer_tokens: int = 0
+    ttfat_s: float | None = None
+    thinking_s: float = 0.0
+    reasoning_budget: int | None = None
+    reasoning_forced: bool = False
+    reasoning_stopped_by: str | None = None
+    reasoning_unclosed: bool = False
+    spec_mode: str | None = None
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted ÷ drafted speculative tokens (None when nothing was drafted)."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -341,22 +406,27 @@ class Metrics:
 @dataclass(frozen=True)
 class Delta:
     """New answer text. ``text`` never splits a UTF-8 character nor holds part of a stop string;
-    ``token_ids`` are the tokens whose text completed in this delta; ``logprobs`` per token when asked."""
+    ``token_ids`` are the tokens whose text completed in this delta; ``logprobs`` per token when asked.
+    ``reasoning``: new thinking text (kept apart from the answer: never part of ``text`` nor of
+    ``Done.text``; markers removed)."""
 
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[Any, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
 class Done:
     """The generation ended. finish_reason: "stop" (end-of-turn token or stop string) or "length"
-    (max_tokens or context full). ``info``: template used, model id, etc."""
+    (max_tokens or context full). ``info``: template used, model id, etc. ``reasoning``: the whole thinking
+    text (markers removed; "" when the model did not think)."""
 
     finish_reason: str
     metrics: Metrics
     text: str = ""
     info: dict = field(default_factory=dict)
+    reasoning: str = ""
 
 
 Event = Union[Delta, Done]
