@@ -104,7 +104,7 @@ def test_tool_turns_export_and_import_unchanged(memory_store: Store, tmp_path: P
         assert "## Tool (t__add)" in text and '- calls `t__add` with `{"a": 2, "b": 3}`' in text
     else:
         doc = json.loads(text)
-        assert doc["version"] == 2
+        assert doc["version"] == 3
         assert doc["messages"][1]["tool_calls"] == [{"id": "call_a", "name": "t__add", "arguments": CALL.arguments}]
         assert (doc["messages"][2]["tool_call_id"], doc["messages"][2]["name"]) == ("call_a", "t__add")
     with Store(tmp_path / "other.db") as other:

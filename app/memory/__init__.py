@@ -13,6 +13,7 @@ from app.memory.records import (
     Conversation,
     ConversationData,
     Message,
+    Reasoning,
     SearchHit,
     Summary,
     message_id,
@@ -20,6 +21,6 @@ from app.memory.records import (
 from app.memory.store import Store
 
 __all__ = [
-    "Citation", "ContextBuilder", "ContextPlan", "Conversation", "ConversationData", "Message", "SearchHit",
-    "Store", "Summarizer", "Summary", "SummaryRequest", "message_id", "summary_prompt",
+    "Citation", "ContextBuilder", "ContextPlan", "Conversation", "ConversationData", "Message", "Reasoning",
+    "SearchHit", "Store", "Summarizer", "Summary", "SummaryRequest", "message_id", "summary_prompt",
 ]

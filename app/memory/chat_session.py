@@ -21,6 +21,12 @@ Tools: an answer that made calls is a step of its turn, not its end. The caller 
 (``add_tool_result``: a ``tool`` message under the call, the whole text) and asks for the next step with
 ``continue_after(last result)``; the plan of that step is the person's message followed by the turn's calls and
 results so far (``ContextBuilder.build(tail=...)``), so each step's prompt extends the one before.
+
+Reasoning: a ``Delta``'s ``reasoning`` (the model's thinking, split off by the engine) is collected apart from
+its ``text`` and stored apart with the answer (``Store`` table ``message_reasoning``: the text, and from the
+``Done`` metrics its tokens, budget, whether and why Hearth ended it; the effort from the request's
+``reasoning`` option, an ``app.engine.types.ReasoningRequest``). A stopped or failed answer keeps the thinking
+streamed so far too. The context builder reads ``content`` only, so thinking never goes back into a prompt.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from app.engine.tools import ToolCall
 from app.engine.types import ChatMessage, Delta, Done
 from app.errors import HearthError
 from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, SummaryRequest, Summarizer
+from app.memory.records import reasoning_info_from
 from app.memory.store import Citation, Store
 
 log = logging.getLogger(__name__)
@@ -50,7 +57,8 @@ class TurnResult:
     the prompt (``ContextPlan.breakdown``); ``summaries_added``: ids of summaries written for this turn;
     ``dropped_ids``: older messages left out because they could not be summarized (normally empty);
     ``tool_calls``: the calls the answer made (its turn goes on once their results are stored);
-    ``tool_errors``: why calls the model wrote were not valid (they were stored as text), or None."""
+    ``tool_errors``: why calls the model wrote were not valid (they were stored as text), or None;
+    ``reasoning``: the answer's thinking, stored apart from ``text`` ("" when the model did not think)."""
 
     conversation_id: str
     user_message_id: str
@@ -63,6 +71,7 @@ class TurnResult:
     dropped_ids: list[str] = field(default_factory=list)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_errors: str | None = None
+    reasoning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,7 +242,9 @@ class ChatSession:
         meta = {"model": self.model, "context": plan.breakdown, "summary_ids": plan.summary_ids}
         aid = self.store.begin_streaming_message(conversation_id, after_id, meta=meta)
         opts = {**self.generate_options, "max_tokens": self.builder.max_tokens, **options}
+        effort = getattr(getattr(opts.get("reasoning"), "budget", None), "effort", None)
         text: list[str] = []
+        thought: list[str] = []
         done = None
         last = self.clock()
         events = iter(self.generate_fn(plan.messages, **opts))
@@ -243,23 +254,30 @@ class ChatSession:
                     done = ev
                 elif isinstance(ev, Delta):
                     text.append(ev.text)
+                    if ev.reasoning:
+                        thought.append(ev.reasoning)
                     if self.clock() - last >= self.update_interval_s:
-                        self.store.update_streaming_message(aid, "".join(text))
+                        self.store.update_streaming_message(aid, "".join(text),
+                                                            "".join(thought) if thought else None)
                         last = self.clock()
                 yield ev
                 if done is not None:
                     break
         except BaseException as exc:  # cancelled, engine crashed, consumer went away: keep what was said
             self.store.finish_message(aid, "error", content="".join(text),
-                                      meta={"error": type(exc).__name__, "message": str(exc)})
+                                      meta={"error": type(exc).__name__, "message": str(exc)},
+                                      reasoning="".join(thought) if thought else None,
+                                      reasoning_info={"effort": effort} if thought and effort else None)
             raise
         finally:
             _close(events)  # release the engine (a Generation stops and frees its slot)
         user_id = self._parts(after_id)[1].id
-        yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), done, citations)
+        yield self._finish(conversation_id, user_id, aid, plan, added, "".join(text), done, citations,
+                           "".join(thought), effort)
 
     def _finish(self, conversation_id: str, user_id: str, aid: str, plan: ContextPlan, added: list[str],
-                text: str, done: Done | ToolsDone | None, citations: Sequence[Any]) -> TurnResult:
+                text: str, done: Done | ToolsDone | None, citations: Sequence[Any], thought: str = "",
+                effort: str | None = None) -> TurnResult:
         outcome = done.outcome if isinstance(done, ToolsDone) else None
         if isinstance(done, ToolsDone):
             done = done.done
@@ -269,10 +287,14 @@ class ChatSession:
         errors = outcome.error_message if outcome else None
         text = outcome.text if outcome else text
         tokens = metrics.get("completion_tokens") or self.builder.count(text)
+        thought = (done.reasoning if done is not None and done.reasoning else thought) or ""
+        thinking = bool(thought or metrics.get("reasoning_tokens"))
         final = self.store.finish_message(aid, "complete", content=text, token_count=tokens, tool_calls=calls,
                                           meta={"finish_reason": finish_reason, "metrics": metrics,
-                                                **({"tool_errors": errors} if errors else {})})
+                                                **({"tool_errors": errors} if errors else {})},
+                                          reasoning=thought if thinking else None,
+                                          reasoning_info=reasoning_info_from(metrics, effort) if thinking else None)
         if citations:
             self.store.add_citations(final, citations)
         return TurnResult(conversation_id, user_id, final, text, finish_reason, metrics, plan.breakdown,
-                          added, plan.dropped_ids, calls, errors)
+                          added, plan.dropped_ids, calls, errors, thought)

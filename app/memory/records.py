@@ -12,7 +12,12 @@ is a message of role ``tool`` with ``tool_call_id`` and ``name``, holding the wh
 are part of the content address (a call of ``f`` and a call of ``g``, both with no text, are different
 messages); a message without them keeps the address it always had. Both ``app.memory.store`` (SQLite) and
 ``app.memory.transfer`` (export/import) build on this module; it imports neither, so the two never need each
-other's private names. Times are ISO 8601 UTC strings (microseconds), which sort as text.
+other's private names.
+
+Reasoning (a model's thinking) is kept apart from the message it led to (``Reasoning``, one per message, with
+its token count and why it ended): it is not part of the content address, not searched, and never given back
+to a model as answer text (``app.memory.context`` reads ``content`` only). ``Message.reasoning`` repeats the
+text for readers that show it. Times are ISO 8601 UTC strings (microseconds), which sort as text.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ log = logging.getLogger(__name__)
 
 STATUSES = ("complete", "incomplete", "error")
 EXPORT_FORMAT = "hearth.conversation"
-EXPORT_VERSION = 2  # 2: messages carry tool_calls, tool_call_id and name (version 1 files still import)
+EXPORT_VERSION = 3  # 2: messages carry tool_calls, tool_call_id and name; 3: reasoning_info (1 and 2 still import)
+STOPPED_BY = ("budget", "deadline", "user")  # why Hearth ended thinking (app.engine.reasoning_budget.STOPPED_BY)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -61,7 +67,8 @@ class Conversation:
 @dataclass(frozen=True)
 class Message:
     """One stored message. ``token_count`` in tokens of the model that was loaded when it was stored (None if
-    unknown). ``status``: complete | incomplete (streaming, or the process died mid-answer) | error.
+    unknown). ``reasoning``: the thinking text stored apart with it (``Reasoning``; None: none).
+    ``status``: complete | incomplete (streaming, or the process died mid-answer) | error.
     ``tool_calls``: the calls an assistant message made; ``tool_call_id`` and ``name``: which call a ``tool``
     message answers (its ``content`` is the whole result, never cut)."""
 
@@ -83,6 +90,78 @@ class Message:
         d = asdict(self)
         d["tool_calls"] = calls_to_list(self.tool_calls)
         return d
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The thinking behind one assistant message, stored apart from it (table ``message_reasoning``).
+
+    ``text``: the thinking (markers removed); ``tokens``: thinking tokens sampled (None: unknown);
+    ``budget``: thinking tokens allowed after fitting to the context (None: no limit / unknown); ``effort``:
+    the effort that set the budget (none / low / medium / high; None when tokens were explicit or unset);
+    ``forced``: Hearth ended thinking, ``stopped_by`` why (budget / deadline / user); ``unclosed``: the answer
+    ended with thinking still open; ``thinking_s``: seconds of thinking (engine clock)."""
+
+    message_id: str
+    text: str
+    tokens: int | None = None
+    budget: int | None = None
+    effort: str | None = None
+    forced: bool = False
+    stopped_by: str | None = None
+    unclosed: bool = False
+    thinking_s: float | None = None
+    created: str = ""
+
+    def info(self) -> dict[str, Any]:
+        """Everything but the message id, the text and the time (the export's ``reasoning_info``)."""
+        d = asdict(self)
+        del d["message_id"], d["text"], d["created"]
+        return d
+
+
+REASONING_INFO_KEYS = ("tokens", "budget", "effort", "forced", "stopped_by", "unclosed", "thinking_s")
+
+
+def reasoning_info_from(metrics: dict[str, Any], effort: str | None = None) -> dict[str, Any]:
+    """``Reasoning`` fields from an answer's engine ``Metrics`` dict (``reasoning_tokens``,
+    ``reasoning_budget``, ``reasoning_forced``, ``reasoning_stopped_by``, ``reasoning_unclosed``,
+    ``thinking_s``) and the request's ``effort``."""
+    return {"tokens": metrics.get("reasoning_tokens"), "budget": metrics.get("reasoning_budget"), "effort": effort,
+            "forced": bool(metrics.get("reasoning_forced")), "stopped_by": metrics.get("reasoning_stopped_by"),
+            "unclosed": bool(metrics.get("reasoning_unclosed")), "thinking_s": metrics.get("thinking_s")}
+
+
+def check_reasoning_info(info: dict[str, Any] | None, what: str = "reasoning_info") -> dict[str, Any]:
+    """``info`` with only ``REASONING_INFO_KEYS`` and values of the right types; ``ValueError`` naming the
+    field otherwise (an unknown key too). None is ``{}``."""
+    out: dict[str, Any] = {}
+    for k, v in (info or {}).items():
+        if k not in REASONING_INFO_KEYS:
+            raise ValueError(f"{what} has an unknown key {k!r}; known: {', '.join(REASONING_INFO_KEYS)}")
+        if v is None:
+            out[k] = None
+        elif k in ("tokens", "budget"):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{what}.{k} must be an integer >= 0 (tokens) or null, got {v!r}")
+            out[k] = v
+        elif k in ("forced", "unclosed"):
+            if not isinstance(v, bool):
+                raise ValueError(f"{what}.{k} must be true or false, got {v!r}")
+            out[k] = v
+        elif k == "stopped_by":
+            if v not in STOPPED_BY:
+                raise ValueError(f"{what}.stopped_by must be one of {', '.join(STOPPED_BY)} or null, got {v!r}")
+            out[k] = v
+        elif k == "thinking_s":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"{what}.thinking_s must be a number >= 0 (seconds) or null, got {v!r}")
+            out[k] = float(v)
+        else:
+            if not isinstance(v, str):
+                raise ValueError(f"{what}.effort must be text or null, got {v!r}")
+            out[k] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -137,13 +216,14 @@ class SearchHit:
 @dataclass
 class ConversationData:
     """Everything stored for one conversation: all messages of all branches (in insertion order), summaries,
-    citations, and ``warnings`` about rows that could only be loaded in part."""
+    citations, ``warnings`` about rows that could only be loaded in part, and ``reasoning`` by message id."""
 
     conversation: Conversation
     messages: list[Message]
     summaries: list[Summary]
     citations: list[Citation]
     warnings: list[str] = field(default_factory=list)
+    reasoning: dict[str, Reasoning] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------------------

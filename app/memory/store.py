@@ -30,6 +30,18 @@ Design decisions held here:
   message's ``tool_call_id`` / ``tool_name`` are columns under the same immutability trigger, and part of the
   content address (``records.message_id``). A tool result is stored whole, however large; the context builder
   cuts it in the prompt, never here.
+- **Reasoning is stored apart** (m005 ``message_reasoning``: one row per message with the thinking text, its
+  tokens, budget, effort, and whether and why Hearth ended it). The message row is never rewritten for it and
+  its content address stays the answer's; the context builder reads ``content`` only, so thinking is never
+  given back to a model as answer text, and search does not see it. While the answer streams the row is
+  updated in place; once its message is finished a trigger refuses changes, as for the message. Re-keying
+  moves it to the final id; when an identical answer already exists under the same parent (same content,
+  so the same id), the first reasoning stored for it stays, as the first writer's meta does.
+  (``messages.reasoning``, m001's column, is no longer written; m005 copied what it held.)
+- **A conversation's reasoning setting** (``reasoning_settings`` / ``set_reasoning_settings``) is the
+  conversation layer of the thinking budget (``app.engine.reasoning_budget``): ``settings["reasoning"]``,
+  a mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``, validated by
+  ``ReasoningSettings.from_mapping`` when written; a hand-edited bad value loads as unset with a warning.
 - **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
   INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
   a search always finds what was actually said.
@@ -52,6 +64,7 @@ from typing import Any, Callable
 
 from sqlite_utils import Database, Migrations
 
+from app.engine.reasoning_budget import ReasoningSettings
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest, StoreError
 from app.memory import transfer
@@ -61,8 +74,10 @@ from app.memory.records import (
     Conversation,
     ConversationData,
     Message,
+    Reasoning,
     SearchHit,
     Summary,
+    check_reasoning_info,
     dumps_calls,
     dumps_json,
     loads_calls,
@@ -184,6 +199,34 @@ def m004_tool_messages(db: Database) -> None:
         BEGIN
             SELECT RAISE(ABORT, 'hearth: a finished message cannot be changed (history is append-only)');
         END""")
+
+
+@migrations()
+def m005_message_reasoning(db: Database) -> None:
+    db.execute("""
+        CREATE TABLE message_reasoning (
+            message_id TEXT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            text TEXT NOT NULL DEFAULT '',
+            tokens INTEGER,
+            budget INTEGER,
+            effort TEXT,
+            forced INTEGER NOT NULL DEFAULT 0,
+            stopped_by TEXT CHECK (stopped_by IS NULL OR stopped_by IN ('budget', 'deadline', 'user')),
+            unclosed INTEGER NOT NULL DEFAULT 0,
+            thinking_s REAL,
+            created TEXT NOT NULL
+        )""")
+    # Like the message: while it streams its reasoning grows in place; once it is finished, it is frozen.
+    db.execute("""
+        CREATE TRIGGER message_reasoning_immutable
+        BEFORE UPDATE ON message_reasoning
+        WHEN (SELECT status FROM messages WHERE id = old.message_id) != 'incomplete'
+        BEGIN
+            SELECT RAISE(ABORT, 'hearth: the reasoning of a finished message cannot be changed');
+        END""")
+    # m001's column held reasoning inside the message row; copy it out (the message rows stay as they are).
+    db.execute("INSERT INTO message_reasoning (message_id, text, created) SELECT id, reasoning, created "
+               "FROM messages WHERE reasoning IS NOT NULL AND reasoning != ''")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -325,12 +368,46 @@ class Store:
         with self._tx() as db:
             db.execute(f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?", [*params, conversation_id])
 
+    def reasoning_settings(self, conversation_id: str) -> ReasoningSettings:
+        """The conversation's reasoning layer (``settings["reasoning"]``; unset fields None). A stored value
+        that no longer validates (edited by hand) loads as unset, with a logged warning."""
+        raw = self.get_conversation(conversation_id).settings.get("reasoning")
+        try:
+            if raw is not None and not isinstance(raw, dict):
+                raise InvalidRequest("not a JSON object", param="reasoning")
+            return ReasoningSettings.from_mapping(raw, "conversation")
+        except InvalidRequest as exc:
+            log.warning("conversation %s: its reasoning setting is not valid (%s); used as unset",
+                        conversation_id, exc)
+            return ReasoningSettings()
+
+    def set_reasoning_settings(self, conversation_id: str,
+                               value: ReasoningSettings | dict[str, Any] | None) -> ReasoningSettings:
+        """Store the conversation's reasoning layer: a ``ReasoningSettings`` or a mapping with
+        ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s`` (None, or all unset: the
+        conversation does not say, and the model's default applies). ``InvalidRequest`` names a bad field.
+        Returns what was stored."""
+        if isinstance(value, ReasoningSettings):
+            rs = value.validate("conversation")
+        else:
+            rs = ReasoningSettings.from_mapping(value, "conversation")
+        stored = {k: v for k, v in (("reasoning_effort", rs.effort), ("reasoning_budget", rs.budget_tokens),
+                                    ("reasoning_deadline_s", rs.deadline_s)) if v is not None}
+        conv = self.get_conversation(conversation_id)
+        settings = {k: v for k, v in conv.settings.items() if k != "reasoning"}
+        if stored:
+            settings["reasoning"] = stored
+        self.update_conversation(conversation_id, settings=settings)
+        return rs
+
     def delete(self, conversation_id: str) -> None:
         """Delete a conversation with its messages, summaries and citations (the one way history goes away:
         a person asks for it)."""
         self.get_conversation(conversation_id)
         with self._tx() as db:
             db.execute("DELETE FROM citations WHERE message_id IN "
+                       "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
+            db.execute("DELETE FROM message_reasoning WHERE message_id IN "
                        "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
             db.execute("DELETE FROM summaries WHERE conversation_id = ?", [conversation_id])
             db.execute("DELETE FROM messages WHERE conversation_id = ?", [conversation_id])
@@ -364,7 +441,8 @@ class Store:
             self._require_message(parent_id, conversation_id)
 
     def _insert_message(self, db: Database, row: dict) -> None:
-        row = {"tool_calls": None, "tool_call_id": None, "tool_name": None, **row}
+        # reasoning lives in message_reasoning (m005); the m001 column keeps only what older rows had
+        row = {"tool_calls": None, "tool_call_id": None, "tool_name": None, **row, "reasoning": None}
         db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, reasoning, token_count, "
                    "created, status, meta, tool_calls, tool_call_id, tool_name) VALUES (:id, :conversation_id, "
                    ":parent_id, :role, :content, :reasoning, :token_count, :created, :status, :meta, :tool_calls, "
@@ -373,13 +451,16 @@ class Store:
     def append_message(self, conversation_id: str, role: str, content: str, parent_id: str | None = None, *,
                        reasoning: str | None = None, token_count: int | None = None, status: str = "complete",
                        meta: dict | None = None, set_current: bool = True, tool_calls: Sequence[ToolCall] = (),
-                       tool_call_id: str | None = None, name: str | None = None) -> str:
+                       tool_call_id: str | None = None, name: str | None = None,
+                       reasoning_info: dict | None = None) -> str:
         """Append a finished message under ``parent_id`` (None: a first message); return its content id.
 
         The same role, content and tool fields under the same parent return the existing id and change nothing
-        (the first writer's token_count/meta stay). ``token_count`` in tokens. ``set_current`` moves the tip to
-        it. ``tool_calls``: the calls an assistant message makes; a ``tool`` message (a result) names the call
-        it answers with ``tool_call_id`` and the tool's ``name``."""
+        (the first writer's token_count/meta/reasoning stay). ``token_count`` in tokens. ``set_current`` moves
+        the tip to it. ``tool_calls``: the calls an assistant message makes; a ``tool`` message (a result)
+        names the call it answers with ``tool_call_id`` and the tool's ``name``. ``reasoning``: thinking text,
+        stored apart (``Reasoning``) with ``reasoning_info`` (its ``REASONING_INFO_KEYS``)."""
+        info = self._check_info(reasoning_info)
         if not isinstance(content, str):
             raise InvalidRequest("content must be text", param="content")
         if status == "incomplete":
@@ -395,8 +476,28 @@ class Store:
                                               token_count=token_count, created=ts, status=status,
                                               meta=dumps_json(meta), tool_calls=dumps_calls(calls),
                                               tool_call_id=tool_call_id, tool_name=name))
+                if reasoning is not None or info:
+                    self._put_reasoning(db, mid, reasoning, info)
             self._touch(db, conversation_id, mid if set_current else None, ts)
         return mid
+
+    @staticmethod
+    def _check_info(info: dict | None) -> dict:
+        try:
+            return check_reasoning_info(info)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="reasoning_info") from None
+
+    def _put_reasoning(self, db: Database, mid: str, text: str | None, info: dict) -> None:
+        """Insert or update (while its message streams) the reasoning row of ``mid``: ``text`` None keeps the
+        text, keys absent from ``info`` keep their values."""
+        row = {"text": text, **{k: info.get(k) for k in ("tokens", "budget", "effort", "stopped_by", "thinking_s")},
+               "forced": info.get("forced"), "unclosed": info.get("unclosed")}
+        sets = ", ".join(f"{k} = coalesce(:{k}, {k})" for k in row)
+        db.execute(f"INSERT INTO message_reasoning (message_id, text, tokens, budget, effort, forced, stopped_by, "
+                   f"unclosed, thinking_s, created) VALUES (:mid, coalesce(:text, ''), :tokens, :budget, :effort, "
+                   f"coalesce(:forced, 0), :stopped_by, coalesce(:unclosed, 0), :thinking_s, :created) "
+                   f"ON CONFLICT(message_id) DO UPDATE SET {sets}", {**row, "mid": mid, "created": now()})
 
     def _touch(self, db: Database, conversation_id: str, current: str | None, ts: str) -> None:
         if current is None:
@@ -420,30 +521,38 @@ class Store:
         return mid
 
     def update_streaming_message(self, message_id: str, content: str, reasoning: str | None = None) -> None:
-        """Replace the text so far of an ``incomplete`` message (the only in-place change the store allows).
-        Each call is one committed transaction, so a killed process keeps the last text written."""
+        """Replace the text so far of an ``incomplete`` message (the only in-place change the store allows),
+        and its reasoning so far when given (stored apart). Each call is one committed transaction, so a
+        killed process keeps the last text written."""
         with self._tx() as db:
-            cur = db.execute("UPDATE messages SET content = ?, reasoning = coalesce(?, reasoning) "
-                             "WHERE id = ? AND status = 'incomplete'", [content, reasoning, message_id])
+            cur = db.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'incomplete'",
+                             [content, message_id])
             if cur.rowcount != 1:
                 raise StoreError(f"message {message_id!r} is not being streamed (missing or already finished)")
+            if reasoning is not None:
+                self._put_reasoning(db, message_id, reasoning, {})
 
     def finish_message(self, message_id: str, status: str = "complete", *, content: str | None = None,
                        reasoning: str | None = None, token_count: int | None = None,
-                       meta: dict | None = None, tool_calls: Sequence[ToolCall] | None = None) -> str:
+                       meta: dict | None = None, tool_calls: Sequence[ToolCall] | None = None,
+                       reasoning_info: dict | None = None) -> str:
         """End a streamed message with ``status`` complete or error; ``content`` replaces the text if given,
-        ``meta`` is merged into its meta, ``tool_calls`` (if given) are the calls the answer made. Returns the
-        final id: for ``complete`` the content hash (the provisional row is re-keyed, or dropped in favour of an
-        identical existing sibling), else the same id."""
+        ``meta`` is merged into its meta, ``tool_calls`` (if given) are the calls the answer made;
+        ``reasoning`` (text) and ``reasoning_info`` (its ``REASONING_INFO_KEYS``) are stored apart, given or
+        not the reasoning streamed so far stays. Returns the final id: for ``complete`` the content hash (the
+        provisional row is re-keyed, or dropped in favour of an identical existing sibling), else the same
+        id; the reasoning follows it."""
         if status not in ("complete", "error"):
             raise InvalidRequest(f"status must be complete or error, got {status!r}", param="status")
+        info = self._check_info(reasoning_info)
         with self._tx() as db:
             row = self._require_message(message_id)
             if row["status"] != "incomplete":
                 raise StoreError(f"message {message_id!r} is already finished ({row['status']})")
+            if reasoning is not None or info:
+                self._put_reasoning(db, message_id, reasoning, info)  # before the message is frozen
             merged = {**loads_json(row["meta"], f"message {message_id}: meta", None), **(meta or {})}
             final = dict(row, content=row["content"] if content is None else content,
-                         reasoning=row["reasoning"] if reasoning is None else reasoning,
                          token_count=row["token_count"] if token_count is None else token_count,
                          status=status, meta=dumps_json(merged),
                          tool_calls=row["tool_calls"] if tool_calls is None else dumps_calls(tuple(tool_calls)))
@@ -452,7 +561,7 @@ class Store:
             if status == "complete" and not self._has_dependents(db, message_id):
                 new_id = self._rekey(db, final)
             if new_id == message_id:
-                db.execute("UPDATE messages SET content = :content, reasoning = :reasoning, "
+                db.execute("UPDATE messages SET content = :content, "
                            "token_count = :token_count, meta = :meta, tool_calls = :tool_calls, status = :status "
                            "WHERE id = :id", final)
             cur = db.execute("SELECT current_message_id FROM conversations WHERE id = ?",
@@ -475,17 +584,53 @@ class Store:
         if not db.execute("SELECT 1 FROM messages WHERE id = ?", [new]).fetchone():
             self._insert_message(db, dict(final, id=new))
         db.execute("UPDATE citations SET message_id = ? WHERE message_id = ?", [new, old])
+        # an identical answer stored before keeps its own reasoning (OR IGNORE); ours goes with the old row
+        db.execute("UPDATE OR IGNORE message_reasoning SET message_id = ? WHERE message_id = ?", [new, old])
         db.execute("DELETE FROM messages WHERE id = ?", [old])
         return new
 
-    def _message_from_row(self, row: dict, warnings: list[str] | None = None) -> Message:
+    def _message_from_row(self, row: dict, warnings: list[str] | None = None,
+                          reasoning: dict[str, Reasoning] | None = None) -> Message:
         status = row["status"] if row["status"] in STATUSES else "error"
+        if reasoning is None:
+            reasoning = self._reasoning_of([row["id"]])
+        r = reasoning.get(row["id"])
         return Message(id=row["id"], conversation_id=row["conversation_id"], parent_id=row["parent_id"],
                        role=row["role"], content=row["content"] if isinstance(row["content"], str) else "",
-                       reasoning=row["reasoning"], token_count=row["token_count"], created=row["created"],
+                       reasoning=r.text if r is not None else None, token_count=row["token_count"],
+                       created=row["created"],
                        status=status, meta=loads_json(row["meta"], f"message {row['id']}: meta", warnings),
                        tool_calls=loads_calls(row["tool_calls"], f"message {row['id']}: tool_calls", warnings),
                        tool_call_id=row["tool_call_id"], name=row["tool_name"])
+
+    def _messages_from_rows(self, rows: list[dict], warnings: list[str] | None = None) -> list[Message]:
+        reasoning = self._reasoning_of([r["id"] for r in rows])
+        return [self._message_from_row(r, warnings, reasoning) for r in rows]
+
+    def _reasoning_of(self, ids: Sequence[str]) -> dict[str, Reasoning]:
+        out: dict[str, Reasoning] = {}
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            part = list(ids[i:i + 500])
+            rows = self._rows(f"SELECT * FROM message_reasoning WHERE message_id IN ({','.join('?' * len(part))})",
+                              part)
+            for r in rows:
+                out[r["message_id"]] = Reasoning(r["message_id"], r["text"] or "", r["tokens"], r["budget"],
+                                                 r["effort"], bool(r["forced"]), r["stopped_by"],
+                                                 bool(r["unclosed"]), r["thinking_s"], r["created"])
+        return out
+
+    def reasoning_for(self, message_id: str) -> Reasoning | None:
+        """The reasoning stored apart with ``message_id`` (None: it has none)."""
+        return self._reasoning_of([message_id]).get(message_id)
+
+    def set_reasoning(self, message_id: str, text: str | None, **info: Any) -> None:
+        """Store reasoning apart with a message (``text`` None keeps the text so far; ``info``:
+        ``REASONING_INFO_KEYS``). A streaming message's reasoning may change; a finished message may get
+        reasoning once, and ``StoreError`` refuses any change after that."""
+        checked = self._check_info(info)
+        with self._tx() as db:
+            self._require_message(message_id)
+            self._put_reasoning(db, message_id, text, checked)
 
     def get_message(self, message_id: str) -> Message:
         return self._message_from_row(self._require_message(message_id))
@@ -493,7 +638,7 @@ class Store:
     def messages(self, conversation_id: str) -> list[Message]:
         """All messages of a conversation, every branch, in the order they were stored."""
         rows = self._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", [conversation_id])
-        return [self._message_from_row(r) for r in rows]
+        return self._messages_from_rows(rows)
 
     def path_to(self, message_id: str) -> list[Message]:
         """The branch from the conversation's first message down to ``message_id`` (inclusive)."""
@@ -506,7 +651,7 @@ class Store:
                 WHERE m.parent_id IS NOT NULL AND chain.depth < 1000000
             )
             SELECT m.* FROM chain JOIN messages m ON m.id = chain.id ORDER BY chain.depth DESC""", [message_id])
-        return [self._message_from_row(r) for r in rows]
+        return self._messages_from_rows(rows)
 
     def children(self, message_id: str | None, conversation_id: str | None = None) -> list[Message]:
         """Direct replies to ``message_id`` (its branches), oldest first. ``message_id=None`` with a
@@ -518,7 +663,7 @@ class Store:
                               "ORDER BY seq", [conversation_id])
         else:
             rows = self._rows("SELECT * FROM messages WHERE parent_id = ? ORDER BY seq", [message_id])
-        return [self._message_from_row(r) for r in rows]
+        return self._messages_from_rows(rows)
 
     # ---- summaries and citations -----------------------------------------------------------------------------
 
@@ -607,9 +752,10 @@ class Store:
         warnings: list[str] = []
         conv = self.get_conversation(conversation_id, warnings)
         rows = self._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", [conversation_id])
-        msgs = [self._message_from_row(r, warnings) for r in rows]
+        reasoning = self._reasoning_of([r["id"] for r in rows])
+        msgs = [self._message_from_row(r, warnings, reasoning) for r in rows]
         return ConversationData(conv, msgs, self.summaries_for(conversation_id, warnings),
-                                self._citations_of(conversation_id), warnings)
+                                self._citations_of(conversation_id), warnings, reasoning)
 
     def search(self, query: str, limit: int = 20, conversation_id: str | None = None) -> list[SearchHit]:
         """Full-text search (FTS5, porter stemming) over the original text of every message, best first. Any
@@ -675,6 +821,8 @@ class Store:
                                           status=m.get("status", "complete"), meta=dumps_json(m.get("meta")),
                                           tool_calls=dumps_calls(m.get("tool_calls") or ()),
                                           tool_call_id=m.get("tool_call_id"), tool_name=m.get("name")))
+            if m.get("reasoning") is not None or m.get("reasoning_info"):
+                self._put_reasoning(db, m["id"], m.get("reasoning"), m.get("reasoning_info") or {})
         for s in doc["summaries"]:
             db.execute("INSERT INTO summaries (id, conversation_id, text, first_message_id, last_message_id, "
                        "model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -1,17 +1,21 @@
 """Export and import of one conversation: JSON (canonical) and Markdown (readable, and parseable back).
 
-JSON document (``format: "hearth.conversation"``, ``version: 2``)::
+JSON document (``format: "hearth.conversation"``, ``version: 3``)::
 
-    {"format": "hearth.conversation", "version": 2,
+    {"format": "hearth.conversation", "version": 3,
      "conversation": {id, title, model, settings, created, updated, current_message_id},
      "messages":  [{id, parent_id, role, content, reasoning, token_count, created, status, meta,
-                    tool_calls: [{id, name, arguments}], tool_call_id, name}, ...],
+                    tool_calls: [{id, name, arguments}], tool_call_id, name,
+                    reasoning_info: {tokens, budget, effort, forced, stopped_by, unclosed, thinking_s} | null},
+                   ...],
      "summaries": [{id, text, first_message_id, last_message_id, model, settings, created}, ...],
      "citations": [{message_id, evidence_id, path, page, quote}, ...]}
 
 Messages are listed parents first (the order they were stored). Importing keeps every id. Tool use travels
 as it is stored: the assistant message's ``tool_calls`` and each ``tool`` message with its whole result (the
-cut a prompt may show is never exported). Version 1 documents (no tool fields) import unchanged.
+cut a prompt may show is never exported). Reasoning travels apart from the answer, as it is stored: the
+thinking text in ``reasoning`` and its counts in ``reasoning_info`` (version 3); the answer's ``content`` never
+holds it. Version 1 documents (no tool fields) and version 2 (no ``reasoning_info``) import unchanged.
 
 Markdown: a heading per message for people, and before each message/summary text an HTML comment that machines
 read: ``<!-- hearth:message {JSON} -->``. The JSON holds every field but the text, plus ``length``, the text's
@@ -39,6 +43,7 @@ from app.memory.records import (
     ConversationData,
     calls_from_list,
     calls_to_list,
+    check_reasoning_info,
     message_id,
     provisional_id,
     summary_id,
@@ -46,7 +51,7 @@ from app.memory.records import (
 
 _MARKER = re.compile(r"^<!-- hearth:(conversation|message|summary) (\{.*\}) -->$", re.MULTILINE)
 _MESSAGE_FIELDS = ("id", "parent_id", "role", "content", "reasoning", "token_count", "created", "status", "meta",
-                   "tool_calls", "tool_call_id", "name")
+                   "tool_calls", "tool_call_id", "name", "reasoning_info")
 _SUMMARY_FIELDS = ("id", "text", "first_message_id", "last_message_id", "model", "settings", "created")
 
 
@@ -56,10 +61,15 @@ def to_dict(data: ConversationData) -> dict[str, Any]:
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
         "conversation": data.conversation.to_dict(),
-        "messages": [{k: d[k] for k in _MESSAGE_FIELDS} for d in (m.to_dict() for m in data.messages)],
+        "messages": [{k: d[k] for k in _MESSAGE_FIELDS} for d in (_message_dict(data, m) for m in data.messages)],
         "summaries": [{k: getattr(s, k) for k in _SUMMARY_FIELDS} for s in data.summaries],
         "citations": [c.to_dict() for c in data.citations],
     }
+
+
+def _message_dict(data: ConversationData, m: Any) -> dict[str, Any]:
+    r = data.reasoning.get(m.id)
+    return {**m.to_dict(), "reasoning_info": r.info() if r is not None else None}
 
 
 def _comment(kind: str, obj: dict) -> str:
@@ -174,9 +184,13 @@ def _validate(doc: dict[str, Any]) -> dict[str, Any]:
             m["tool_calls"] = calls_to_list(calls_from_list(m.get("tool_calls"), f"message {m['id']}: tool_calls"))
         except ValueError as exc:
             raise _bad(str(exc)) from None
-        for k in ("tool_call_id", "name"):
+        for k in ("tool_call_id", "name", "reasoning"):
             if m.get(k) is not None and not isinstance(m[k], str):
                 raise _bad(f"message {m['id']}: {k} must be text")
+        try:
+            m["reasoning_info"] = check_reasoning_info(m.get("reasoning_info"), f"message {m['id']}: reasoning_info")
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
     ids = {m["id"] for m in msgs}
     for s in doc.get("summaries") or []:
         if s.get("first_message_id") not in ids or s.get("last_message_id") not in ids:
