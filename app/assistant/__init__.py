@@ -13,8 +13,8 @@ from app.assistant.tool_loop import (
     ToolResultShown,
     deny_all,
 )
-from app.assistant.turn import Assistant, Caller, EvidenceFound, TextDelta, TurnDone, TurnEvent
+from app.assistant.turn import Assistant, Caller, EvidenceFound, ReasoningDelta, TextDelta, TurnDone, TurnEvent
 
-__all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "Permission", "TextDelta",
-           "ToolBox", "ToolCallRequested", "ToolNotice", "ToolResultShown", "TurnDone", "TurnEvent", "citations",
-           "deny_all", "given", "ground", "prune_stale_citations"]
+__all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "Permission",
+           "ReasoningDelta", "TextDelta", "ToolBox", "ToolCallRequested", "ToolNotice", "ToolResultShown", "TurnDone",
+           "TurnEvent", "citations", "deny_all", "given", "ground", "prune_stale_citations"]

@@ -7,6 +7,7 @@ evidence trimmed passage by passage, the message) → generate on the engine →
 typed events; adapters differ only in how they show them:
 
     EvidenceFound(evidence, notice)    the passages the model is given (after trimming), before any token
+    ReasoningDelta(text)               a piece of the model's thinking (kept apart from the answer)
     TextDelta(text)                    a piece of the answer
     ToolCallRequested, ToolResultShown, ToolNotice   with a ``ToolBox``: the model's tool calls, each asked
                                        for, run and stored (``app.assistant.tool_loop``), between the steps
@@ -25,6 +26,18 @@ One factory sets what every adapter used to set its own way: the model id record
 ``Engine.tokenize``), summaries greedy (temperature 0) so they are reproducible, and the answer's reserve
 (``decoding.max_tokens``, default ``DEFAULT_MAX_TOKENS``).
 
+Thinking (docs/reasoning.md): each generation of a turn carries a ``ReasoningRequest`` whose budget is
+resolved over three layers, the first that sets one winning: the turn's own ``reasoning`` (a
+``ReasoningSettings``: ``hearth chat --reasoning-effort``), the conversation's setting
+(``Store.reasoning_settings``: the window's effort picker) and the model's default (``reasoning_default``;
+the window reads it from settings.json's ``per_model[<model id>]`` keys ``reasoning_effort`` /
+``reasoning_budget`` / ``reasoning_deadline_s``). When no layer sets anything the request has none, and
+the engine does what it does by default (a native thinker's thinking is still split off; a base model does
+not think). The thinking streams as ``ReasoningDelta``, never as ``TextDelta``; it is stored apart with the
+answer (also a stopped one) and never goes back into a prompt. ``stop_thinking()`` (any thread) asks the
+running generation to end its thinking now and answer (``Generation.stop_thinking``: budget forcing, as
+when the budget runs out). Summaries never think (they carry no ``ReasoningRequest``).
+
 Who asks is a ``Caller``, and it alone decides a request's scheduler priority (``GenerateRequest.priority``):
 the desktop window's turns (``Caller.WINDOW``, priority 1) are admitted before waiting HTTP requests
 (``Caller.PORT``, priority 0, stamped by ``app.server.convert``), so a long API job never keeps the person's
@@ -42,11 +55,12 @@ from typing import Any, Union
 
 from app.assistant import evidence as ev
 from app.assistant.tool_loop import ToolBox, ToolCallRequested, ToolNotice, ToolResultShown
+from app.engine.reasoning_budget import Layer, ReasoningSettings, resolve_budget
 from app.engine.registry import model_id
 from app.engine.tool_parser import TextPiece
-from app.engine.tool_stream import ToolsDone, ToolStream, stream_tools
+from app.engine.tool_stream import ToolsDone, ToolStream
 from app.engine.tools import ToolChoice, ToolSpec
-from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest
+from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, ReasoningRequest
 from app.memory.chat_session import ChatSession, TurnResult
 from app.memory.context import ContextPlan
 from app.retrieval.types import Evidence
@@ -93,6 +107,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """A piece of the model's thinking, as the engine streamed it (never part of the answer's text)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class TurnDone:
     """The end of a turn. ``result``: the stored answer (``TurnResult``: ids, text, finish_reason, metrics,
     context breakdown); ``citations``: what the answer cites (stored with it); ``evidence``: what the model was
@@ -107,18 +128,20 @@ class TurnDone:
         """The JSON shape of ``hearth chat --message --json``."""
         r = self.result
         return {"conversation_id": r.conversation_id, "message_id": r.message_id, "text": r.text,
-                "finish_reason": r.finish_reason, "metrics": r.metrics, "context": r.context,
-                "summaries_added": r.summaries_added, "dropped_ids": r.dropped_ids, "citations": self.citations,
-                "evidence": self.evidence, "search_notice": self.notice}
+                "reasoning": r.reasoning, "finish_reason": r.finish_reason, "metrics": r.metrics,
+                "context": r.context, "summaries_added": r.summaries_added, "dropped_ids": r.dropped_ids,
+                "citations": self.citations, "evidence": self.evidence, "search_notice": self.notice}
 
 
-TurnEvent = Union[EvidenceFound, TextDelta, ToolCallRequested, ToolResultShown, ToolNotice, TurnDone]
+TurnEvent = Union[EvidenceFound, ReasoningDelta, TextDelta, ToolCallRequested, ToolResultShown, ToolNotice,
+                  TurnDone]
 
 
 class EngineCalls:
     """``generate_fn`` for ``ChatSession`` over ``Engine.generate``: per-call options override ``base``
     decoding fields; every request carries ``caller``'s priority (summaries too: the same person waits for
-    them); the running ``Generation`` is remembered so that ``cancel()`` stops it from any thread."""
+    them) and the turn's ``reasoning`` (summaries none); the running ``Generation`` is remembered so that
+    ``cancel()`` and ``stop_thinking()`` reach it from any thread."""
 
     def __init__(self, engine: Any, base: DecodingParams, caller: Caller = Caller.CLI) -> None:
         self.engine, self.base, self.caller = engine, base, caller
@@ -130,12 +153,15 @@ class EngineCalls:
 
     def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, *,
                  tools: tuple[ToolSpec, ...] = (), tool_choice: ToolChoice | None = None,
-                 parallel_tool_calls: bool = True, **opts: Any) -> Iterator[Any]:
+                 parallel_tool_calls: bool = True, reasoning: ReasoningRequest | None = None,
+                 **opts: Any) -> Iterator[Any]:
         """The engine's events for ``messages``; with ``tools``, the answer read by ``ToolStream``: ``Delta``
-        for the text outside calls, then ``ToolsDone`` (the calls) instead of ``Done``."""
+        for the text outside calls (and the thinking, as ``Delta.reasoning``), then ``ToolsDone`` (the calls)
+        instead of ``Done``."""
         dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
         req = self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec, tools=tuple(tools),
-                                                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls))
+                                                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                                                reasoning=reasoning))
         gen = self.engine.generate(req)
         with self._lock:
             self._current = gen
@@ -143,11 +169,7 @@ class EngineCalls:
                 gen.cancel()
         try:
             if tools:
-                for item in stream_tools(gen, ToolStream.for_request(req, self.engine.tool_format())):
-                    if isinstance(item, TextPiece):
-                        yield Delta(item.text)
-                    elif isinstance(item, ToolsDone):
-                        yield item
+                yield from _read_tools(gen, ToolStream.for_request(req, self.engine.tool_format()))
             else:
                 yield from gen
         finally:
@@ -161,13 +183,37 @@ class EngineCalls:
             self.cancelled = False
 
     def cancel(self) -> None:
+        """Stop the running generation (and any later one of this turn)."""
         with self._lock:
             self.cancelled = True
             if self._current is not None:
                 self._current.cancel()
 
+    def stop_thinking(self) -> bool:
+        """Ask the running generation to end its thinking and answer now; True when it will (False: nothing
+        is running, or its thinking already ended)."""
+        with self._lock:
+            gen = self._current
+        return bool(gen is not None and gen.stop_thinking())
+
     def count_messages(self, messages: list[ChatMessage]) -> int:
         return prompt_tokens(self.engine, messages, self.tools)
+
+
+def _read_tools(events: Iterator[Any], reader: ToolStream) -> Iterator[Any]:
+    """An engine stream read for tool calls (``ToolStream`` reads the answer text only): the thinking passes
+    through at once as ``Delta("", reasoning=...)``, the text outside calls as ``Delta``, then ``ToolsDone``.
+    (``tool_stream.stream_tools`` drops ``Delta.reasoning``; the thinking must stream while the answer, which
+    the reader may hold back, has not begun.)"""
+    for event in events:
+        if isinstance(event, Done):
+            pieces, outcome = reader.finish(event.finish_reason)
+            yield from (Delta(p.text) for p in pieces if isinstance(p, TextPiece))
+            yield ToolsDone(event, outcome)
+            return
+        if event.reasoning:
+            yield Delta("", reasoning=event.reasoning)
+        yield from (Delta(p.text) for p in reader.feed(event.text) if isinstance(p, TextPiece))
 
 
 def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...],
@@ -185,14 +231,20 @@ class Assistant:
     ``system_prompt``: text of the system message; ``documents``: a ``DocumentSource`` to ground turns in, or
     None; ``k``: passages per turn (1 to ``evidence.MAX_K``, else ``InvalidRequest``); ``caller``: who asks
     (``Caller``: the desktop window passes ``Caller.WINDOW`` so its turns go before waiting API requests);
-    ``tools``: a ``ToolBox`` whose tools the model may call (None: no tools). One turn runs at a time per
-    assistant."""
+    ``tools``: a ``ToolBox`` whose tools the model may call (None: no tools); ``reasoning_default``: the
+    model's default reasoning layer (``ReasoningSettings`` or a mapping with ``reasoning_effort`` /
+    ``reasoning_budget`` / ``reasoning_deadline_s``; validated here, ``InvalidRequest`` names a bad field);
+    ``answer_now``: a line inserted after a forced end of thinking (None: nothing). One turn runs at a time
+    per assistant."""
 
     def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
                  system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K,
-                 caller: Caller = Caller.CLI, tools: ToolBox | None = None) -> None:
+                 caller: Caller = Caller.CLI, tools: ToolBox | None = None, reasoning_default: Layer = None,
+                 answer_now: str | None = None) -> None:
         self.engine, self.store, self.documents, self.k = engine, store, documents, ev.check_k(k)
         self.tools = tools
+        self.reasoning_default = _model_layer(reasoning_default)
+        self.answer_now = answer_now
         self.decoding = decoding or DecodingParams()
         self.calls = EngineCalls(engine, self.decoding, Caller(caller))
         self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
@@ -211,6 +263,18 @@ class Assistant:
         if self.tools is not None:
             self.tools.cancel()
 
+    def stop_thinking(self) -> bool:
+        """End the running generation's thinking now; it then answers (any thread). True when it will."""
+        return self.calls.stop_thinking()
+
+    def reasoning_for(self, conversation_id: str,
+                      request: ReasoningSettings | None = None) -> ReasoningRequest | None:
+        """The ``ReasoningRequest`` a turn of ``conversation_id`` runs with: ``request`` (this turn's layer) >
+        the conversation's setting > ``reasoning_default`` (None when no layer sets anything)."""
+        budget = resolve_budget(*(_fields(request)), per_conversation=self.store.reasoning_settings(conversation_id),
+                                per_model_default=self.reasoning_default)
+        return ReasoningRequest(budget, self.answer_now) if budget.asked else None
+
     def send(self, conversation_id: str, text: str | None, **kw: Any) -> TurnDone:
         """``turn`` run to its end; ``on_delta(text)`` (optional) sees each piece of the answer."""
         on_delta = kw.pop("on_delta", None)
@@ -224,19 +288,21 @@ class Assistant:
         return done
 
     def turn(self, conversation_id: str, text: str | None, *, parent_id: str | None = None, edit: bool = False,
-             regenerate_of: str | None = None) -> Iterator[TurnEvent]:
+             regenerate_of: str | None = None, reasoning: ReasoningSettings | None = None) -> Iterator[TurnEvent]:
         """Answer ``text`` in ``conversation_id`` (see the module docstring). ``parent_id``: answer under this
         message instead of the tip (with ``edit``: ``text`` replaces the message after it; None with ``edit``
         means a new first message); ``regenerate_of``: a new answer to this stored user message (``text``
-        unused). Errors: ``StoreError`` for an unknown conversation, ``ContextLengthExceeded``,
-        ``Cancelled``, ``EngineCrashed`` (the partial answer is kept)."""
+        unused); ``reasoning``: this turn's reasoning layer (over the conversation's and the model's). Errors:
+        ``StoreError`` for an unknown conversation, ``ContextLengthExceeded``, ``Cancelled``,
+        ``EngineCrashed`` (the partial answer is kept), ``InvalidRequest`` for a bad reasoning value."""
         self.calls.reset()
         if self.tools is not None:
             self.tools.reset()
+        thinking = {"reasoning": self.reasoning_for(conversation_id, reasoning)}
         query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
         found = self._search(conversation_id, query or "")
         specs = self.calls.tools = self.tools.specs() if self.tools is not None else ()
-        opts = self.tools.options(specs, 1) if self.tools is not None else {}
+        opts = {**(self.tools.options(specs, 1) if self.tools is not None else {}), **thinking}
         stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence, opts)
         seen = _Seen(found)
         for step in range(1, (self.tools.max_steps if self.tools is not None else 1) + 1):
@@ -249,7 +315,7 @@ class Assistant:
             tip = yield from self.tools.run_calls(self.session, conversation_id, result.tool_calls,
                                                   result.message_id, step)
             stream = self.session.continue_after(conversation_id, tip, evidence=ev.evidence_text(found.evidence),
-                                                 **self.tools.options(specs, step + 1))
+                                                 **self.tools.options(specs, step + 1), **thinking)
         yield self._done(result, seen.given, seen.notice)
 
     def _relay(self, stream: Iterator[Any], seen: "_Seen") -> Iterator[TurnEvent]:
@@ -264,6 +330,8 @@ class Assistant:
                     if seen.given:
                         yield EvidenceFound(seen.given, seen.notice)
             elif isinstance(item, Delta):
+                if item.reasoning:
+                    yield ReasoningDelta(item.reasoning)
                 if item.text:
                     yield TextDelta(item.text)
             elif isinstance(item, TurnResult):
@@ -310,6 +378,19 @@ class _Seen:
 
     def __post_init__(self) -> None:
         self.notice = self.found.notice
+
+
+def _model_layer(value: Layer) -> ReasoningSettings:
+    """The model's default reasoning layer, validated (``InvalidRequest`` naming the field)."""
+    if value is None:
+        return ReasoningSettings()
+    if isinstance(value, ReasoningSettings):
+        return value.validate("model")
+    return ReasoningSettings.from_mapping(value, "model")
+
+
+def _fields(s: ReasoningSettings | None) -> tuple[Any, Any, Any]:
+    return (None, None, None) if s is None else (s.effort, s.budget_tokens, s.deadline_s)
 
 
 def _open_session(engine: Any, store: Any, calls: EngineCalls, decoding: DecodingParams,
