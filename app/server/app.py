@@ -7,6 +7,14 @@ retrieval for ``hearth.documents`` in ``documents``.
 ``engine_provider`` is a callable returning the current chat ``Engine`` (or None while none is loaded): the
 desktop app may swap models while the server runs, and each request takes whichever engine is current when
 it arrives. An ``Engine``-like object can be passed directly too.
+
+Thinking budgets have a per-model layer (docs/reasoning.md). The port cannot read a model's settings by
+itself (``create_app`` is given an engine, not the settings file), so whoever builds the app passes
+``reasoning_defaults``: one mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``,
+or a callable ``model_id -> mapping | None`` asked per request for the loaded model (a model swap is picked
+up like the engine is); ``settings_reasoning_defaults(user_settings)`` reads them from ``settings.json``'s
+``per_model``. A self-consistency ``command`` verifier runs a program, so it is refused unless
+``allow_command_verifier`` (or ``ServerSettings.allow_command_verifier``) is true; the default is off.
 """
 
 from __future__ import annotations
@@ -21,28 +29,33 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
+from app.engine.reasoning_budget import SETTING_KEYS
 from app.server import convert, embeddings, security
 from app.server.documents import Documents
 from app.server.errors import ApiError, NoModelLoaded, from_exception, from_http, from_validation
 from app.server.metrics import ServerMetrics
 from app.server.models import ModelCatalog, loaded_id
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from app.server.reasoning import Defaults, PortOptions, model_default
 from app.server.service import Service
 from app.settings import ServerSettings
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")
+STOP_THINKING = "/v1/hearth/requests/{request_id}/stop_thinking"
 
 
 class State:
     """What the handlers share: the engine source, the embedder, the documents, the model catalog, metrics,
-    the service."""
+    the service (and its registry of running requests), the reasoning defaults and whether a command
+    verifier may run."""
 
     def __init__(self, engine_provider: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics,
-                 documents: Any = None) -> None:
+                 documents: Any = None, reasoning_defaults: Defaults = None, allow_command: bool = False) -> None:
         self.provider: Callable[[], Any] = engine_provider if callable(engine_provider) else (lambda: engine_provider)
         self.embedder, self.catalog, self.metrics = embedder, catalog, metrics
         self.documents = Documents(documents)
         self.service = Service(metrics)
+        self.reasoning_defaults, self.allow_command = reasoning_defaults, allow_command
 
     def engine(self) -> Any:
         eng = self.provider()
@@ -50,16 +63,35 @@ class State:
             raise NoModelLoaded("no chat model is loaded yet; try again in a moment")
         return eng
 
+    def options(self, model: str) -> PortOptions:
+        """What the server adds to a request for ``model`` (the loaded model's id)."""
+        return PortOptions(model_default(self.reasoning_defaults, model), self.allow_command)
+
+
+def settings_reasoning_defaults(user_settings: Any) -> Callable[[str], Optional[dict]]:
+    """``reasoning_defaults`` from ``settings.json``: the ``reasoning_effort`` / ``reasoning_budget`` /
+    ``reasoning_deadline_s`` keys of ``per_model[<model id>]`` (other keys there are load settings)."""
+    def lookup(model_id: str) -> Optional[dict]:
+        over = user_settings.per_model.get(model_id, {})
+        return {k: over[k] for k in SETTING_KEYS if k in over} or None
+    return lookup
+
 
 def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, *, embedder: Any = None,
                allow_hosts: Iterable[str] = (), catalog: Optional[ModelCatalog] = None,
-               metrics: Optional[ServerMetrics] = None, documents: Any = None) -> FastAPI:
+               metrics: Optional[ServerMetrics] = None, documents: Any = None, reasoning_defaults: Defaults = None,
+               allow_command_verifier: Optional[bool] = None) -> FastAPI:
     """The ASGI app. ``settings``: host (for the Host check), api_key, cors_origins (``max_queue`` belongs to
     the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback).
     ``documents``: an ``app.assistant.DocumentSource`` for ``hearth.documents`` (None: such requests get a
-    400 ``documents_unavailable``)."""
+    400 ``documents_unavailable``). ``reasoning_defaults``: the model layer of thinking budgets (module
+    docstring). ``allow_command_verifier``: let ``hearth.self_consistency`` run command verifiers (None: the
+    settings' ``allow_command_verifier``, off when absent)."""
     settings = settings or ServerSettings()
-    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics(), documents)
+    allow_command = (allow_command_verifier if allow_command_verifier is not None
+                     else bool(getattr(settings, "allow_command_verifier", False)))
+    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics(), documents,
+               reasoning_defaults, allow_command)
     app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
                   redoc_url=None)
     app.state.hearth = st
@@ -103,14 +135,21 @@ def _routes(app: FastAPI, st: State) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         engine = st.engine()
         model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
-        plan = await st.documents.ground(convert.chat_plan(body, model), body.hearth, engine)
+        plan = await st.documents.ground(convert.chat_plan(body, model, st.options(model)), body.hearth, engine)
         return await st.service.respond(plan, engine, request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         engine = st.engine()
         model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
-        return await st.service.respond(convert.completion_plan(body, model), engine, request)
+        return await st.service.respond(convert.completion_plan(body, model, st.options(model)), engine, request)
+
+    @app.post(STOP_THINKING)
+    async def stop_thinking(request_id: str) -> dict:
+        """End a running request's thinking now (budget forcing's insert, docs/reasoning.md): 200 with
+        ``stopped`` (false: it was not thinking any more), 404 for an unknown or finished id."""
+        stopped = await run_in_threadpool(st.service.running.stop_thinking, request_id)
+        return {"id": request_id, "object": "hearth.stop_thinking", "stopped": stopped}
 
     @app.post("/v1/embeddings")
     async def create_embeddings(body: EmbeddingRequest) -> dict:
@@ -172,7 +211,9 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else
+                                                   STOP_THINKING if path.startswith("/v1/hearth/requests/")
+                                                   else "other")
         status = 500
 
         async def send_wrapper(message: dict) -> None:

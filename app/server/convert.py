@@ -20,6 +20,11 @@ Decisions held here (each documented in docs/server.md):
   ``tool`` messages carry ``tool_call_id``, which must answer a call of an earlier assistant message
   (``messages[i].tool_call_id``). The request is validated here, before it is queued, so each of these is a
   400 however the answer is sent.
+- Thinking, speculative decoding and self-consistency (``reasoning_effort``, ``hearth.reasoning_budget``,
+  ``hearth.reasoning_deadline_s``, ``hearth.answer_now``, ``hearth.speculative``, ``hearth.self_consistency``)
+  are read by ``app.server.reasoning`` with the server's ``PortOptions`` (the loaded model's reasoning
+  default, whether a command verifier may run), on both endpoints. ``max_tokens`` /
+  ``max_completion_tokens`` keep their meaning: the engine's ``decoding.max_tokens``.
 - Refused with a 400 rather than silently ignored: the deprecated ``functions`` / ``function_call`` and
   ``function`` role (send ``tools``), non-text content parts, ``echo``, ``suffix``, ``best_of`` ≠ n, token-id
   prompts, ``top_logprobs`` without ``logprobs``, ``stream_options`` without ``stream``, ``hearth.documents``
@@ -36,7 +41,9 @@ from app.assistant.turn import Caller
 from app.engine.tools import ToolCall, check_tool_grammars, parse_tool_choice, parse_tools
 from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
 from app.errors import InvalidRequest
+from app.server import reasoning
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
+from app.server.reasoning import PortOptions
 from app.server.structured import grammar_for
 
 MAX_GENERATIONS = 16  # prompts × n in one /v1/completions request
@@ -50,7 +57,9 @@ class Plan:
     """What one HTTP request runs. ``requests``: one engine request per choice, in index order;
     ``prompt_index``: which prompt each choice answers (usage counts each prompt once); ``logprobs``: None,
     or how many alternatives to report per token (0: only the chosen token's logprob); ``grounding``: the
-    evidence given to the model (``app.server.documents.Grounding``), None unless ``hearth.documents``."""
+    evidence given to the model (``app.server.documents.Grounding``), None unless ``hearth.documents``;
+    ``consistency``: the ``hearth.self_consistency`` spec (``app.engine.consistency.SelfConsistencySpec``):
+    each request is then sampled ``consistency.n`` times and the vote's choice answers it."""
 
     kind: str  # "chat" | "text"
     model: str
@@ -60,9 +69,12 @@ class Plan:
     include_usage: bool
     logprobs: Optional[int] = None
     grounding: Any = None
+    consistency: Any = None
 
 
-def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
+def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
+    """The ``Plan`` of a /v1/chat/completions body; raises ``InvalidRequest`` naming the field."""
+    options = options or PortOptions()
     check_text(body.model_dump(exclude_none=True))
     for legacy in ("functions", "function_call"):
         if getattr(body, legacy) is not None:
@@ -76,12 +88,16 @@ def chat_plan(body: ChatCompletionRequest, model: str) -> Plan:
     choice = parse_tool_choice(body.tool_choice, tools)
     check_tool_grammars(tools, choice)
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
-    base = _request(body, messages=messages, decoding=dec, want_logprobs=_want(lp), tools=tools,
+    base = _request(body, options, messages=messages, decoding=dec, want_logprobs=_want(lp), tools=tools,
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
-    return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp)
+    sc = reasoning.self_consistency(body, options, base, logprobs=lp is not None, tools=bool(tools))
+    return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp,
+                consistency=sc)
 
 
-def completion_plan(body: CompletionRequest, model: str) -> Plan:
+def completion_plan(body: CompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
+    """The ``Plan`` of a /v1/completions body; raises ``InvalidRequest`` naming the field."""
+    options = options or PortOptions()
     check_text(body.model_dump(exclude_none=True))
     prompts = _prompts(body.prompt)
     if body.echo:
@@ -101,9 +117,10 @@ def completion_plan(body: CompletionRequest, model: str) -> Plan:
     reqs: list[GenerateRequest] = []
     index: list[int] = []
     for i, text in enumerate(prompts):
-        reqs.extend(_choices(_request(body, prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
+        reqs.extend(_choices(_request(body, options, prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
         index.extend([i] * body.n)
-    return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp)
+    sc = reasoning.self_consistency(body, options, reqs[0], prompts=len(prompts), logprobs=lp is not None)
+    return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp, consistency=sc)
 
 
 def check_text(node: Any, path: str = "") -> None:
@@ -125,11 +142,14 @@ def check_text(node: Any, path: str = "") -> None:
 
 
 # -- pieces ------------------------------------------------------------------------------------------------
-def _request(body: _Sampling, **kw: Any) -> GenerateRequest:
-    """The port's ``GenerateRequest``: ``Caller.PORT``'s priority and the ``hearth.deadline_s`` asked for
-    (seconds; None: none; its range was checked by the schema)."""
+def _request(body: _Sampling, options: PortOptions, **kw: Any) -> GenerateRequest:
+    """The port's ``GenerateRequest``: ``Caller.PORT``'s priority, the ``hearth.deadline_s`` asked for
+    (seconds; None: none; its range was checked by the schema), the thinking budget and the speculative mode
+    (``app.server.reasoning``)."""
     deadline = body.hearth.deadline_s if body.hearth is not None else None
-    return Caller.PORT.stamp(GenerateRequest(**kw, deadline_s=deadline))
+    req = GenerateRequest(**kw, deadline_s=deadline, reasoning=reasoning.reasoning_request(body, options),
+                          speculative=reasoning.speculative(body))
+    return Caller.PORT.stamp(req).validate()
 
 
 def _messages(raw: list[Any]) -> tuple[ChatMessage, ...]:

@@ -57,6 +57,17 @@ class DocumentsUnavailable(HearthError):
     """A request asked for ``hearth.documents`` but this server has no documents provider."""
 
 
+class RequestNotFound(HearthError):
+    """``POST /v1/hearth/requests/{id}/...`` named no running request (unknown, or already finished): 404."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"no running request has id {request_id!r} (unknown, or it has already finished)")
+        self.request_id = request_id
+
+    def __reduce__(self):
+        return (self.__class__, (self.request_id,))
+
+
 @dataclass(frozen=True)
 class ApiError:
     """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
@@ -98,6 +109,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(400, "invalid_request_error", exc.message, "model", "model_cannot_embed")
     if isinstance(exc, DocumentsUnavailable):
         return ApiError(400, "invalid_request_error", exc.message, "hearth.documents", "documents_unavailable")
+    if isinstance(exc, RequestNotFound):
+        return ApiError(404, "invalid_request_error", exc.message, "id", "request_not_found")
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):

@@ -16,6 +16,20 @@ Tool calls (``Choice.tools``, read by ``app.engine.tool_stream``) follow OpenAI'
 finish_reason "tool_calls"; in a stream ``delta.tool_calls`` items, the first of a call with its index, id,
 type, name and ``arguments: ""``, the next ones with the index and a piece of the arguments. Calls that could
 not be passed on leave the answer as text, and ``hearth.tool_call_error`` says why.
+
+Thinking (docs/reasoning.md) is kept apart from the answer, as llama-server and DeepSeek send it:
+``message.reasoning_content`` (chat) or ``choices[i].reasoning_content`` (text completions) holds the thinking
+text, and is left out when the model did not think (llama-server's choice; DeepSeek always sends it); in a
+stream, thinking goes in ``delta.reasoning_content`` chunks of its own (``reasoning_content`` beside an empty
+``text`` on /v1/completions), never in ``content``. ``usage.completion_tokens_details.reasoning_tokens``
+counts the thinking tokens (always present, 0 without thinking). ``hearth.metrics`` carries the engine's
+``Metrics`` whole: ``reasoning_tokens``, ``answer_tokens``, ``ttfat_s`` (slot admission → the first answer text
+available to the server, the clock of ``ttft_s``; null without answer text), ``thinking_s``,
+``reasoning_budget``, ``reasoning_forced``, ``reasoning_stopped_by``, ``reasoning_unclosed``, and the
+speculative ``spec_mode`` / ``spec_drafted`` / ``spec_accepted`` / ``spec_steps`` / ``acceptance_rate``.
+
+Self-consistency: the choice is the voted sample's answer; ``hearth.self_consistency`` holds the vote and every
+sample (``SelfConsistencyResult.to_api``), and ``usage.completion_tokens`` counts every sample's tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +60,8 @@ class Choice:
     clamped_to: Optional[int] = None
     max_tokens: Optional[int] = None
     tools: Optional[ToolOutcome] = None  # the answer read for tool calls (None: no tools were offered)
+    consistency: Optional[dict[str, Any]] = None  # hearth.self_consistency (None: not asked for)
+    samples: tuple[Done, ...] = ()  # with self-consistency: every sample's Done (they all cost)
 
     @property
     def text(self) -> str:
@@ -55,6 +71,17 @@ class Choice:
     @property
     def finish_reason(self) -> str:
         return self.tools.finish_reason if self.tools is not None else self.done.finish_reason
+
+    @property
+    def reasoning(self) -> str:
+        """The thinking text ("" when the model did not think)."""
+        return self.done.reasoning
+
+    def spent(self) -> tuple[int, int]:
+        """(completion tokens, of them thinking tokens) this choice cost: every sample's under
+        self-consistency."""
+        dones = self.samples or (self.done,)
+        return (sum(d.metrics.completion_tokens for d in dones), sum(d.metrics.reasoning_tokens for d in dones))
 
 
 @dataclass(frozen=True)
@@ -101,7 +128,8 @@ def _request_meta(plan: Plan) -> dict[str, Any]:
 
 def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
     info = choice.done.info
-    metrics = {**choice.done.metrics.to_dict(), "stopped_by": info.get("stopped_by")}
+    m = choice.done.metrics
+    metrics = {**m.to_dict(), "acceptance_rate": m.acceptance_rate, "stopped_by": info.get("stopped_by")}
     meta = {"template": info.get("template"), "model_file": info.get("model"), "metrics": metrics,
             "context": context(plan, choice)}
     if info.get("tool_format"):
@@ -110,6 +138,8 @@ def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
         meta["tool_call_error"] = tool_call_error(choice.tools)
     if plan.grounding is not None:
         meta["citations"] = plan.grounding.citations(choice.done.text)
+    if choice.consistency is not None:
+        meta["self_consistency"] = choice.consistency
     return meta
 
 
@@ -137,15 +167,18 @@ def context(plan: Plan, choice: Choice) -> dict[str, Any]:
 
 
 def usage(plan: Plan, choices: list[Choice]) -> dict[str, Any]:
-    """Each prompt's tokens counted once (n choices share a prompt), generated tokens summed."""
+    """Each prompt's tokens counted once (n choices share a prompt), generated tokens summed (every sample's
+    under self-consistency), and of them the thinking tokens."""
     seen: dict[int, Choice] = {}
     for idx, c in zip(plan.prompt_index, choices):
         seen.setdefault(idx, c)
     prompt = sum(c.done.metrics.prompt_tokens for c in seen.values())
     cached = sum(c.done.metrics.cached_tokens for c in seen.values())
-    completion = sum(c.done.metrics.completion_tokens for c in choices)
+    spent = [c.spent() for c in choices]
+    completion = sum(t for t, _ in spent)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": sum(r for _, r in spent)}}
 
 
 # -- whole answers ----------------------------------------------------------------------------------------
@@ -157,16 +190,22 @@ def response(frame: Frame, choices: list[Choice], piece: Optional[PieceFn]) -> d
         if plan.kind == "chat":
             out.append({"index": i, "message": message(c), "logprobs": lp, "finish_reason": c.finish_reason})
         else:
-            out.append({"index": i, "text": c.done.text, "logprobs": lp, "finish_reason": c.done.finish_reason})
+            ch = {"index": i, "text": c.done.text, "logprobs": lp, "finish_reason": c.done.finish_reason}
+            if c.reasoning:
+                ch["reasoning_content"] = c.reasoning
+            out.append(ch)
     body = {**frame.head(frame.object), "choices": out, "usage": usage(plan, choices)}
     body["hearth"] = hearth_meta(plan, choices)
     return body
 
 
 def message(c: Choice) -> dict[str, Any]:
-    """A chat choice's ``message``: content null when the answer is only tool calls."""
+    """A chat choice's ``message``: content null when the answer is only tool calls; ``reasoning_content``
+    only when the model thought."""
     calls = c.tools.calls if c.tools is not None else ()
     msg: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not calls else None, "refusal": None}
+    if c.reasoning:
+        msg["reasoning_content"] = c.reasoning
     if calls:
         msg["tool_calls"] = [call.to_openai() for call in calls]
     return msg
@@ -184,7 +223,9 @@ def tool_call_delta(piece: CallStart | ArgsPiece) -> dict[str, Any]:
 
 def chunk(frame: Frame, index: int, *, text: Optional[str] = None, role: bool = False,
           finish: Optional[str] = None, lp: Optional[dict] = None, hearth: Optional[dict] = None,
-          tool_calls: Optional[list[dict[str, Any]]] = None) -> bytes:
+          tool_calls: Optional[list[dict[str, Any]]] = None, reasoning: Optional[str] = None) -> bytes:
+    """One SSE chunk of choice ``index``: answer ``text``, thinking ``reasoning`` (``delta.reasoning_content``),
+    the role opening, tool-call items, the finish reason and the ``hearth`` object, as given."""
     plan = frame.plan
     if plan.kind == "chat":
         delta: dict[str, Any] = {}
@@ -192,12 +233,16 @@ def chunk(frame: Frame, index: int, *, text: Optional[str] = None, role: bool = 
             delta = {"role": "assistant", "content": ""}
         if text is not None:
             delta["content"] = text
+        if reasoning is not None:
+            delta["reasoning_content"] = reasoning
         if tool_calls:
             delta["tool_calls"] = tool_calls
         ch = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         obj = frame.head("chat.completion.chunk")
     else:
         ch = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        if reasoning is not None:
+            ch["reasoning_content"] = reasoning
         obj = frame.head("text_completion")
     obj["choices"] = [ch]
     if plan.include_usage:

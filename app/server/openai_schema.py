@@ -64,13 +64,25 @@ class HearthOptions(BaseModel):
     """``"hearth": {"documents": true, "k": 4, "deadline_s": 30}``: answer from the indexed documents (RAG)
     with ``k`` passages (default: the server's, 4; see ``app.server.documents``); ``deadline_s``: seconds from
     the engine receiving a generation (queue wait included) to its end, when the answer so far is returned
-    with finish_reason "length" (a number > 0; None: no deadline)."""
+    with finish_reason "length" (a number > 0; None: no deadline).
+
+    Thinking (docs/reasoning.md): ``reasoning_budget`` (thinking tokens), ``reasoning_deadline_s`` (seconds
+    until thinking is ended), ``answer_now`` (a line inserted after a forced end of thinking);
+    ``speculative`` ("prompt_lookup" | "draft" | null); ``self_consistency`` ``{n, extract, verifier}``. Those
+    are typed ``Any`` here on purpose: the core's validators (``reasoning_budget.resolve_budget``,
+    ``GenerateRequest.validate``, ``consistency.parse_self_consistency``) check them and name the field, the
+    same way for the port and the window."""
 
     model_config = ConfigDict(extra="forbid")
     documents: Optional[StrictBool] = Field(default=None, description="retrieve evidence from the documents")
     k: Optional[StrictInt] = Field(default=None, ge=1, le=MAX_EVIDENCE, description="passages to retrieve")
     deadline_s: Optional[float] = Field(default=None, gt=0.0, le=MAX_DEADLINE_S, strict=True, allow_inf_nan=False,
                                         description="seconds until the answer is cut short (finish_reason length)")
+    reasoning_budget: Any = Field(default=None, description="thinking tokens allowed (an integer >= 0)")
+    reasoning_deadline_s: Any = Field(default=None, description="seconds from the start until thinking ends")
+    answer_now: Any = Field(default=None, description="text inserted after a forced end of thinking")
+    speculative: Any = Field(default=None, description='"prompt_lookup", "draft" or null')
+    self_consistency: Any = Field(default=None, description="{n, extract, verifier}: sample n, vote")
 
 
 class _Sampling(_Allow):
@@ -94,6 +106,7 @@ class _Sampling(_Allow):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # accepted, ignored
+    reasoning_effort: Any = Field(default=None, description="none | low | medium | high (thinking budget)")
     hearth: Optional[HearthOptions] = None
 
 
