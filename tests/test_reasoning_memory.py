@@ -264,3 +264,136 @@ def test_a_turn_without_thinking_stores_no_reasoning(memory_store: Store) -> Non
     cid = session.new_conversation()
     res = session.send(cid, "hi")
     assert res.reasoning == "" and memory_store.reasoning_for(res.message_id) is None
+
+
+# ---- the turn pipeline (app.assistant) on the shared fake engine -------------------------------------------------
+
+THOUGHT = "<think>" + "think " * 40 + "</think>The answer is 4."
+
+
+@pytest.fixture
+def fake():
+    from fakes import FakeEngine
+
+    eng = FakeEngine(n_ctx=1024, reply=lambda req: THOUGHT if req.reasoning is not None else "plain answer")
+    yield eng
+    eng.close()
+
+
+def assistant(engine, store: Store, **kw):
+    from app.assistant import Assistant
+    from app.engine.types import DecodingParams
+
+    return Assistant(engine, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=400), **kw)
+
+
+def test_the_budget_comes_from_the_turn_the_conversation_or_the_model(fake, memory_store: Store) -> None:
+    a = assistant(fake, memory_store, reasoning_default={"reasoning_effort": "medium"})
+    cid = a.new_conversation()
+    a.send(cid, "one")
+    assert (fake.seen[-1].reasoning.budget.effort, fake.seen[-1].reasoning.budget.source) == ("medium", "model")
+    memory_store.set_reasoning_settings(cid, {"reasoning_budget": 50})
+    a.send(cid, "two")
+    b = fake.seen[-1].reasoning.budget
+    assert (b.tokens, b.effort, b.source) == (50, None, "conversation")
+    a.send(cid, "three", reasoning=ReasoningSettings(effort="none"))
+    assert fake.seen[-1].reasoning.budget.off and fake.seen[-1].reasoning.budget.source == "request"
+    plain = assistant(fake, memory_store)
+    cid2 = plain.new_conversation()
+    assert plain.send(cid2, "four").result.text == "plain answer" and fake.seen[-1].reasoning is None
+    with pytest.raises(InvalidRequest) as exc:
+        assistant(fake, memory_store, reasoning_default={"reasoning_effort": "max"})
+    assert exc.value.param == "reasoning_effort" and "model" in str(exc.value)
+
+
+def test_thinking_streams_as_reasoning_deltas_and_is_stored_apart(fake, memory_store: Store) -> None:
+    from app.assistant import ReasoningDelta, TextDelta, TurnDone
+
+    a = assistant(fake, memory_store, reasoning_default={"reasoning_effort": "low"})
+    cid = a.new_conversation()
+    events = list(a.turn(cid, "2+2?"))
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+    done = events[-1]
+    assert isinstance(done, TurnDone)
+    assert thought == ("think " * 40).strip() and answer == "The answer is 4." == done.result.text
+    assert done.result.reasoning == thought and done.to_dict()["reasoning"] == thought
+    m = done.result.metrics
+    assert m["reasoning_tokens"] > 0 and m["answer_tokens"] == len("The answer is 4.") and m["ttfat_s"] > 0
+    stored = memory_store.get_message(done.result.message_id)
+    assert stored.content == "The answer is 4." and "think" not in stored.content
+    r = memory_store.reasoning_for(stored.id)
+    assert (r.text, r.tokens, r.effort, r.forced) == (thought, m["reasoning_tokens"], "low", False)
+
+
+def test_a_budget_forces_the_end_of_thinking(fake, memory_store: Store) -> None:
+    a = assistant(fake, memory_store)
+    cid = a.new_conversation()
+    memory_store.set_reasoning_settings(cid, {"reasoning_budget": 10})
+    done = a.send(cid, "quick")
+    m = done.result.metrics
+    assert (m["reasoning_forced"], m["reasoning_stopped_by"]) == (True, "budget")
+    assert done.result.text == "The answer is 4."
+    r = memory_store.reasoning_for(done.result.message_id)
+    assert (r.forced, r.stopped_by, r.budget) == (True, "budget", 10)
+
+
+def test_stop_thinking_ends_the_thinking_and_the_answer_follows(memory_store: Store) -> None:
+    from app.assistant import ReasoningDelta, TextDelta
+    from fakes import FakeEngine
+
+    eng = FakeEngine(n_ctx=1024, token_delay_s=0.005, reply=lambda req: THOUGHT)
+    try:
+        a = assistant(eng, memory_store, reasoning_default={"reasoning_effort": "high"})
+        cid = a.new_conversation()
+        assert a.stop_thinking() is False  # nothing runs yet
+        stopped, thought, answer = None, [], []
+        for e in a.turn(cid, "think long"):
+            if isinstance(e, ReasoningDelta):
+                thought.append(e.text)
+                if stopped is None and len(thought) >= 3:
+                    stopped = a.stop_thinking()
+            elif isinstance(e, TextDelta):
+                answer.append(e.text)
+            else:
+                done = e
+        assert stopped is True and "".join(answer) == "The answer is 4."
+        assert len("".join(thought)) < len("think " * 40) - 20  # cut well before the script's end of thinking
+        assert done.result.metrics["reasoning_stopped_by"] == "user"
+        r = memory_store.reasoning_for(done.result.message_id)
+        assert (r.stopped_by, r.forced, r.text) == ("user", True, "".join(thought))
+    finally:
+        eng.close()
+
+
+def test_cancel_while_thinking_keeps_the_thinking_so_far(memory_store: Store) -> None:
+    from app.assistant import ReasoningDelta
+    from fakes import FakeEngine
+
+    eng = FakeEngine(n_ctx=1024, token_delay_s=0.005, reply=lambda req: THOUGHT)
+    try:
+        a = assistant(eng, memory_store, reasoning_default={"reasoning_effort": "low"})
+        cid = a.new_conversation()
+        seen = []
+        with pytest.raises(Cancelled):
+            for e in a.turn(cid, "go"):
+                if isinstance(e, ReasoningDelta):
+                    seen.append(e.text)
+                    if len(seen) == 5:
+                        a.cancel()
+        msg = memory_store.path_to(memory_store.get_conversation(cid).current_message_id)[-1]
+        assert msg.status == "error" and msg.content == ""
+        assert memory_store.reasoning_for(msg.id).text.startswith("".join(seen))
+    finally:
+        eng.close()
+
+
+def test_the_tool_reader_passes_thinking_through_at_once() -> None:
+    from app.assistant.turn import _read_tools
+    from app.engine.tool_stream import ToolsDone, ToolStream
+
+    events = [Delta("", reasoning="a"), Delta("", reasoning="b"), Delta("x"),
+              Done("stop", Metrics(), "x", reasoning="ab")]
+    out = list(_read_tools(iter(events), ToolStream(None, ())))
+    assert [(o.text, o.reasoning) for o in out[:3]] == [("", "a"), ("", "b"), ("x", "")]
+    assert isinstance(out[3], ToolsDone) and out[3].done.reasoning == "ab"

@@ -44,7 +44,12 @@ def test_formatting():
     texts = status_texts({"ttft_s": 0.25, "decode_tps": 31.25, "prompt_tokens": 100, "cached_tokens": 80,
                           "cache_source": "memory"})
     assert texts == {"ttft": "TTFT 250 ms", "decode": "decode 31.2 tok/s",
-                     "reused": "reused 80/100 prompt tokens (memory)"}
+                     "reused": "reused 80/100 prompt tokens (memory)", "thinking": ""}
+    thought = status_texts({"ttft_s": 0.01, "reasoning_tokens": 40, "answer_tokens": 12, "ttfat_s": 1.25,
+                            "reasoning_budget": 256})
+    assert thought["thinking"] == "thinking 40 tok · answer 12 tok · TTFAT 1.2 s"
+    assert status_texts({"reasoning_budget": 0, "ttfat_s": 0.05})["thinking"] == (
+        "thinking 0 tok · answer 0 tok · TTFAT 50 ms")
     bd = {"system": 10, "summaries": 0, "history": 30, "evidence": 50, "user": 10, "reserved": 256, "free": 700,
           "n_ctx": 1024}
     assert context_usage(bd, {"completion_tokens": 20}) == (120, 1024)  # no prompt count: the estimate

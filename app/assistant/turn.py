@@ -276,11 +276,15 @@ class Assistant:
         return ReasoningRequest(budget, self.answer_now) if budget.asked else None
 
     def send(self, conversation_id: str, text: str | None, **kw: Any) -> TurnDone:
-        """``turn`` run to its end; ``on_delta(text)`` (optional) sees each piece of the answer."""
+        """``turn`` run to its end; ``on_delta(text)`` (optional) sees each piece of the answer,
+        ``on_reasoning(text)`` (optional) each piece of the thinking."""
         on_delta = kw.pop("on_delta", None)
+        on_reasoning = kw.pop("on_reasoning", None)
         done = None
         for item in self.turn(conversation_id, text, **kw):
-            if isinstance(item, TextDelta) and on_delta is not None:
+            if isinstance(item, ReasoningDelta) and on_reasoning is not None:
+                on_reasoning(item.text)
+            elif isinstance(item, TextDelta) and on_delta is not None:
                 on_delta(item.text)
             elif isinstance(item, TurnDone):
                 done = item

@@ -3,7 +3,12 @@
 Interactive (default): type a message, Enter sends; ``/new`` starts a new conversation, ``/quit`` (or Ctrl+D)
 leaves; Ctrl+C stops the answer being written (the partial answer is kept, marked as stopped).
 One message, non-interactive: ``--new --message TEXT`` or ``--conversation ID --message TEXT``; ``--json``
-prints ``{"conversation_id", "message_id", "text", "finish_reason", "metrics", "context"}``.
+prints ``{"conversation_id", "message_id", "text", "reasoning", "finish_reason", "metrics", "context"}``.
+
+Thinking: ``--reasoning-effort none|low|medium|high`` / ``--reasoning-budget N`` are this command's layer of
+the thinking budget (over the conversation's setting and the model's default, see app.assistant.turn). The
+thinking streams to stderr, dimmed on a terminal (``[thinking]`` ... ``[/thinking]`` when stderr is not one),
+so stdout carries the answer only; the turn's line then counts thinking and answer tokens and TTFAT.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--docs", action="store_true", help="answer from the indexed documents (see `hearth ingest`), "
                    "citing passages as [E:id]")
     p.add_argument("--k", type=int, default=4, help="with --docs: passages given to the model per turn")
+    p.add_argument("--reasoning-effort", default=None, choices=("none", "low", "medium", "high"),
+                   help="how much the model may think before answering (none 0, low 256, medium 1024, high 4096 "
+                   "tokens; default: the conversation's setting, else the model's)")
+    p.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
+                   help="thinking tokens allowed (beats --reasoning-effort)")
     add_load_args(p)
     add_decoding_args(p)
     p.set_defaults(func=run_terminal_chat)
@@ -35,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _defaults(args: argparse.Namespace) -> None:
     for name, default in (("max_tokens", None), ("system", None), ("prefix_cache", True), ("new", False),
-                          ("conversation", None), ("message", None), ("json", False), ("docs", False), ("k", 4)):
+                          ("conversation", None), ("message", None), ("json", False), ("docs", False), ("k", 4),
+                          ("reasoning_effort", None), ("reasoning_budget", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
 
@@ -56,6 +67,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         from app.assistant.evidence import check_k
 
         check_k(args.k, "--k")  # before the model loads
+    args.reasoning = _reasoning_layer(args)  # checked before the model loads
     system = args.system if args.system is not None else load_user_settings().system_prompt
     with Store() as store, _documents(args) as docs, make_engine(args) as eng:
         assistant = Assistant(eng, store, decoding=decoding(args), system_prompt=system or "", documents=docs,
@@ -64,7 +76,53 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
             assistant.new_conversation()
         if args.message is not None:
             return _one_message(assistant, cid, args)
-        return _interactive(eng, assistant, cid)
+        return _interactive(eng, assistant, cid, args.reasoning)
+
+
+def _reasoning_layer(args: argparse.Namespace):
+    """This command's reasoning layer (None when neither option is given); ``InvalidRequest`` names a bad
+    value."""
+    from app.engine.reasoning_budget import ReasoningSettings
+
+    if args.reasoning_effort is None and args.reasoning_budget is None:
+        return None
+    return ReasoningSettings(args.reasoning_effort, args.reasoning_budget).validate()
+
+
+class _Thinking:
+    """Writes streamed thinking to stderr: dimmed on a terminal, else between ``[thinking]`` markers."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.open = False
+
+    def __call__(self, text: str) -> None:
+        if not self.open:
+            sys.stderr.write("\x1b[2m" if self.tty else "[thinking] ")
+            self.open = True
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def answer(self, text: str) -> None:
+        """Answer text: closes the thinking first."""
+        self.close()
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.open:
+            sys.stderr.write("\x1b[0m\n" if self.tty else " [/thinking]\n")
+            sys.stderr.flush()
+            self.open = False
+
+
+def _thinking_line(m: dict) -> str:
+    if not m.get("reasoning_tokens") and m.get("reasoning_budget") is None:
+        return ""
+    ttfat = m.get("ttfat_s")
+    first = f"{ttfat * 1000:.0f} ms" if ttfat is not None else "–"
+    return (f" · thinking {m.get('reasoning_tokens', 0)} tok, answer {m.get('answer_tokens', 0)} tok · "
+            f"TTFAT {first}")
 
 
 @contextlib.contextmanager
@@ -83,8 +141,10 @@ def _documents(args: argparse.Namespace):
 
 
 def _one_message(assistant, cid: str, args) -> int:
-    on_delta = None if args.json else (lambda t: (sys.stdout.write(t), sys.stdout.flush()))
-    done = assistant.send(cid, args.message, on_delta=on_delta)
+    shown = _Thinking()
+    done = assistant.send(cid, args.message, on_delta=None if args.json else shown.answer,
+                          on_reasoning=None if args.json else shown, reasoning=args.reasoning)
+    shown.close()
     if args.json:
         out = done.to_dict()
         if assistant.documents is None:
@@ -107,7 +167,7 @@ def _print_sources(cites: list[dict], given: list[dict]) -> None:
                                                                      for g in given) + ")", file=sys.stderr)
 
 
-def _interactive(eng, assistant, cid: str) -> int:
+def _interactive(eng, assistant, cid: str, reasoning=None) -> int:
     print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · conversation "
           f"{cid[:12]} · /new to start over, /quit to leave", file=sys.stderr)
     if eng.info.get("template") == "transcript":
@@ -130,23 +190,28 @@ def _interactive(eng, assistant, cid: str) -> int:
         if cmd.startswith("/") and " " not in cmd:
             print(f"  [unknown command {cmd}: /new starts a new conversation, /quit leaves]", file=sys.stderr)
             continue
-        _stream_turn(assistant, cid, line)
+        _stream_turn(assistant, cid, line, reasoning)
 
 
-def _stream_turn(assistant, cid: str, text: str) -> None:
+def _stream_turn(assistant, cid: str, text: str, reasoning=None) -> None:
     sys.stdout.write("hearth> ")
+    sys.stdout.flush()
+    shown = _Thinking()
     try:
-        done = assistant.send(cid, text, on_delta=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        done = assistant.send(cid, text, on_delta=shown.answer, on_reasoning=shown, reasoning=reasoning)
     except (KeyboardInterrupt, Cancelled):
+        shown.close()
         print("\n  [stopped]", file=sys.stderr)
         return
     except HearthError as exc:
         print(f"\n  error: {exc}", file=sys.stderr)
         return
     finally:
+        shown.close()
         print(flush=True)  # the answer's line ends on stdout too (when it is piped)
     r, m = done.result, done.result.metrics
-    print(f"  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms · {m.get('decode_tps', 0):.1f} tok/s · "
+    print(f"  [{r.finish_reason} · TTFT {m.get('ttft_s', 0) * 1000:.0f} ms{_thinking_line(m)} · "
+          f"{m.get('decode_tps', 0):.1f} tok/s · "
           f"{m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} prompt tokens reused · context "
           f"{m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/{r.context.get('n_ctx', 0)} tokens]",
           file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from app.ui.formatting import reasoning_note
 from app.ui.models import ChatRow
 
 
@@ -33,9 +34,18 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
         cites = [c.to_dict() for c in store.citations_for(m.id)]
         row = ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
                       cites, tool_calls=m.tool_calls)
+        if m.reasoning:
+            row = thinking_row(row, store.reasoning_for(m.id))
         calls.update((c.id, c) for c in m.tool_calls)
         rows.append(tool_row(row, m, calls.get(m.tool_call_id or "")) if m.role == "tool" else row)
     return rows
+
+
+def thinking_row(row: ChatRow, r: Any) -> ChatRow:
+    """``row`` with its stored thinking's token count and why it ended (``r``: ``Store.reasoning_for``)."""
+    tokens = r.tokens if r is not None else None
+    note = reasoning_note(r.stopped_by, r.unclosed) if r is not None else ""
+    return replace(row, reasoning_tokens=tokens, reasoning_note=note)
 
 
 def tool_row(row: ChatRow, m: Any, call: Any) -> ChatRow:

@@ -10,6 +10,13 @@ Tools: with a ``ToolsController`` whose ``mcp.json`` lists servers, each turn ge
 events come out as ``tool_call(ToolCallRequested)``, ``tool_result(ToolResultShown)`` and ``tool_notice(str)``.
 A call that needs permission waits on the worker until ``answer(call_id, Permission)`` (the window's buttons).
 
+Thinking: ``ReasoningDelta`` comes out as ``reasoning(str)``, apart from the answer's ``delta``. Each turn's
+assistant gets the loaded model's default reasoning layer from settings.json (``per_model[<model id>]``
+keys ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``; a bad value is logged and
+ignored); the conversation's own setting is read by the pipeline from the store. ``stop_thinking()`` asks
+the running generation to end its thinking now (``Assistant.stop_thinking``, straight from the GUI thread:
+it only sends a message to the engine) and the answer follows.
+
 Stop cancels the engine ``Generation`` directly (``Assistant.cancel``), so it works during a long prefill
 too, when no item is flowing that a ``quit()`` flag could be checked against; a turn waiting for the person's
 answer or for a tool is released too. The partial answer is kept in the store with status ``error``
@@ -29,6 +36,7 @@ from app.assistant import (
     Caller,
     EvidenceFound,
     Permission,
+    ReasoningDelta,
     TextDelta,
     ToolCallRequested,
     ToolNotice,
@@ -36,19 +44,24 @@ from app.assistant import (
     TurnDone,
     given,
 )
-from app.errors import Cancelled
+from app.engine.reasoning_budget import SETTING_KEYS, ReasoningSettings
+from app.engine.registry import model_id
+from app.errors import Cancelled, InvalidRequest
 from app.ui.workers import GeneratorWorker, WorkerPool
 
 log = logging.getLogger(__name__)
 
 
 def run_turn(assistant: Assistant, conversation_id: str, text: str | None, **kw: Any) -> Iterator[tuple]:
-    """The worker's generator: ``("evidence", [dict])``, ``("delta", text)``, ``("tool_call", request)``,
-    ``("tool_result", shown)`` and ``("tool_notice", text)`` items; returns the ``TurnDone``."""
+    """The worker's generator: ``("evidence", [dict])``, ``("reasoning", text)``, ``("delta", text)``,
+    ``("tool_call", request)``, ``("tool_result", shown)`` and ``("tool_notice", text)`` items; returns the
+    ``TurnDone``."""
     done = None
     for item in assistant.turn(conversation_id, text, **kw):
         if isinstance(item, EvidenceFound):
             yield ("evidence", given(item.evidence))
+        elif isinstance(item, ReasoningDelta):
+            yield ("reasoning", item.text)
         elif isinstance(item, TextDelta):
             yield ("delta", item.text)
         elif isinstance(item, ToolCallRequested):
@@ -62,14 +75,28 @@ def run_turn(assistant: Assistant, conversation_id: str, text: str | None, **kw:
     return done
 
 
+def model_reasoning_default(settings: Any, model: str) -> ReasoningSettings:
+    """The model's default reasoning layer from the user settings (``per_model[model]``'s reasoning keys;
+    a value that does not validate is logged and left out)."""
+    over = (getattr(settings, "per_model", None) or {}).get(model) or {}
+    layer = {k: v for k, v in over.items() if k in SETTING_KEYS}
+    try:
+        return ReasoningSettings.from_mapping(layer, "model")
+    except InvalidRequest as exc:
+        log.warning("settings.json per_model[%r]: %s; the model's reasoning default is not used", model, exc)
+        return ReasoningSettings()
+
+
 class ChatController(QObject):
-    """Signals: ``busy_changed(bool)``, ``evidence(list[dict])``, ``delta(str)``, ``tool_call(request)``,
+    """Signals: ``busy_changed(bool)``, ``evidence(list[dict])``, ``reasoning(str)``, ``delta(str)``,
+    ``tool_call(request)``,
     ``tool_result(shown)``, ``tool_notice(str)``, ``finished(TurnDone)``, ``failed(exc)`` (``Cancelled`` when
     stopped). ``documents()``: the ``DocumentSource`` turns search (None: no documents); ``tools``: the
     ``ToolsController`` (None: no tools)."""
 
     busy_changed = Signal(bool)
     evidence = Signal(list)
+    reasoning = Signal(str)
     delta = Signal(str)
     tool_call = Signal(object)
     tool_result = Signal(object)
@@ -104,7 +131,8 @@ class ChatController(QObject):
         docs = self.documents() if self.documents is not None else None
         box = self.tools.toolbox() if self.tools is not None else None
         self._assistant = Assistant(engine, self.store, decoding=user.decoding, system_prompt=user.system_prompt,
-                                    documents=docs, caller=Caller.WINDOW, tools=box)
+                                    documents=docs, caller=Caller.WINDOW, tools=box,
+                                    reasoning_default=model_reasoning_default(user, model_id(engine.model_path)))
         worker = GeneratorWorker(run_turn, self._assistant, conversation_id, text, **kw)
         self._worker = worker
         self.busy_changed.emit(True)
@@ -114,7 +142,7 @@ class ChatController(QObject):
 
     def _item(self, item: tuple) -> None:
         kind, payload = item
-        {"delta": self.delta, "evidence": self.evidence, "tool_call": self.tool_call,
+        {"delta": self.delta, "reasoning": self.reasoning, "evidence": self.evidence, "tool_call": self.tool_call,
          "tool_result": self.tool_result, "tool_notice": self.tool_notice}[kind].emit(payload)
 
     def answer(self, call_id: str, permission: Permission) -> None:
@@ -133,6 +161,10 @@ class ChatController(QObject):
     def _done(self) -> None:
         self._worker = self._assistant = None
         self.busy_changed.emit(False)
+
+    def stop_thinking(self) -> bool:
+        """End the running answer's thinking now; the answer follows. True when the engine will."""
+        return self._assistant is not None and self._assistant.stop_thinking()
 
     def stop(self) -> None:
         """Stop the answer being written (within one token or one prefill chunk)."""

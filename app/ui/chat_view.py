@@ -7,6 +7,13 @@ re-rendered by a timer every ``RENDER_INTERVAL_MS`` — so a fast stream costs o
 per token (the throttle idea of qutebrowser's ``misc/throttle.py``). A ``tool`` row is a ``ToolCallWidget``
 (``app.ui.tool_view``: the call, the permission buttons, the result collapsed); an assistant message that only
 made calls shows no body, just "calls a tool".
+
+Thinking sits above the answer, collapsed behind a "Thinking… (N tokens)" expander that counts up while it
+streams (``formatting.thinking_label``); expanding shows it as Markdown. **Stop thinking** next to Stop is
+shown only while thinking streams (``set_thinking``) and emits ``stop_thinking``. The composer row has the
+conversation's thinking effort picker (``effort``: auto = the model's default, none, low, medium, high;
+``effort_changed(str)``, "" for auto) and the self-consistency samples (``samples``: 1, 3, 5;
+``samples_changed(int)``).
 """
 
 from __future__ import annotations
@@ -15,15 +22,16 @@ from typing import Any
 
 from PySide6.QtCore import QModelIndex, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy,
-                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
+                               QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
-from app.ui.formatting import file_name
+from app.ui.formatting import file_name, thinking_label
 from app.ui.markdown import copy_index, with_copy_links
 from app.ui.models import ChatModel, ChatRow
 from app.ui.tool_view import ToolCallWidget
 
 RENDER_INTERVAL_MS = 50
+EFFORTS = (("auto (model default)", ""), ("none", "none"), ("low", "low"), ("medium", "medium"), ("high", "high"))
 
 
 class MarkdownView(QTextBrowser):
@@ -81,14 +89,18 @@ class MessageWidget(QFrame):
         lay.setContentsMargins(10, 6, 10, 6)
         lay.addLayout(self._header())
         self.thinking = QToolButton(text="Thinking ▸", checkable=True, autoRaise=True)
+        self.thinking.setObjectName("thinkingToggle")
         self.reasoning = MarkdownView()
+        self.reasoning.setObjectName("reasoningText")
         self.reasoning.setVisible(False)
         self.thinking.toggled.connect(self._toggle_thinking)
         self.body = MarkdownView()
         self.body.link_activated.connect(lambda url: self.action.emit(url, self.row))
         self.citations = QLabel(wordWrap=True, textFormat=Qt.TextFormat.RichText)
         self.citations.linkActivated.connect(lambda url: self.action.emit(url, self.row))
-        for w in (self.thinking, self.reasoning, self.body, self.citations):
+        self.agreement = QLabel(wordWrap=True)
+        self.agreement.setObjectName("agreement")
+        for w in (self.thinking, self.reasoning, self.body, self.agreement, self.citations):
             lay.addWidget(w)
         lay.addLayout(self._actions())
         self.render()
@@ -129,7 +141,14 @@ class MessageWidget(QFrame):
 
     def _toggle_thinking(self, on: bool) -> None:
         self.reasoning.setVisible(on)
-        self.thinking.setText("Thinking ▾" if on else "Thinking ▸")
+        self._label_thinking()
+        if on:
+            self.reasoning.set_content(self.row.reasoning)
+
+    def _label_thinking(self) -> None:
+        r = self.row
+        self.thinking.setText(thinking_label(r.reasoning_tokens, r.thinking and r.streaming,
+                                             self.thinking.isChecked(), r.reasoning_note))
 
     def set_row(self, row: ChatRow) -> None:
         self.row = row
@@ -140,8 +159,11 @@ class MessageWidget(QFrame):
         self.body.set_content(r.content or ("…" if r.streaming else ""), markdown=r.role == "assistant")
         self.body.setVisible(bool(r.content or r.streaming or not r.tool_calls))
         self.thinking.setVisible(bool(r.reasoning))
-        if r.reasoning:
+        self._label_thinking()
+        if r.reasoning and self.thinking.isChecked():  # collapsed thinking is laid out only when opened
             self.reasoning.set_content(r.reasoning)
+        self.agreement.setText(r.agreement)
+        self.agreement.setVisible(bool(r.agreement))
         self.status.setText(_status_text(r))
         pos, count = r.siblings
         for w in (self.prev_btn, self.branch, self.next_btn):
@@ -155,7 +177,7 @@ class MessageWidget(QFrame):
 
 def _status_text(r: ChatRow) -> str:
     if r.streaming:
-        return "<i>writing…</i>"
+        return "<i>thinking…</i>" if r.thinking else "<i>writing…</i>"
     if r.tool_calls:
         n = len(r.tool_calls)
         return "<i>calls a tool</i>" if n == 1 else f"<i>calls {n} tools</i>"
@@ -205,6 +227,9 @@ class ChatView(QWidget):
 
     send = Signal(str)
     stop = Signal()
+    stop_thinking = Signal()
+    effort_changed = Signal(str)
+    samples_changed = Signal(int)
     message_action = Signal(str, object)
 
     def __init__(self, model: ChatModel, parent: QWidget | None = None) -> None:
@@ -240,10 +265,54 @@ class ChatView(QWidget):
         self.send_btn.clicked.connect(self._submit)
         self.stop_btn = QPushButton("Stop", enabled=False, toolTip="Stop the answer (Esc)")
         self.stop_btn.clicked.connect(self.stop.emit)
+        self.stop_thinking_btn = QPushButton("Stop thinking", visible=False,
+                                             toolTip="End the thinking now: the model answers at once")
+        self.stop_thinking_btn.setObjectName("stopThinking")
+        self.stop_thinking_btn.clicked.connect(self.stop_thinking.emit)
         row.addWidget(self.composer, 1)
-        row.addWidget(self.send_btn)
-        row.addWidget(self.stop_btn)
+        buttons = QVBoxLayout()
+        for b in (self.send_btn, self.stop_btn, self.stop_thinking_btn):
+            buttons.addWidget(b)
+        row.addLayout(buttons)
+        lay.addLayout(self._options())
         lay.addLayout(row)
+
+    def _options(self) -> QHBoxLayout:
+        """The conversation's thinking effort and the self-consistency samples, above the composer."""
+        h = QHBoxLayout()
+        self.effort = QComboBox(toolTip="How much the model may think before it answers, for this conversation "
+                                        "(auto: the model's default from settings.json)")
+        self.effort.setObjectName("effortPicker")
+        for label, value in EFFORTS:
+            self.effort.addItem(label, value)
+        self.effort.activated.connect(lambda i: self.effort_changed.emit(self.effort.itemData(i) or ""))
+        self.samples = QComboBox(toolTip="Self-consistency: answer several times and keep the answer most "
+                                         "samples agree on")
+        self.samples.setObjectName("samplesPicker")
+        for n in (1, 3, 5):
+            self.samples.addItem(f"{n} sample" + ("" if n == 1 else "s"), n)
+        self.samples.activated.connect(lambda i: self.samples_changed.emit(int(self.samples.itemData(i))))
+        for w in (QLabel("Thinking:"), self.effort, QLabel("Answers:"), self.samples):
+            h.addWidget(w)
+        h.addStretch(1)
+        return h
+
+    def show_effort(self, effort: str | None, budget_tokens: int | None = None) -> None:
+        """Show a conversation's setting in the picker: an effort, an explicit token budget (an extra item),
+        or neither (auto)."""
+        i = self.effort.findData(effort or "")
+        if effort is None and budget_tokens is not None:
+            label = f"{budget_tokens} tokens"
+            i = self.effort.findText(label)
+            if i < 0:
+                self.effort.addItem(label, f"tokens:{budget_tokens}")
+                i = self.effort.count() - 1
+        self.effort.setCurrentIndex(max(i, 0))
+
+    def set_thinking(self, on: bool) -> None:
+        """Thinking streams now: show Stop thinking (hidden again once the answer begins or the turn ends)."""
+        self.stop_thinking_btn.setVisible(on)
+        self.stop_thinking_btn.setEnabled(on)
 
     def _submit(self) -> None:
         text = self.composer.toPlainText().strip()
@@ -253,6 +322,8 @@ class ChatView(QWidget):
     def set_busy(self, busy: bool) -> None:
         self.send_btn.setEnabled(not busy)
         self.stop_btn.setEnabled(busy)
+        if not busy:
+            self.set_thinking(False)
 
     def set_editing(self, text: str | None) -> None:
         """Show (or hide, with None) the "editing a message" note and put the text in the composer."""

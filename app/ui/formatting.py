@@ -55,14 +55,50 @@ def date_group(iso: str, today: date | None = None) -> str:
 def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
     """The status strip's labels for one answer's ``Metrics`` dict (empty dict → dashes)."""
     if not metrics:
-        return {"ttft": "TTFT –", "decode": "decode –", "reused": "reused –"}
+        return {"ttft": "TTFT –", "decode": "decode –", "reused": "reused –", "thinking": ""}
     prompt = int(metrics.get("prompt_tokens", 0))
     cached = int(metrics.get("cached_tokens", 0))
     src = metrics.get("cache_source", "none")
     reused = f"reused {cached}/{prompt} prompt tokens" + (f" ({src})" if cached and src != "none" else "")
     return {"ttft": f"TTFT {metrics.get('ttft_s', 0.0) * 1000:.0f} ms",
             "decode": f"decode {metrics.get('decode_tps', 0.0):.1f} tok/s",
-            "reused": reused}
+            "reused": reused, "thinking": thinking_text(metrics)}
+
+
+def seconds(s: float) -> str:
+    """0.0123 → "12 ms", 2.345 → "2.3 s"."""
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def thinking_text(metrics: dict[str, Any]) -> str:
+    """The strip's thinking label for one answer's ``Metrics`` dict: thinking and answer tokens and the time to
+    first answer token (TTFAT), or "" when the answer had no thinking (no budget and no thinking tokens)."""
+    if not metrics or (not metrics.get("reasoning_tokens") and metrics.get("reasoning_budget") is None):
+        return ""
+    ttfat = metrics.get("ttfat_s")
+    first = f"TTFAT {seconds(float(ttfat))}" if ttfat is not None else "TTFAT –"
+    return (f"thinking {int(metrics.get('reasoning_tokens') or 0)} tok · answer "
+            f"{int(metrics.get('answer_tokens') or 0)} tok · {first}")
+
+
+REASONING_NOTES = {"budget": "budget reached", "deadline": "time limit reached", "user": "stopped by you"}
+
+
+def reasoning_note(stopped_by: str | None, unclosed: bool = False) -> str:
+    """Why thinking ended, when Hearth ended it or it never closed ("" when the model ended it)."""
+    if stopped_by in REASONING_NOTES:
+        return REASONING_NOTES[stopped_by]
+    return "never closed" if unclosed else ""
+
+
+def thinking_label(tokens: int | None, streaming: bool, expanded: bool, note: str = "") -> str:
+    """The expander over an answer's thinking: "Thinking… (12 tokens)" while it streams, then
+    "Thinking · 12 tokens · budget reached ▸" (▾ when open)."""
+    n = "" if tokens is None else f"{tokens} token" + ("" if tokens == 1 else "s")
+    if streaming:
+        return f"Thinking… ({n})" if n else "Thinking…"
+    parts = ["Thinking"] + ([n] if n else []) + ([note] if note else [])
+    return " · ".join(parts) + (" ▾" if expanded else " ▸")
 
 
 _PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),

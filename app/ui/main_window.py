@@ -7,6 +7,11 @@ A turn with tools shows as it runs: the streaming answer stops at a call, a tool
 the permission buttons, or running), the result fills it, and the next answer streams in a new bubble below;
 at the end the branch is shown again from the store. An MCP server that fails (at start, or later) is named
 in a note under the chat with its reason; the chat goes on with the other servers' tools.
+
+Thinking streams into the answer's bubble, collapsed above its text; while it streams (no answer text yet)
+**Stop thinking** is shown, and pressing it ends the thinking through the engine (the answer follows). The
+effort picker is the conversation's reasoning setting (``Store.set_reasoning_settings``; a new chat keeps the
+choice until its first message creates it).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.ctx = ctx
         self.conversation_id: str | None = None
+        self.pending_effort = ""  # the picker's choice for a chat not stored yet ("": the model's default)
         self.editing: ChatRow | None = None
         self.last_evidence: list = []
         self.chat_model = ChatModel(self)
@@ -107,7 +113,8 @@ class MainWindow(QMainWindow):
     def _actions(self) -> None:
         bar = self.addToolBar("Main")
         bar.setMovable(False)
-        for text, key, slot in (("New chat", "Ctrl+N", self.new_chat), ("Search", "Ctrl+F", self.sidebar.focus_search),
+        for text, key, slot in (("New chat", "Ctrl+N", self.new_chat),
+                                ("Search", "Ctrl+F", self.sidebar.focus_search),
                                 ("Settings…", "Ctrl+,", self.open_settings)):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
@@ -119,12 +126,15 @@ class MainWindow(QMainWindow):
         chat, eng = self.ctx.chat, self.ctx.engine
         self.chat.send.connect(self.send)
         self.chat.stop.connect(chat.stop)
+        self.chat.stop_thinking.connect(self.stop_thinking)
+        self.chat.effort_changed.connect(self.set_effort)
         self.chat.message_action.connect(self.message_action)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
         chat.busy_changed.connect(self.chat.set_busy)
         chat.delta.connect(self._delta)
+        chat.reasoning.connect(self._reasoning)
         chat.tool_call.connect(self._tool_call)
         chat.tool_result.connect(self._tool_result)
         chat.tool_notice.connect(self._tool_notice)
@@ -204,6 +214,8 @@ class MainWindow(QMainWindow):
         self.set_editing(None)
         self.chat_model.set_rows([])
         self.status.show_answer({}, {})
+        self.pending_effort = ""
+        self.chat.show_effort(None)
         self.sidebar.select(None)
         self.documents.show_selection(None)
         self.chat.composer.setFocus()
@@ -216,6 +228,20 @@ class MainWindow(QMainWindow):
         tip = descend(self.ctx.store, message_id) if message_id else None
         self.show_branch(tip)
         self.documents.show_selection(self.ctx.conversation_documents(cid))
+        rs = self.ctx.store.reasoning_settings(cid)
+        self.chat.show_effort(rs.effort, rs.budget_tokens)
+
+    def set_effort(self, value: str) -> None:
+        """The picker: ``value`` none / low / medium / high, or "" for the model's default, stored as this
+        conversation's reasoning setting (a deadline it had stays; an explicit token budget item is kept)."""
+        if value.startswith("tokens:"):
+            return
+        if self.conversation_id is None:
+            self.pending_effort = value
+            return
+        old = self.ctx.store.reasoning_settings(self.conversation_id)
+        self.ctx.store.set_reasoning_settings(self.conversation_id, {"reasoning_effort": value or None,
+                                                                     "reasoning_deadline_s": old.deadline_s})
 
     def show_branch(self, tip: str | None = None) -> None:
         if self.conversation_id is None:
@@ -233,6 +259,7 @@ class MainWindow(QMainWindow):
         if self.conversation_id is None:
             self.conversation_id = self.ctx.store.create_conversation(model="", settings={})
             self._documents_chosen(self.documents.model.selected_paths())
+            self.set_effort(self.pending_effort)
         edit, parent = self.editing, None
         if edit is not None:
             parent = edit.parent_id
@@ -258,12 +285,30 @@ class MainWindow(QMainWindow):
         self.ctx.chat.regenerate(self.conversation_id, user)
 
     # -- tools in a turn ----------------------------------------------------------------------------------
-    def _delta(self, text: str) -> None:
-        """Answer text: onto the streaming bubble, or a new one after a tool call."""
+    def _streaming_bubble(self) -> None:
         last = self.chat_model.item(self.chat_model.rowCount() - 1)
         if last is None or last.role != "assistant" or not last.streaming:
             self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
+
+    def _delta(self, text: str) -> None:
+        """Answer text: onto the streaming bubble, or a new one after a tool call; thinking has ended."""
+        self._streaming_bubble()
         self.chat_model.append_text(text)
+        self.chat.set_thinking(False)
+
+    def _reasoning(self, text: str) -> None:
+        """Thinking text: into the streaming bubble's collapsed thinking; Stop thinking shows until the
+        answer begins."""
+        self._streaming_bubble()
+        self.chat_model.append_reasoning(text)
+        last = self.chat_model.item(self.chat_model.rowCount() - 1)
+        self.chat.set_thinking(last is not None and last.thinking)
+
+    def stop_thinking(self) -> None:
+        """The Stop thinking button: the engine ends the thinking at its next token, the answer follows."""
+        self.chat.set_thinking(False)
+        if not self.ctx.chat.stop_thinking():
+            log.info("stop thinking: the answer had already begun")
 
     def _tool_call(self, req: Any) -> None:
         """``req``: the turn's ``ToolCallRequested``: the answer so far stops, a tool row appears."""

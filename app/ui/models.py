@@ -250,7 +250,12 @@ class ChatRow:
     result (``content``): ``call_id``, ``tool_name`` (the name the model used), ``server`` / ``tool`` (MCP
     names), ``arguments`` (JSON text), ``tool_state`` (asking, running, ok, error, denied, failed),
     ``notice`` (for the person), ``size_bytes`` of the result, ``prompt_note`` (the cut note when the prompt
-    shows only part of it)."""
+    shows only part of it).
+
+    Thinking: ``reasoning`` is the answer's thinking (stored apart; shown collapsed above the answer);
+    ``reasoning_tokens`` its tokens (while it streams: the pieces so far, one per sampled token);
+    ``reasoning_note`` why it ended when Hearth ended it ("budget reached", "stopped by you", ...);
+    ``thinking``: thinking is streaming now (no answer text yet)."""
 
     id: str | None
     role: str
@@ -273,6 +278,10 @@ class ChatRow:
     notice: str | None = None
     size_bytes: int = 0
     prompt_note: str | None = None
+    reasoning_tokens: int | None = None
+    reasoning_note: str = ""
+    thinking: bool = False
+    agreement: str = ""
 
 
 class ChatModel(_ListModel):
@@ -302,9 +311,16 @@ class ChatModel(_ListModel):
         return next((i for i, r in enumerate(self._rows) if r.role == "tool" and r.call_id == call_id), -1)
 
     def append_text(self, text: str) -> None:
-        """Add streamed text to the last row."""
+        """Add streamed text to the last row (its thinking, if any, has ended)."""
         if self._rows:
-            self.update_last(content=self._rows[-1].content + text)
+            self.update_last(content=self._rows[-1].content + text, thinking=False)
+
+    def append_reasoning(self, text: str) -> None:
+        """Add streamed thinking to the last row (one piece per sampled token, counted)."""
+        if self._rows:
+            last = self._rows[-1]
+            self.update_last(reasoning=last.reasoning + text, reasoning_tokens=(last.reasoning_tokens or 0) + 1,
+                             thinking=not last.content)
 
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         r = self.item(index.row())

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import QModelIndex, QPoint, Qt, QTimer, Signal
-from PySide6.QtWidgets import QInputDialog, QLineEdit, QListView, QMenu, QMessageBox, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QInputDialog, QLineEdit, QListView, QMenu, QMessageBox, QPushButton, QVBoxLayout,
+                               QWidget)
 
 from app.ui.models import ConversationListModel, IdRole, KindRole, MessageIdRole
 

@@ -1,7 +1,10 @@
 """The status strip under the chat: the model and its state, then the last answer's TTFT, decode speed,
 prompt tokens reused from the prefix cache, and the context used / n_ctx as a bar whose tooltip breaks it down
 (``ContextPlan.breakdown`` from app.memory). Used context is the answer's real prompt + completion tokens from its
-metrics; before any answer the bar shows the loaded model's n_ctx with 0 used, or "context —" without a model."""
+metrics; before any answer the bar shows the loaded model's n_ctx with 0 used, or "context —" without a model.
+
+An answer that thought also shows its thinking tokens, answer tokens and TTFAT, the time to first *answer*
+token (thinking excluded), whose tooltip names its clock; hidden for answers without thinking."""
 
 from __future__ import annotations
 
@@ -12,18 +15,27 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 from app.ui.formatting import context_bar, context_tooltip, status_texts
 
 
+THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled tokens; inserted text counts in "
+                "neither).\nTTFAT, time to first answer token: from the request entering its slot in the engine to "
+                "the first answer text, after the thinking (TTFT counts from the same start to the first text "
+                "of any kind).")
+
+
 class StatusStrip(QWidget):
+    """The model's state and the last answer's metrics (see the module docstring)."""
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(6, 2, 6, 2)
         self.model = QLabel("No model loaded")
-        self.ttft, self.decode, self.reused = QLabel(), QLabel(), QLabel()
+        self.ttft, self.decode, self.reused, self.thinking = QLabel(), QLabel(), QLabel(), QLabel()
+        self.thinking.setObjectName("thinkingMetrics")
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
         self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer
         self._last: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         lay.addWidget(self.model, 1)
-        for w in (self.ttft, self.decode, self.reused, self.context):
+        for w in (self.ttft, self.thinking, self.decode, self.reused, self.context):
             lay.addWidget(w)
         self.show_answer({}, {})
 
@@ -40,9 +52,15 @@ class StatusStrip(QWidget):
         self._last = (metrics, breakdown)
         texts = status_texts(metrics)
         self.ttft.setText(texts["ttft"])
-        self.ttft.setToolTip("Time to first token: request accepted by the engine → first answer text")
+        self.ttft.setToolTip("Time to first token: the request entering its slot in the engine → the first text, "
+                             "thinking included (TTFAT, next to it after an answer that thought, is the first "
+                             "answer text)")
         self.decode.setText(texts["decode"])
         self.decode.setToolTip("Decode speed of the answer, tokens per second after the first token")
+        self.thinking.setText(texts["thinking"])
+        self.thinking.setVisible(bool(texts["thinking"]))
+        self.thinking.setToolTip(THINKING_TIP + (f"\nThinking time: {metrics['thinking_s']:.2f} s"
+                                                 if metrics.get("thinking_s") else ""))
         self.reused.setText(texts["reused"])
         self.reused.setToolTip("Prompt tokens restored from the prefix cache instead of being prefilled")
         value, maximum, text = context_bar(breakdown, metrics, self.n_ctx)
