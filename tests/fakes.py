@@ -14,6 +14,12 @@ generation raise that error before its first token; ``seen`` lists the requests 
 set when a generation begins. A prompt that leaves no room for ``max_tokens`` raises
 ``ContextLengthExceeded``, as the real runtime does.
 
+Thinking: a request with ``reasoning`` set goes through the real ``Seq.accept`` path with a
+``BudgetForcer`` over ``<think>…</think>`` markers (a model that thinks by itself): a scripted reply
+``"<think>plan</think>answer"`` streams ``plan`` as ``Delta.reasoning`` and ``answer`` as text; when the budget,
+the deadline or ``Generation.stop_thinking`` ends thinking, the rest of the script's thinking is skipped and
+its answer follows the inserted close.
+
 ``FakeEmbedder`` has the ``Embedder`` interface: ``model_id``, ``name``, ``dim``, ``embed(texts)`` →
 float32 ``(n, 3)`` rows ``[1, len(text), 0.5]``, ``count_tokens(texts)`` → whitespace-separated words.
 """
@@ -28,6 +34,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.engine.engine import Engine
+from app.engine.reasoning import THINK
+from app.engine.reasoning_budget import BudgetForcer
 from app.engine.scheduler import Seq
 from app.engine.templates import RenderedPrompt
 from app.engine.types import GenerateRequest, LoadSettings
@@ -58,6 +66,9 @@ class _FakeSeq(Seq):
     sent: str = ""
 
     def result(self) -> tuple[str, str, dict, dict]:
+        if self.forcer is not None:
+            self.finish = self.finish or self.script_finish
+            return Seq.result(self)
         self.metrics["completion_tokens"] = len(self.sent)
         self.metrics["batch_peak"] = self.batch_peak
         return self.finish or self.script_finish, self.sent, self.metrics, self.info
@@ -89,6 +100,10 @@ class FakeRuntime:
         seq.chars, seq.script_finish = list(text), finish
         seq.metrics["prompt_tokens"] = n_prompt
         seq.info = {"template": "fake", "model": self.model_name}
+        if req.reasoning is not None:
+            b = req.reasoning.budget.fit(self.n_ctx, n_prompt)
+            seq.forcer = BudgetForcer(THINK, b.tokens, b.deadline_s, req.reasoning.answer_now, t0=time.perf_counter())
+            seq.tokenize_insert = lambda text: [ord(c) for c in text]
         return seq
 
     def chunk_tokens(self, seq: Seq) -> int:
@@ -117,10 +132,26 @@ class FakeRuntime:
             return
         ch = seq.chars.pop(0)
         seq.sent += ch
+        if seq.forcer is not None:
+            self._think_one(seq, ch)
+            return
         seq.emit("delta", ch, (ord(ch),), self._logprobs(ch, seq.request.want_logprobs))
         if seq.chars:
             seq.pending = ord(ch)
         else:
+            seq.finish = seq.script_finish
+
+    @staticmethod
+    def _think_one(seq, ch: str) -> None:
+        seq.accept(ord(ch), False, ch.encode("utf-8"))
+        if seq.inserts:  # thinking was ended for it: skip the script's thinking, its answer follows
+            rest = "".join(seq.chars)
+            cut = rest.find("</think>")
+            if cut != -1:
+                seq.chars = list(rest[cut + len("</think>"):])
+            seq.inserts = []
+        if not seq.chars and seq.finish is None:
+            seq.pending = None
             seq.finish = seq.script_finish
 
     def end(self, seq: Seq, clean: bool) -> None:
@@ -142,7 +173,8 @@ class FakeRuntime:
             raise ContextLengthExceeded(n_prompt, n_ctx, d.max_tokens or 0)
         text = self.reply(req)
         cuts = [text.find(s) for s in d.stop if s in text]
-        text = text[:min(cuts)] if cuts else text
+        if req.reasoning is None:  # with thinking the real Seq path applies stop strings to the answer only
+            text = text[:min(cuts)] if cuts else text
         limit = min(d.max_tokens or n_ctx, n_ctx - n_prompt)
         if len(text) > limit:
             return text[:limit], "length", n_prompt

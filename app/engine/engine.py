@@ -135,6 +135,8 @@ class Generation:
         self.request = request.validate()
         self.cancelled = False
         self.done: Done | None = None
+        self.thinks: bool | None = None  # the request may think (known once admitted)
+        self.thought_closed = False  # answer text came after thinking text
         self._call: Optional[MuxCall] = None
         self._iter = engine._run(self)
 
@@ -143,6 +145,16 @@ class Generation:
 
     def __next__(self) -> Delta | Done:
         return next(self._iter)
+
+    def stop_thinking(self) -> bool:
+        """End this request's thinking at its next token (budget forcing: the end-of-thinking text is inserted
+        and the model goes on with its answer). True when it will: the request runs (or waits) and may think,
+        and its thinking has not ended yet; False otherwise (finished, a model and request without thinking,
+        or the answer already began after thinking). Any thread."""
+        call = self._call
+        if self.done is not None or call is None or self.thinks is False or self.thought_closed:
+            return False
+        return call.control("stop_thinking")
 
     def cancel(self) -> None:
         """Stop this request (only this one): within one scheduler step, or before it starts."""
@@ -382,18 +394,28 @@ class Engine:
         ``admitted`` event marks the request entering its slot."""
         times: list[float] = []
         t_admit = t_call
+        t_answer: Optional[float] = None  # the first answer text reached this process
+        seen_thought = False
         try:
             for kind, *payload in call:
                 if kind == "admitted":
                     t_admit = time.perf_counter()
+                    gen.thinks = bool(payload[1]) if len(payload) > 1 else False
                     with self._lock:
                         self._running_n += 1
                     state["admitted"] = True
                     continue
-                text, ids, lps = payload
+                text, ids, lps = payload[:3]
+                thought = payload[3] if len(payload) > 3 else ""
+                now = time.perf_counter()
                 if ids:
-                    times.append(time.perf_counter())
-                yield Delta(text, tuple(ids), tuple(lps))
+                    times.append(now)
+                if thought:
+                    seen_thought = True
+                if text and t_answer is None:
+                    t_answer = now
+                    gen.thought_closed = seen_thought
+                yield Delta(text, tuple(ids), tuple(lps), thought)
         except Cancelled:
             self.stats.cancelled += 1
             raise
@@ -411,8 +433,12 @@ class Engine:
         if not state["admitted"]:  # ended while it waited (its deadline passed): all of it was queueing
             t_admit = time.perf_counter()
         m = _metrics(t_call, t_admit, times, cm)
+        if t_answer is not None:
+            m.ttfat_s = t_answer - t_admit
         self._count(m)
-        gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx})
+        info = dict(info)
+        reasoning = info.pop("reasoning", "")
+        gen.done = Done(finish, m, text, {**info, "n_ctx": self.settings.n_ctx}, reasoning)
         yield gen.done
 
     def _count(self, m: Metrics) -> None:
@@ -454,4 +480,11 @@ def _metrics(t_call: float, t0: float, times: list[float], cm: dict) -> Metrics:
         cache_reuse=cm.get("cache_reuse", "cold"), cache_reuse_reason=cm.get("cache_reuse_reason", ""),
         peak_rss_bytes=cm.get("peak_rss_bytes", 0), batch_peak=cm.get("batch_peak", 1),
         prefill_shared=cm.get("prefill_shared", False),
+        reasoning_tokens=cm.get("reasoning_tokens", 0),
+        answer_tokens=cm.get("answer_tokens", n_out - cm.get("reasoning_tokens", 0)),
+        thinking_s=cm.get("thinking_s", 0.0), reasoning_budget=cm.get("reasoning_budget"),
+        reasoning_forced=cm.get("reasoning_forced", False), reasoning_stopped_by=cm.get("reasoning_stopped_by"),
+        reasoning_unclosed=cm.get("reasoning_unclosed", False),
+        spec_mode=cm.get("spec_mode"), spec_drafted=cm.get("spec_drafted", 0),
+        spec_accepted=cm.get("spec_accepted", 0), spec_steps=cm.get("spec_steps", 0),
     )

@@ -33,7 +33,8 @@ lock and may run while a main-lane request streams.
 Multiplexed main lane (``mux=True``, the chat engine's continuous batching): many requests are open at once
 on the main lane, each named by a request id (``rid``) the parent picks::
 
-    parent -> child   any time:   ("submit", rid, op, *args)   ("cancel", rid)   ("close",)
+    parent -> child   any time:   ("submit", rid, op, *args)   ("cancel", rid)   ("stop_thinking", rid)
+                                  ("close",)
     child  -> parent  per rid:    ("event", rid, *payload) ...  then  ("ok", rid, result) | ("error", rid, exc)
                                   | ("bug", rid, text)
                       batched:    ("events", [(rid, *payload), ...])   (one step's events, in order)
@@ -738,6 +739,14 @@ class MuxCall:
     def cancel(self) -> None:
         if self.open:
             self._host._mux_send(self._child, ("cancel", self.rid))
+
+    def control(self, kind: str) -> bool:
+        """Send ``(kind, rid)`` to the child's handler (``"stop_thinking"``; any thread). False when the request
+        already ended."""
+        if not self.open:
+            return False
+        self._host._mux_send(self._child, (kind, self.rid))
+        return True
 
     def wait(self) -> Any:
         """Run to the end, dropping events; returns ``result``."""

@@ -28,6 +28,8 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.process import default_threads
+from app.engine.reasoning import markers_for
+from app.engine.reasoning_budget import BudgetForcer, ReasoningBudget, plan_prompt, render_kwargs
 from app.engine.templates import RenderedPrompt, choose_template_name, render, template_tool_caps, tool_format
 from app.engine.scheduler import Seq
 from app.engine.types import GenerateRequest, LoadSettings
@@ -36,6 +38,11 @@ from app.errors import ContextLengthExceeded, HearthError, InvalidRequest, Model
 log = logging.getLogger(__name__)
 
 GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
+# After a forced end of thinking on a model that thinks only when prefilled (no markers of its own), this line
+# starts the answer (s1's "Final Answer:"): measured on the bundled base model, without it the model wrote the
+# next "User:" turn at once, so the answer was empty; with it, "Answer: France." (docs/reasoning.md).
+PREFILL_ANSWER_NOW = "Answer:"
+MIN_COPY_TOKENS = 32  # a shorter prefix is prefilled rather than copied from another slot (measured below)
 
 
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
@@ -185,6 +192,8 @@ class Runtime:
         self.template_name = choose_template_name(view)
         self.bos_text = self._piece(self.llm.token_bos(), special=True) if self.llm.token_bos() >= 0 else ""
         self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
+        self.markers = markers_for(self.template_name, self.chat_template, self.architecture,
+                                   self.meta.get("thinking_markers"))
 
     def _warm_up(self) -> None:
         """Evaluate one token and forget it, so that thread start-up and first touches of the weights are
@@ -227,7 +236,7 @@ class Runtime:
         """What the parent learns once the model is loaded (``load_s`` in seconds)."""
         return {"template": self.template_name, "n_ctx": self.settings.n_ctx, "load_s": self.load_s,
                 "n_vocab": self.n_vocab, "n_parallel": self.n_slots, "architecture": self.architecture,
-                **self.tool_info()}
+                "thinking": self.markers.to_dict(), **self.tool_info()}
 
     def tool_info(self) -> dict[str, Any]:
         """``tool_format``: the ``ToolFormat`` name of the model's own template; ``template_tools``: the GGUF
@@ -250,12 +259,35 @@ class Runtime:
         return bool(self._vocab_is_eog(self.vocab, token))
 
     def render(self, request: GenerateRequest) -> RenderedPrompt:
+        """The prompt text of ``request`` (a raw prompt as given; messages through the template, with the
+        thinking switch of ``reasoning_budget.render_kwargs`` for the request's budget)."""
         if request.prompt is not None:
             return RenderedPrompt(request.prompt, "none", request.add_bos, ())
         name = request.template or self.template_name
+        budget = request.reasoning.budget if request.reasoning is not None else ReasoningBudget()
         return render(request.messages, name, chat_template=self.chat_template, bos_token=self.bos_text,
                       eos_token=self.eos_text, tools=request.tools, tool_choice=request.tool_choice,
-                      parallel_tool_calls=request.parallel_tool_calls, architecture=self.architecture)
+                      parallel_tool_calls=request.parallel_tool_calls, architecture=self.architecture,
+                      template_vars=render_kwargs(self.markers, self._budget(request, budget)))
+
+    def _budget(self, request: GenerateRequest, budget: ReasoningBudget) -> ReasoningBudget:
+        """A request decoding through a grammar (response_format, a forced tool call) does not think: the
+        grammar would bind the thinking text too."""
+        grammar = request.decoding.grammar or (request.tools and request.choice.forces_call)
+        return replace(budget, tokens=0) if grammar else budget
+
+    def thinking_plan(self, request: GenerateRequest, text: str):
+        """``(suffix, budget, started_inside, thinks)`` for ``request``'s rendered prompt ``text``
+        (``reasoning_budget.plan_prompt``); ``thinks``: the answer goes through a ``BudgetForcer`` (a model
+        that thinks by itself, a budget asked of one that thinks when prefilled, or a prompt that ends inside
+        thinking). A raw ``prompt`` thinks only when it ends inside thinking or a budget was asked."""
+        budget = self._budget(request, request.reasoning.budget if request.reasoning is not None
+                              else ReasoningBudget())
+        if request.prompt is not None and not budget.asked and not self.markers.inside_after(text):
+            return "", budget, False, False
+        plan = plan_prompt(self.markers, text, budget)
+        thinks = self.markers.native or plan.thinking or plan.started_inside
+        return plan.suffix, budget, plan.started_inside, thinks
 
     def tools_tokens(self, request: GenerateRequest, prompt_tokens: int) -> int:
         """Tokens the tool definitions add to ``request``'s prompt of ``prompt_tokens`` tokens (its render
@@ -320,11 +352,13 @@ class Runtime:
         seq.accept(token, self.is_eog(token), self.llm._model.detokenize([token], special=False), lp)
 
     # -- the batch ------------------------------------------------------------------------------------
-    def _decode(self, items: list[tuple[int, int, list[int]]], all_logits: bool = False) -> None:
+    def _decode(self, items: list[tuple[int, int, list[int]]], all_logits: bool = False) -> list[int]:
         """One ``llama_decode`` of ``items`` = ``(seq_id, first position, tokens)``; logits for the last token
-        of each item (``all_logits``: the same, one token per item in a decode step). Raises ``HearthError``."""
+        of each item (``all_logits``: for every token). Returns each item's last token's batch index (for
+        ``llama_get_logits_ith``). Raises ``HearthError``."""
         b = self.batch
         n = 0
+        lasts = []
         for seq_id, pos0, toks in items:
             last = len(toks) - 1
             for i, t in enumerate(toks):
@@ -334,11 +368,13 @@ class Runtime:
                 b.seq_id[n][0] = seq_id
                 b.logits[n] = i == last or all_logits
                 n += 1
+            lasts.append(n - 1)
         b.n_tokens = n
         rc = self._lib.llama_decode(self.ctx, b)
         if rc != 0:
             why = "no free KV cell" if rc == 1 else "aborted" if rc == 2 else f"error {rc}"
             raise HearthError(f"llama_decode failed ({why}) on a batch of {n} tokens")
+        return lasts
 
     # -- a request's life in its slot -----------------------------------------------------------------
     def live_prefix(self, slot: _Slot, tokens: list[int]) -> int:
@@ -373,7 +409,10 @@ class Runtime:
         ``request.prefix_cache=False`` prefills cold: no live reuse, no disk lookup, no save."""
         rp = self.render(request)
         d = request.decoding if rp.grammar is None else replace(request.decoding, grammar=rp.grammar)
+        suffix, budget, inside, thinks = self.thinking_plan(request, rp.text)
         tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=request.prompt is None)
+        if suffix:
+            tokens += self.tokenize(suffix, add_bos=False, special=True)
         if not tokens:
             raise InvalidRequest("the prompt is empty", param="prompt" if request.prompt is not None else "messages")
         n_ctx = self.settings.n_ctx
@@ -389,24 +428,65 @@ class Runtime:
         live = {i: self.live_prefix(self.slots[i], tokens) if allowed else 0 for i in free}
         slot = max((self.slots[i] for i in free),
                    key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
+        copied = self._copy_longer(slot, tokens, live[slot.seq_id]) if allowed else None
+        if copied is not None:
+            live[slot.seq_id] = len(slot.tokens)
         seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
         seq.tokens, seq.sampler = tokens, sampler
         seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
+        seq.room = n_ctx - len(tokens)
+        if thinks:
+            fitted = budget.fit(n_ctx, len(tokens), d.max_tokens)
+            answer_now = request.reasoning.answer_now if request.reasoning is not None else None
+            if answer_now is None and self.markers.prefill_start:
+                answer_now = PREFILL_ANSWER_NOW
+            seq.forcer = BudgetForcer(self.markers, fitted.tokens, fitted.deadline_s, answer_now,
+                                      started_inside=inside, t0=time.perf_counter())
+            seq.tokenize_insert = lambda text: self.tokenize(text, add_bos=False, special=True)
         seq.metrics["prompt_tokens"] = len(tokens)
         seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
         if request.tools:
             seq.info.update(tool_format=rp.tool_format, tools_tokens=tools_tokens)
-        self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache)
+        self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache, disk=copied is None)
+        if copied is not None:
+            seq.metrics["cache_copied_from_slot"] = copied
+            seq.metrics["cache_reuse_reason"] += f" (copied from slot {copied})"
         return seq
 
-    def _reuse(self, seq: LlamaSeq, slot: _Slot, reuse: int, allow_reuse: bool) -> None:
+    def _copy_longer(self, dst: _Slot, tokens: list[int], have: int) -> int | None:
+        """Give ``dst`` another slot's live prefix of ``tokens`` when it is longer than ``have`` tokens and
+        worth a copy (at least ``MIN_COPY_TOKENS``): llama.cpp copies the whole KV stream of a non-unified
+        cache (``llama_memory_seq_cp`` across streams, applied at the next ``llama_decode``), so every cell
+        is bit for bit the source's and in the same place; the tail past the prefix is removed. Returns the
+        source slot's id, or None. This is how ``n`` samples of one prompt (self-consistency) prefill it
+        once: the later ones start after the first has its prompt in."""
+        best, src = have, None
+        for other in self.slots:
+            if other is dst or not other.tokens:
+                continue
+            n = self.live_prefix(other, tokens)
+            if n > best:
+                best, src = n, other
+        if src is None or best - have < MIN_COPY_TOKENS:
+            return None
+        lib = self._lib
+        lib.llama_memory_seq_cp(self.mem, src.seq_id, dst.seq_id, -1, -1)
+        if best < len(src.tokens):
+            lib.llama_memory_seq_rm(self.mem, dst.seq_id, best, -1)
+        dst.tokens = src.tokens[:best]
+        dst.canonical_upto = min(src.canonical_upto, best)
+        dst.layout_len = src.layout_len if best == len(tokens) - 1 else 0
+        return src.seq_id
+
+    def _reuse(self, seq: LlamaSeq, slot: _Slot, reuse: int, allow_reuse: bool, disk: bool = True) -> None:
         """Keep (``reuse`` tokens of the live KV, ``live_prefix``) or restore (disk) the longest exact prefix of
-        ``seq.tokens`` in ``slot``; drop the rest."""
+        ``seq.tokens`` in ``slot``; drop the rest. ``disk`` False: no disk lookup (a stream copy into the slot
+        is pending until the next ``llama_decode`` and would overwrite a restored state)."""
         C = self.settings.n_batch
         tokens, metrics = seq.tokens, seq.metrics
         L = len(tokens)
         allowed = allow_reuse and self.reuse_ok
-        cache = self.prefix_cache if allowed else None
+        cache = self.prefix_cache if allowed and disk else None
         source = "memory" if reuse else "none"
         if cache is not None:
             got = cache.restore_longest(self, slot, tokens, reuse, metrics)
@@ -514,15 +594,26 @@ class Runtime:
         # ``sequential``) puts only increasing, consecutive sequence ids in one ubatch, so slots 1, 2, 3, 0 in
         # that order were two graph computations instead of one (measured: a 4-sequence step 44 ms in order,
         # 66–74 ms not). Gaps (slots 0, 2, 3) still split; ``begin`` keeps the busy slots contiguous.
+        # A sequence whose thinking was just ended by budget forcing also feeds the inserted end-of-thinking
+        # tokens after its pending one (``Seq.inserts``): not sampled, logits only after the last of them.
         seqs = sorted(seqs, key=lambda s: s.slot)
         n = self.settings.n_batch
-        for k in range(0, len(seqs), n):
-            group = seqs[k:k + n]
-            self._decode([(s.slot, len(self.slots[s.slot].tokens), [s.pending]) for s in group], all_logits=True)
-            for i, s in enumerate(group):
-                self.slots[s.slot].tokens.append(s.pending)
-                s.pending = None
-                self._sample(s, i)
+        groups: list[list[LlamaSeq]] = [[]]
+        used = 0
+        for s in seqs:
+            size = 1 + len(s.inserts)
+            if groups[-1] and used + size > n:
+                groups.append([])
+                used = 0
+            groups[-1].append(s)
+            used += size
+        for group in groups:
+            feeds = [[s.pending] + s.inserts for s in group]
+            lasts = self._decode([(s.slot, len(self.slots[s.slot].tokens), f) for s, f in zip(group, feeds)])
+            for s, f, idx in zip(group, feeds, lasts):
+                self.slots[s.slot].tokens.extend(f)
+                s.pending, s.inserts = None, []
+                self._sample(s, idx)
 
     def end(self, seq: LlamaSeq, clean: bool = True) -> None:
         """``seq`` left its slot. Its KV stays for the next request's reuse unless the step that ended it

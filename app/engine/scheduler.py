@@ -36,12 +36,15 @@ same loop.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import queue
 import time
 from typing import Any, Callable, Optional, Protocol
 
 from app.engine.process import bug_text
+from app.engine.reasoning import AnswerPiece, ReasoningPiece
+from app.engine.reasoning_budget import BudgetForcer
 from app.engine.textstream import StopStreamer
 from app.engine.types import GenerateRequest
 from app.errors import Cancelled, HearthError
@@ -57,7 +60,15 @@ class Seq:
 
     ``pending``: a sampled token not yet evaluated (the next decode step feeds it); ``prompt_done``: the
     prompt's last token was evaluated; ``finish``: the finish_reason once the answer ended. ``metrics``:
-    the child-side metrics dict (prompt_tokens, cached_tokens, prefill_s, ... as ``Runtime`` fills it)."""
+    the child-side metrics dict (prompt_tokens, cached_tokens, prefill_s, ... as ``Runtime`` fills it).
+
+    Thinking: with a ``forcer`` (``reasoning_budget.BudgetForcer``, set by the runtime when the request may
+    think) each sampled token's text goes through it first; thinking text is emitted apart (the fourth
+    field of a ``delta`` event) and only answer text reaches the stop strings (the transcript template's
+    blank-line stop would otherwise end thinking mid-paragraph). When the forcer ends thinking (budget,
+    deadline, ``stop_thinking``) its text is tokenized by ``tokenize_insert`` into ``inserts``: tokens the
+    next decode step evaluates after ``pending`` without sampling them. ``room``: tokens the slot's KV still
+    has for the answer (sampled and inserted together; None: no limit but ``max_new``)."""
 
     def __init__(self, rid: int, request: GenerateRequest, slot: int, stop: tuple[str, ...] = ()) -> None:
         self.rid, self.request, self.slot = rid, request, slot
@@ -73,11 +84,22 @@ class Seq:
         self.t_first: Optional[float] = None
         self.batch_peak = 1
         self.deadline_at: Optional[float] = None  # set by the scheduler on admission
+        self.forcer: Optional[BudgetForcer] = None
+        self.tokenize_insert: Callable[[str], list[int]] = lambda text: []
+        self.inserts: list[int] = []
+        self.n_inserted = 0
+        self.room: Optional[int] = None
+        self.reasoning: list[str] = []
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def stop_thinking(self) -> bool:
+        """Ask thinking to end at the next token (``BudgetForcer.stop_thinking``); False without thinking."""
+        return self.forcer.stop_thinking() if self.forcer is not None and self.finish is None else False
 
     def accept(self, token: int, is_eog: bool, piece: bytes, logprob: Any = None) -> None:
         """Take one sampled token: end on an end-of-generation token (not part of the answer), else emit its
-        text (held back while it may begin a stop string), then end on a stop string or ``max_new`` tokens;
-        otherwise the token is ``pending`` for the next decode step."""
+        text (held back while it may begin a stop string; thinking text apart, see the class), then end on a
+        stop string or ``max_new`` tokens; otherwise the token is ``pending`` for the next decode step."""
         self.n_out += 1
         if self.t_first is None:
             self.t_first = time.perf_counter()
@@ -85,18 +107,52 @@ class Seq:
             self.n_out -= 1
             self.finish = "stop"
             return
-        text, stopped = self.streamer.feed(piece)
-        # One event per token (even when its text is held back) so that ITL is measured per token.
-        self.emit("delta", text, (token,), (logprob,) if logprob is not None else ())
+        lps = (logprob,) if logprob is not None else ()
+        if self.forcer is None:
+            text, stopped = self.streamer.feed(piece)
+            # One event per token (even when its text is held back) so that ITL is measured per token.
+            self.emit("delta", text, (token,), lps)
+        else:
+            step = self.forcer.step(self._text.decode(piece), time.perf_counter())
+            text, stopped, thought = self._pieces(step.pieces)
+            self.emit("delta", text, (token,), lps, thought)
+            if step.insert and not stopped:
+                self.inserts = list(self.tokenize_insert(step.insert))
+                self.n_inserted += len(self.inserts)
         if stopped:
             self.finish = "stop"
-        elif self.n_out >= self.max_new:
+        elif self.n_out >= self.max_new or (self.room is not None and self.n_out + self.n_inserted >= self.room):
             self.finish = "length"
         else:
             self.pending = token
 
+    def _pieces(self, pieces: Any) -> tuple[str, bool, str]:
+        """Answer pieces through the stop strings, thinking pieces kept: ``(answer text, stopped, thinking)``."""
+        thought = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
+        answer = "".join(p.text for p in pieces if isinstance(p, AnswerPiece))
+        if thought:
+            self.reasoning.append(thought)
+        if not answer:
+            return "", self.streamer.stopped, thought
+        text, stopped = self.streamer.feed(answer.encode("utf-8"))
+        return text, stopped, thought
+
     def result(self) -> tuple[str, str, dict, dict]:
-        """``(finish_reason, text, child_metrics, info)`` of an ended request (flushes held-back text)."""
+        """``(finish_reason, text, child_metrics, info)`` of an ended request (flushes held-back text). With
+        thinking, ``info["reasoning"]`` is the thinking text and the metrics carry the forcer's counts."""
+        if self.forcer is not None:
+            rest = self._text.decode(b"", final=True)
+            last = self.forcer.splitter.feed(rest) if rest else []  # an incomplete character: U+FFFD
+            pieces = tuple(last) + tuple(self.forcer.finish())
+            text, _stopped, thought = self._pieces(pieces)
+            if text or thought:
+                self.emit("delta", text, (), (), thought)
+            rm = self.forcer.metrics()
+            self.metrics.update(reasoning_tokens=rm.reasoning_tokens, answer_tokens=rm.answer_tokens,
+                                thinking_s=rm.thinking_s, reasoning_forced=rm.forced,
+                                reasoning_stopped_by=rm.stopped_by, reasoning_unclosed=rm.unclosed,
+                                reasoning_budget=self.forcer.budget_tokens)
+            self.info["reasoning"] = "".join(self.reasoning)
         tail = self.streamer.flush()
         if tail:
             self.emit("delta", tail, (), ())
@@ -162,6 +218,7 @@ class Scheduler:
         self.waiting: list[_Waiting] = []
         self.active: dict[int, Seq] = {}  # rid -> seq, in admission order
         self.cancels: set[int] = set()
+        self.stop_early: set[int] = set()  # stop_thinking asked before admission
         self.free = list(range(runtime.n_slots))
         self._order = 0
 
@@ -207,6 +264,8 @@ class Scheduler:
             return False
         if kind == "cancel":
             self._cancel(msg[1])
+        elif kind == "stop_thinking":
+            self._stop_thinking(msg[1])
         elif kind == "submit":
             rid, op, args = msg[1], msg[2], msg[3:]
             if op == "generate":
@@ -227,6 +286,7 @@ class Scheduler:
             self.send(("bug", rid, bug_text(exc)))
 
     def _cancel(self, rid: int) -> None:
+        self.stop_early.discard(rid)
         for w in self.waiting:
             if w.rid == rid:
                 self.waiting.remove(w)
@@ -234,6 +294,14 @@ class Scheduler:
                 return
         if rid in self.active:
             self.cancels.add(rid)
+
+    def _stop_thinking(self, rid: int) -> None:
+        """End ``rid``'s thinking at its next token (a waiting request: as soon as it is admitted)."""
+        seq = self.active.get(rid)
+        if seq is not None:
+            seq.stop_thinking()
+        elif any(w.rid == rid for w in self.waiting):
+            self.stop_early.add(rid)
 
     def _expire(self) -> None:
         now = time.perf_counter()
@@ -267,7 +335,10 @@ class Scheduler:
             seq.emit = self._emitter(w.rid)
             seq.deadline_at = w.deadline_at()
             self.active[w.rid] = seq
-            seq.emit("admitted", seq.slot)
+            seq.emit("admitted", seq.slot, seq.forcer is not None)
+            if w.rid in self.stop_early:
+                self.stop_early.discard(w.rid)
+                seq.stop_thinking()
         self._flush()
 
     def _emitter(self, rid: int) -> Callable[..., None]:

@@ -39,7 +39,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from app.engine.tool_formats import ToolFormat, format_for
 from app.engine.tools import ToolCall, ToolChoice, ToolSpec
@@ -175,12 +175,12 @@ def _compiled(template: str) -> Any:
 
 
 def _gguf_text(messages: list[dict[str, Any]], template: str, bos_token: str, eos_token: str,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, template_vars: Mapping[str, Any] | None = None) -> str:
     import jinja2
 
     try:
-        return _compiled(template).render(messages=messages, tools=tools, bos_token=bos_token,
-                                          eos_token=eos_token, add_generation_prompt=True,
+        return _compiled(template).render(**dict(template_vars or {}), messages=messages, tools=tools,
+                                          bos_token=bos_token, eos_token=eos_token, add_generation_prompt=True,
                                           raise_exception=_raise)
     except InvalidRequest:
         raise
@@ -188,8 +188,10 @@ def _gguf_text(messages: list[dict[str, Any]], template: str, bos_token: str, eo
         raise InvalidRequest(f"the model's chat template failed: {exc}", param="messages") from None
 
 
-def _gguf(messages: Sequence[Any], template: str, bos_token: str, eos_token: str) -> RenderedPrompt:
-    text = _gguf_text([{"role": m.role, "content": m.content} for m in messages], template, bos_token, eos_token)
+def _gguf(messages: Sequence[Any], template: str, bos_token: str, eos_token: str,
+          template_vars: Mapping[str, Any] | None = None) -> RenderedPrompt:
+    text = _gguf_text([{"role": m.role, "content": m.content} for m in messages], template, bos_token, eos_token,
+                      None, template_vars)
     add_bos = not (bos_token and text.startswith(bos_token))
     return RenderedPrompt(text, "gguf", add_bos, ())
 
@@ -293,7 +295,8 @@ def _format_turns(messages: Sequence[ChatMessage], fmt: ToolFormat, tools: Seque
 
 
 def _gguf_tools(messages: Sequence[ChatMessage], template: str, bos_token: str, eos_token: str,
-                fmt: ToolFormat, tools: Sequence[ToolSpec]) -> RenderedPrompt:
+                fmt: ToolFormat, tools: Sequence[ToolSpec],
+                template_vars: Mapping[str, Any] | None = None) -> RenderedPrompt:
     caps = template_tool_caps(template, bos_token, eos_token)
     turns = _format_turns(messages, fmt, tools, caps)
     mistral = fmt.name.startswith("mistral")
@@ -310,7 +313,7 @@ def _gguf_tools(messages: Sequence[ChatMessage], template: str, bos_token: str, 
             d["role"] = "user"
         out.append(d)
     spec = [t.to_openai() for t in tools] if tools and caps.tools else None
-    text = _gguf_text(out, template, bos_token, eos_token, spec)
+    text = _gguf_text(out, template, bos_token, eos_token, spec, template_vars)
     return RenderedPrompt(text, "gguf", not (bos_token and text.startswith(bos_token)), ())
 
 
@@ -329,14 +332,26 @@ def _with_tool_decoding(rp: RenderedPrompt, fmt: ToolFormat, tools: Sequence[Too
 
 def render(messages: Sequence[Any], name: str, *, chat_template: str | None = None, bos_token: str = "",
            eos_token: str = "", tools: Sequence[ToolSpec] = (), tool_choice: ToolChoice | None = None,
-           parallel_tool_calls: bool = True, architecture: str = "") -> RenderedPrompt:
+           parallel_tool_calls: bool = True, architecture: str = "",
+           template_vars: Mapping[str, Any] | None = None) -> RenderedPrompt:
     """Render ``messages`` (``ChatMessage``s, or objects with ``role`` and ``content``) with template ``name``.
 
     With ``tools``, or calls and results in the history, the model's ``ToolFormat`` (``tool_format(name,
     architecture, chat_template)``) or the GGUF template renders them (module docstring); ``tool_choice``
     "required" / a named function sets ``grammar`` (one call, or several with ``parallel_tool_calls``).
+    ``template_vars``: extra variables for the GGUF template (``reasoning_budget.render_kwargs``: Qwen3's
+    ``enable_thinking``, GPT-OSS's ``reasoning_effort``); built-in templates have none.
+
+    A final assistant message without tool calls is *continued*, not closed (prefill, as llama-server and
+    Hugging Face's ``continue_final_message`` do): the messages before it are rendered with the generation
+    prompt and its content follows as written, so a client can start the answer, or the thinking, itself.
 
     Raises ``InvalidRequest`` for an unknown template name or a template that fails on these messages."""
+    if len(messages) > 1 and messages[-1].role == "assistant" and not getattr(messages[-1], "tool_calls", ()):
+        head = render(messages[:-1], name, chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
+                      tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                      architecture=architecture, template_vars=template_vars)
+        return replace(head, text=head.text + messages[-1].content)
     if name == "gguf" and not chat_template:
         raise InvalidRequest("template 'gguf' requested but the model has no chat template", param="template")
     fn = {"transcript": _transcript, "gemma": _gemma, "llama-3": _llama3, "mistral": _mistral,
@@ -345,11 +360,11 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
         raise InvalidRequest(f"unknown template {name!r}; choose one of {', '.join(TEMPLATE_NAMES)}",
                              param="template")
     if not _uses_tools(messages, tools):
-        return _gguf(messages, chat_template, bos_token, eos_token) if fn is None else fn(messages)
+        return _gguf(messages, chat_template, bos_token, eos_token, template_vars) if fn is None else fn(messages)
     fmt = tool_format(name, architecture, chat_template)
     if fn is None:
         assert chat_template is not None
-        rp = _gguf_tools(messages, chat_template, bos_token, eos_token, fmt, tools)
+        rp = _gguf_tools(messages, chat_template, bos_token, eos_token, fmt, tools, template_vars)
     else:
         rp = fn(_format_turns(messages, fmt, tools))
     return _with_tool_decoding(rp, fmt, tools, tool_choice, parallel_tool_calls)
