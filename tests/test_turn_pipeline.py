@@ -123,3 +123,32 @@ def test_stop_keeps_the_partial_answer_and_the_next_turn_goes_on(engine, memory)
     assert last.status == "error" and last.meta["error"] == "Cancelled"
     again = a.send(cid, "What is the capital of France?")
     assert again.result.finish_reason in ("stop", "length") and memory.get_message(again.result.message_id)
+
+
+def test_thinking_on_the_bundled_model_is_stored_apart_from_the_answer(engine, memory):
+    """Gemma 3 270M has no thinking markers: with a budget the engine prefills ``<think>\\n`` and forces the
+    end of thinking at the budget. The thinking streams as ReasoningDelta, is stored apart, and neither the
+    answer text nor the next turn's prompt holds it."""
+    from app.assistant import ReasoningDelta
+
+    a = Assistant(engine, memory, decoding=greedy(48))
+    cid = a.new_conversation()
+    memory.set_reasoning_settings(cid, {"reasoning_budget": 16})
+    events = list(a.turn(cid, "What is 12 + 30?"))
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta))
+    done = events[-1]
+    assert isinstance(done, TurnDone) and thought.strip() and answer == done.result.text
+    m = done.result.metrics
+    assert (m["reasoning_tokens"], m["reasoning_stopped_by"], m["reasoning_forced"]) == (16, "budget", True)
+    assert m["ttfat_s"] > m["ttft_s"] and m["answer_tokens"] > 0
+    for marker in ("<think>", "</think>"):
+        assert marker not in done.result.text and marker not in thought
+    assert thought not in done.result.text
+    stored = memory.get_message(done.result.message_id)
+    assert stored.content == done.result.text
+    r = memory.reasoning_for(stored.id)
+    assert (r.text, r.tokens, r.budget, r.stopped_by) == (thought, 16, 16, "budget")
+    plan, _ = a.session.plan(cid, memory.append_message(cid, "user", "And 1 + 1?", stored.id))
+    assert all(thought not in msg.content for msg in plan.messages)
+    assert [msg.content for msg in plan.messages if msg.role == "assistant"] == [stored.content]
