@@ -341,8 +341,8 @@ def test_registry_is_empty_after_errors_and_a_disconnect(slow):
     assert eng.stats.cancelled > before
 
 
-def test_stop_thinking_while_queued_then_running(slow):
-    """A request waiting for the slot is in the registry too; the stop reaches it once it thinks."""
+def test_stop_thinking_after_waiting_for_the_slot(slow):
+    """A request that waited behind another is stopped like any other once it thinks."""
     eng, app, srv = slow
     out: dict = {}
 
@@ -401,3 +401,39 @@ def test_self_consistency_on_completions_and_command_verifier_behind_a_setting()
     assert j["choices"][0]["text"] == "<think>hm</think>The answer is 7."  # no reasoning asked: text as is
     sc = j["hearth"]["self_consistency"]
     assert (sc["n"], sc["accepted"], sc["tie"], sc["answer"]) == (2, 2, True, "7")
+
+
+def test_self_consistency_samples_are_registered_stopped_and_cancelled_with_the_client():
+    eng = FakeEngine(n_ctx=4096, token_delay_s=0.005, n_parallel=2, reply=lambda r: LONG)
+    app = create_app(eng, ServerSettings(), catalog=CATALOG)
+    body = {"messages": USER, "temperature": 0.7, "seed": 1, "reasoning_effort": "high",
+            "hearth": {"self_consistency": {"n": 2}}}
+    with ServerThread(app) as srv:
+        out: dict = {}
+
+        def ask():
+            out["r"] = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.time() + 5
+        while (not running(app) or len(app.state.hearth.service.running.get(running(app)[0]).generations()) < 2) \
+                and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # both samples thinking
+        rid = running(app)[0]
+        s = httpx.post(f"{srv.url}/v1/hearth/requests/{rid}/stop_thinking", timeout=10).json()
+        t.join(30)
+        assert s["stopped"] is True
+        j = out["r"].json()
+        assert j["id"] == rid and j["choices"][0]["message"]["content"] == "a" * 20
+        assert all(cd["tokens"] < 1000 for cd in j["hearth"]["self_consistency"]["candidates"])
+        assert running(app) == []
+        before = eng.stats.cancelled
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up: every sample is cancelled
+            httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=0.5)
+        _wait_empty(app)
+        deadline = time.time() + 5
+        while eng.stats.cancelled < before + 2 and time.time() < deadline:
+            time.sleep(0.02)
+        assert eng.stats.cancelled >= before + 2

@@ -159,6 +159,7 @@ class Service:
                     yield data
                 choices.append(choice)
                 self.metrics.generation(ev)
+            call.entry.close()  # before [DONE]: a client that read the end finds the id gone (404)
             if plan.include_usage:
                 yield fmt.usage_chunk(frame, choices)
             yield fmt.DONE_EVENT
