@@ -1,0 +1,163 @@
+"""The model pool (app/engine/pool.py) over FakeEngines: load on demand, budget, LRU eviction, TTL and
+keep_alive, a model that fails to load while others serve, waits for a loading model."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.engine.pool import ModelBusy, ModelPool
+from app.engine.types import ChatMessage, GenerateRequest
+from app.errors import ModelLoadError, ModelNotFound
+
+from fakes import FakeEngine
+
+GIB = 1 << 30
+SIZES = {"a": 2 * GIB, "b": 2 * GIB, "c": 3 * GIB, "huge": 9 * GIB}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Maker:
+    """FakeEngines that load slowly or fail on demand, and remember what was made and closed."""
+
+    def __init__(self, load_delay_s: float = 0.0) -> None:
+        self.made: list[str] = []
+        self.closed: list[str] = []
+        self.broken: set[str] = set()
+        self.load_delay_s = load_delay_s
+
+    def __call__(self, key: str, path: str):
+        maker = self
+        self.made.append(key)
+
+        class E(FakeEngine):
+            def load(self):
+                if key in maker.broken:
+                    raise ModelLoadError(f"{path}: not a GGUF file (bad magic)", path=path)
+                time.sleep(maker.load_delay_s)
+                return super().load()
+
+            def close(self):
+                maker.closed.append(key)
+                super().close()
+
+        return E(path, reply=lambda r: f"I am {key}")
+
+
+def resolve(name):
+    if name not in SIZES:
+        raise ModelNotFound(name or "", sorted(SIZES))
+    return name, f"/models/{name}.gguf"
+
+
+def pool(maker, clock=None, **kw) -> ModelPool:
+    kw.setdefault("budget_bytes", 5 * GIB)
+    return ModelPool(resolve, maker, lambda k, p: SIZES[k], reaper_interval_s=0, clock=clock or time.monotonic,
+                     **kw)
+
+
+def ask(p: ModelPool, name: str, **kw) -> str:
+    with p.acquire(name, **kw) as lease:
+        return lease.engine.complete(GenerateRequest(messages=(ChatMessage("user", "hi"),))).text
+
+
+def test_requests_alternating_between_models_load_and_unload_within_the_budget():
+    m = Maker()
+    p = pool(m)
+    try:
+        assert ask(p, "a") == "I am a" and ask(p, "b") == "I am b"  # 4 GiB of 5: both loaded
+        assert m.made == ["a", "b"] and p.used_bytes() == 4 * GIB
+        assert ask(p, "c") == "I am c"  # 3 GiB more: the least recently used (a) goes
+        assert m.closed == ["a"] and p.status()["a"]["state"] == "unloaded"
+        assert p.used_bytes() == 5 * GIB <= p.budget_bytes
+        ask(p, "a")  # b is now the least recently used
+        assert m.closed == ["a", "b"] and m.made == ["a", "b", "c", "a"]
+        assert p.unloads[-1] == ("b", "evicted for a")
+    finally:
+        p.close()
+
+
+def test_a_model_larger_than_the_budget_and_an_unknown_name_are_refused_clearly():
+    p = pool(Maker())
+    try:
+        with pytest.raises(ModelLoadError, match=r"'huge' needs about 9.00 GiB .* budget of 5.00 GiB"):
+            p.acquire("huge")
+        with pytest.raises(ModelNotFound, match="available: a, b, c, huge"):
+            p.acquire("nope")
+    finally:
+        p.close()
+
+
+def test_idle_models_unload_after_their_ttl_and_keep_alive_overrides_it():
+    clock, m = Clock(), Maker()
+    p = pool(m, clock, ttl_s=60, ttl_for=lambda k: 5 if k == "b" else None)
+    try:
+        ask(p, "a")
+        ask(p, "b")
+        ask(p, "c", keep_alive_s=-1)  # evicts a (LRU); c stays until evicted
+        clock.t += 10
+        assert p.reap() == ["b"]  # b's own TTL (5 s) passed; c never expires
+        clock.t += 100
+        assert p.reap() == [] and p.status()["c"]["loaded"]
+        ask(p, "a", keep_alive_s=0)  # unloaded right after the request
+        assert p.status()["a"]["state"] == "unloaded" and m.closed[-1] == "a"
+    finally:
+        p.close()
+
+
+def test_a_held_model_is_never_unloaded_and_a_new_one_waits_then_fails_clearly():
+    clock = Clock()
+    p = pool(Maker(), clock, load_timeout_s=0.0, ttl_s=1)
+    try:
+        lease_a, lease_b = p.acquire("a"), p.acquire("b")
+        clock.t += 100
+        assert p.reap() == []  # both busy
+        with pytest.raises(ModelBusy, match=r"'c' .* does not fit .* while a, b are busy"):
+            p.acquire("c")
+        lease_b.release()
+        lease_b.release()  # twice is harmless
+        with p.acquire("c") as c:
+            assert c.engine.complete(GenerateRequest(messages=(ChatMessage("user", "x"),))).text == "I am c"
+        lease_a.release()
+    finally:
+        p.close()
+
+
+def test_a_broken_model_answers_its_load_error_while_the_others_keep_serving(tmp_path):
+    m = Maker()
+    m.broken.add("b")
+    p = pool(m)
+    try:
+        assert ask(p, "a") == "I am a"
+        for _ in range(2):
+            with pytest.raises(ModelLoadError, match="not a GGUF file"):
+                p.acquire("b")
+        assert m.made.count("b") == 1  # the unchanged file's error is answered again without a new load
+        assert p.status()["b"]["state"] == "failed" and "bad magic" in p.status()["b"]["error"]
+        assert ask(p, "a") == "I am a" and p.status()["a"]["loads"] == 1
+    finally:
+        p.close()
+
+
+def test_requests_for_a_loading_model_wait_for_that_one_load():
+    m = Maker(load_delay_s=0.3)
+    p = pool(m)
+    out = []
+    try:
+        threads = [threading.Thread(target=lambda: out.append(ask(p, "a"))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert out == ["I am a"] * 4 and m.made == ["a"]
+    finally:
+        p.close()
