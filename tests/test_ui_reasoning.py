@@ -177,3 +177,30 @@ def test_the_expander_and_note_texts() -> None:
     assert [reasoning_note(s) for s in ("budget", "deadline", "user", None)] == [
         "budget reached", "time limit reached", "stopped by you", ""]
     assert reasoning_note(None, unclosed=True) == "never closed"
+
+
+def test_self_consistency_mode_shows_the_majority_and_its_agreement(qtbot) -> None:
+    from dataclasses import replace
+
+    w = open_window(qtbot, lambda req: f"The answer is {5 if req.decoding.seed % 3 == 0 else 4}.")
+    try:
+        s = w.ctx.settings
+        w.ctx.settings = replace(s, decoding=s.decoding.updated(temperature=0.7, seed=10))  # seeds 10, 11, 12
+        i = w.chat.samples.findData(3)
+        w.chat.samples.setCurrentIndex(i)
+        w.chat.samples.activated.emit(i)
+        send(qtbot, w, "What is 2 + 2?")
+        qtbot.waitUntil(lambda: idle(w) and last_answer(w).row.id is not None, timeout=TURN_MS)
+        msg = last_answer(w)
+        assert msg.row.content == "The answer is 4."
+        assert msg.agreement.text() == "Self-consistency: 2 of 3 samples agree on 4 (agreement 67%)"
+        assert not msg.agreement.isHidden()
+        assert len(w.ctx.engine.engine.seen) == 3
+        vote = w.ctx.store.get_message(msg.row.id).meta["self_consistency"]
+        assert (vote["n"], vote["answer"], vote["counts"]) == (3, "4", {"4": 2, "5": 1})
+        w.ctx.settings = replace(s, decoding=s.decoding.updated(temperature=0.0))
+        send(qtbot, w, "again, greedy")
+        qtbot.waitUntil(lambda: idle(w), timeout=TURN_MS)
+        assert "temperature" in w.error.text()  # greedy samples would all be one answer: refused, named
+    finally:
+        close_window(w)

@@ -38,6 +38,13 @@ answer (also a stopped one) and never goes back into a prompt. ``stop_thinking()
 running generation to end its thinking now and answer (``Generation.stop_thinking``: budget forcing, as
 when the budget runs out). Summaries never think (they carry no ``ReasoningRequest``).
 
+Self-consistency (the window's "answers: 1 / 3 / 5"): with ``samples`` > 1 each generation without tools runs
+``samples`` sampled answers of the same prompt (``app.engine.self_consistency``; the last number of each answer
+is compared, ``consistency`` extractor ``last_number``) and the majority's answer is the one streamed, stored
+and shown, with the vote (``Done.info["self_consistency"]``, stored in the answer's meta). The samples are not
+streamed: the answer appears when the vote is done. A greedy request (temperature 0) is refused naming
+``temperature``; a step with tools answers once.
+
 Who asks is a ``Caller``, and it alone decides a request's scheduler priority (``GenerateRequest.priority``):
 the desktop window's turns (``Caller.WINDOW``, priority 1) are admitted before waiting HTTP requests
 (``Caller.PORT``, priority 0, stamped by ``app.server.convert``), so a long API job never keeps the person's
@@ -55,7 +62,9 @@ from typing import Any, Union
 
 from app.assistant import evidence as ev
 from app.assistant.tool_loop import ToolBox, ToolCallRequested, ToolNotice, ToolResultShown
+from app.engine.consistency import parse_self_consistency
 from app.engine.reasoning_budget import Layer, ReasoningSettings, resolve_budget
+from app.engine.self_consistency import SelfConsistencyRun
 from app.engine.registry import model_id
 from app.engine.tool_parser import TextPiece
 from app.engine.tool_stream import ToolsDone, ToolStream
@@ -154,14 +163,17 @@ class EngineCalls:
     def generate(self, messages: list[ChatMessage], max_tokens: int | None = None, *,
                  tools: tuple[ToolSpec, ...] = (), tool_choice: ToolChoice | None = None,
                  parallel_tool_calls: bool = True, reasoning: ReasoningRequest | None = None,
-                 **opts: Any) -> Iterator[Any]:
+                 samples: int = 1, **opts: Any) -> Iterator[Any]:
         """The engine's events for ``messages``; with ``tools``, the answer read by ``ToolStream``: ``Delta``
         for the text outside calls (and the thinking, as ``Delta.reasoning``), then ``ToolsDone`` (the calls)
-        instead of ``Done``."""
+        instead of ``Done``. ``samples`` > 1 (a turn's answer without tools): self-consistency, ``_vote``."""
         dec = self.base.updated(**{k: v for k, v in opts.items() if k in self._known}, max_tokens=max_tokens)
         req = self.caller.stamp(GenerateRequest(messages=tuple(messages), decoding=dec, tools=tuple(tools),
                                                 tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                                                 reasoning=reasoning))
+        if samples > 1 and not tools:
+            yield from self._vote(req, samples)
+            return
         gen = self.engine.generate(req)
         with self._lock:
             self._current = gen
@@ -176,6 +188,23 @@ class EngineCalls:
             gen.close()
             with self._lock:
                 self._current = None
+
+    def _vote(self, req: GenerateRequest, samples: int) -> Iterator[Any]:
+        """``samples`` answers of ``req``, voted: the chosen one's text and thinking as one ``Delta``, then its
+        ``Done`` with the vote in ``info["self_consistency"]``."""
+        run = SelfConsistencyRun(self.engine, req, parse_self_consistency({"n": samples}))
+        with self._lock:
+            self._current = run
+            if self.cancelled:
+                run.cancel()
+        try:
+            result = run.run()
+        finally:
+            with self._lock:
+                self._current = None
+        chosen = result.chosen
+        yield Delta(chosen.text, reasoning=chosen.reasoning)
+        yield replace(chosen, info={**chosen.info, "self_consistency": result.to_api()})
 
     def reset(self) -> None:
         """A new turn: forget a cancel of the previous one."""
@@ -194,7 +223,7 @@ class EngineCalls:
         is running, or its thinking already ended)."""
         with self._lock:
             gen = self._current
-        return bool(gen is not None and gen.stop_thinking())
+        return bool(gen is not None and not isinstance(gen, SelfConsistencyRun) and gen.stop_thinking())
 
     def count_messages(self, messages: list[ChatMessage]) -> int:
         return prompt_tokens(self.engine, messages, self.tools)
@@ -234,19 +263,22 @@ class Assistant:
     ``tools``: a ``ToolBox`` whose tools the model may call (None: no tools); ``reasoning_default``: the
     model's default reasoning layer (``ReasoningSettings`` or a mapping with ``reasoning_effort`` /
     ``reasoning_budget`` / ``reasoning_deadline_s``; validated here, ``InvalidRequest`` names a bad field);
-    ``answer_now``: a line inserted after a forced end of thinking (None: nothing). One turn runs at a time
-    per assistant."""
+    ``answer_now``: a line inserted after a forced end of thinking (None: nothing); ``samples``:
+    self-consistency answers per generation (1: off; see the module docstring). One turn runs at a time per
+    assistant."""
 
     def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
                  system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K,
                  caller: Caller = Caller.CLI, tools: ToolBox | None = None, reasoning_default: Layer = None,
-                 answer_now: str | None = None) -> None:
+                 answer_now: str | None = None, samples: int = 1) -> None:
         self.engine, self.store, self.documents, self.k = engine, store, documents, ev.check_k(k)
         self.tools = tools
         self.reasoning_default = _model_layer(reasoning_default)
         self.answer_now = answer_now
         self.decoding = decoding or DecodingParams()
         self.calls = EngineCalls(engine, self.decoding, Caller(caller))
+        parse_self_consistency({"n": samples})  # InvalidRequest naming hearth.self_consistency.n
+        self.samples = samples
         self.session = _open_session(engine, store, self.calls, self.decoding, system_prompt)
 
     @property
@@ -302,7 +334,7 @@ class Assistant:
         self.calls.reset()
         if self.tools is not None:
             self.tools.reset()
-        thinking = {"reasoning": self.reasoning_for(conversation_id, reasoning)}
+        thinking = {"reasoning": self.reasoning_for(conversation_id, reasoning), "samples": self.samples}
         query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
         found = self._search(conversation_id, query or "")
         specs = self.calls.tools = self.tools.specs() if self.tools is not None else ()

@@ -27,6 +27,8 @@ its ``text`` and stored apart with the answer (``Store`` table ``message_reasoni
 ``Done`` metrics its tokens, budget, whether and why Hearth ended it; the effort from the request's
 ``reasoning`` option, an ``app.engine.types.ReasoningRequest``). A stopped or failed answer keeps the thinking
 streamed so far too. The context builder reads ``content`` only, so thinking never goes back into a prompt.
+A ``Done`` whose ``info`` has ``self_consistency`` (the vote of several sampled answers) keeps it in the
+answer's meta.
 """
 
 from __future__ import annotations
@@ -288,10 +290,12 @@ class ChatSession:
         text = outcome.text if outcome else text
         tokens = metrics.get("completion_tokens") or self.builder.count(text)
         thought = (done.reasoning if done is not None and done.reasoning else thought) or ""
+        voted = (done.info or {}).get("self_consistency") if done is not None else None
         thinking = bool(thought or metrics.get("reasoning_tokens"))
         final = self.store.finish_message(aid, "complete", content=text, token_count=tokens, tool_calls=calls,
                                           meta={"finish_reason": finish_reason, "metrics": metrics,
-                                                **({"tool_errors": errors} if errors else {})},
+                                                **({"tool_errors": errors} if errors else {}),
+                                                **({"self_consistency": voted} if voted else {})},
                                           reasoning=thought if thinking else None,
                                           reasoning_info=reasoning_info_from(metrics, effort) if thinking else None)
         if citations:

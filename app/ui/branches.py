@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from app.ui.formatting import reasoning_note
+from app.ui.formatting import agreement_text, reasoning_note
 from app.ui.models import ChatRow
 
 
@@ -36,6 +36,8 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
                       cites, tool_calls=m.tool_calls)
         if m.reasoning:
             row = thinking_row(row, store.reasoning_for(m.id))
+        if m.meta.get("self_consistency"):
+            row = replace(row, agreement=agreement_text(m.meta["self_consistency"]))
         calls.update((c.id, c) for c in m.tool_calls)
         rows.append(tool_row(row, m, calls.get(m.tool_call_id or "")) if m.role == "tool" else row)
     return rows

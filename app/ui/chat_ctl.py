@@ -112,6 +112,7 @@ class ChatController(QObject):
         self.settings_fn, self.documents, self.tools = settings_fn, documents, tools
         self._worker: GeneratorWorker | None = None
         self._assistant: Assistant | None = None
+        self.samples = 1  # self-consistency answers per turn (the window's "Answers" picker)
 
     @property
     def busy(self) -> bool:
@@ -132,7 +133,8 @@ class ChatController(QObject):
         box = self.tools.toolbox() if self.tools is not None else None
         self._assistant = Assistant(engine, self.store, decoding=user.decoding, system_prompt=user.system_prompt,
                                     documents=docs, caller=Caller.WINDOW, tools=box,
-                                    reasoning_default=model_reasoning_default(user, model_id(engine.model_path)))
+                                    reasoning_default=model_reasoning_default(user, model_id(engine.model_path)),
+                                    samples=self.samples)
         worker = GeneratorWorker(run_turn, self._assistant, conversation_id, text, **kw)
         self._worker = worker
         self.busy_changed.emit(True)

@@ -92,6 +92,9 @@ class MessageWidget(QFrame):
         self.thinking.setObjectName("thinkingToggle")
         self.reasoning = MarkdownView()
         self.reasoning.setObjectName("reasoningText")
+        # set apart from the answer: greyed, behind a rule (a neutral grey reads in light and dark themes)
+        self.reasoning.setStyleSheet("QTextBrowser#reasoningText { color: #7a7a7a; "
+                                     "border-left: 3px solid #9e9e9e; padding-left: 6px; }")
         self.reasoning.setVisible(False)
         self.thinking.toggled.connect(self._toggle_thinking)
         self.body = MarkdownView()

@@ -81,6 +81,20 @@ def thinking_text(metrics: dict[str, Any]) -> str:
             f"{int(metrics.get('answer_tokens') or 0)} tok · {first}")
 
 
+def agreement_text(vote: dict[str, Any] | None) -> str:
+    """The line under an answer chosen by self-consistency (its ``hearth.self_consistency`` vote dict): how
+    many samples agree on the answer; "" for an answer of one sample."""
+    if not vote or int(vote.get("n") or 1) <= 1:
+        return ""
+    n = int(vote["n"])
+    if vote.get("no_answer") or vote.get("answer") is None:
+        return f"Self-consistency: none of the {n} samples gave a number to compare; the first is shown"
+    k = int((vote.get("counts") or {}).get(vote["answer"], 0))
+    tie = " (a tie, the earliest wins)" if vote.get("tie") else ""
+    return (f"Self-consistency: {k} of {n} samples agree on {vote['answer']} "
+            f"(agreement {float(vote.get('agreement') or 0):.0%}){tie}")
+
+
 REASONING_NOTES = {"budget": "budget reached", "deadline": "time limit reached", "user": "stopped by you"}
 
 

@@ -11,7 +11,9 @@ in a note under the chat with its reason; the chat goes on with the other server
 Thinking streams into the answer's bubble, collapsed above its text; while it streams (no answer text yet)
 **Stop thinking** is shown, and pressing it ends the thinking through the engine (the answer follows). The
 effort picker is the conversation's reasoning setting (``Store.set_reasoning_settings``; a new chat keeps the
-choice until its first message creates it).
+choice until its first message creates it). **Answers: 1 / 3 / 5 samples** turns on self-consistency for the
+window's next turns (``ChatController.samples``): the majority's answer is shown, with how many samples
+agree under it.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class MainWindow(QMainWindow):
         self.chat.stop.connect(chat.stop)
         self.chat.stop_thinking.connect(self.stop_thinking)
         self.chat.effort_changed.connect(self.set_effort)
+        self.chat.samples_changed.connect(lambda n: setattr(chat, "samples", n))
         self.chat.message_action.connect(self.message_action)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.selected.connect(self.open_conversation)

@@ -255,7 +255,8 @@ class ChatRow:
     Thinking: ``reasoning`` is the answer's thinking (stored apart; shown collapsed above the answer);
     ``reasoning_tokens`` its tokens (while it streams: the pieces so far, one per sampled token);
     ``reasoning_note`` why it ended when Hearth ended it ("budget reached", "stopped by you", ...);
-    ``thinking``: thinking is streaming now (no answer text yet)."""
+    ``thinking``: thinking is streaming now (no answer text yet). ``agreement``: for an answer chosen by
+    self-consistency, how many samples agreed (shown under it)."""
 
     id: str | None
     role: str
