@@ -148,6 +148,18 @@ def test_model_default_is_the_last_layer():
     assert (b.tokens, b.source, b.deadline_s) == (7, "request", 9)
 
 
+def test_model_default_from_settings_per_model():
+    from app.server.app import settings_reasoning_defaults
+    from app.settings import UserSettings
+
+    lookup = settings_reasoning_defaults(UserSettings(per_model={"fake-model": {"reasoning_budget": 12,
+                                                                                "n_ctx": 2048}}))
+    assert lookup("fake-model") == {"reasoning_budget": 12} and lookup("other-model") is None
+    eng, _app, c = make(reasoning_defaults=lookup)
+    c.post("/v1/chat/completions", json={"messages": USER})
+    assert (eng.seen[-1].reasoning.budget.tokens, eng.seen[-1].reasoning.budget.source) == (12, "model")
+
+
 # -- answers ------------------------------------------------------------------------------------------------
 def test_whole_answer_keeps_reasoning_apart(fake):
     _eng, app, c = fake
