@@ -58,12 +58,79 @@ class ToolSettings:
 
 
 @dataclass
+class RemoteSettings:
+    """One remote engine (``remotes`` in settings.json, ``hearth remote add``; docs/remote.md): an
+    OpenAI-compatible server answering as a model named by its key in ``remotes`` (``app.engine.remote``).
+
+    ``url``: its API base (``http://host:8000/v1``); ``model``: the remote's model id (None: the only one it
+    serves); ``api_key_env``: the environment variable holding its key, or ``api_key_keyring`` true: the key is
+    in the OS keyring (``app.secrets``). The key itself is never stored here: an ``api_key`` found in the file
+    is dropped with a warning (and so is gone from the next save). ``n_ctx``: its context in tokens (None:
+    what the remote reports); ``n_parallel``: requests forwarded at once (1-64); ``connect_timeout_s`` /
+    ``read_timeout_s``: seconds to connect / with no data from it."""
+
+    url: str = ""
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key_keyring: bool = False
+    n_ctx: int | None = None
+    n_parallel: int = 4
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0
+
+    def validate(self, name: str) -> "RemoteSettings":
+        """Raise ``InvalidRequest`` naming the bad field; return a copy with ``url`` normalized."""
+        from app.engine.remote import check_name, normalize_url
+        from app.secrets import ENV_NAME_RE
+
+        check_name(name)
+        if self.api_key_env is not None and not ENV_NAME_RE.match(str(self.api_key_env)):
+            raise InvalidRequest("api_key_env must name an environment variable", param="api_key_env")
+        if self.api_key_env and self.api_key_keyring:
+            raise InvalidRequest("a remote's key comes from api_key_env or the keyring, not both",
+                                 param="api_key_keyring")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise InvalidRequest(f"model must be the remote's model id, got {self.model!r}", param="model")
+        if self.n_ctx is not None:
+            _check_range("n_ctx", self.n_ctx, 16, 1 << 20, integer=True)
+        _check_range("n_parallel", self.n_parallel, 1, 64, integer=True)
+        _check_range("connect_timeout_s", self.connect_timeout_s, 0.0, 600.0, lo_open=True)
+        _check_range("read_timeout_s", self.read_timeout_s, 0.0, 86400.0, lo_open=True)
+        return replace(self, url=normalize_url(self.url))
+
+
+def _remotes_from(data: Any) -> dict[str, RemoteSettings]:
+    """``remotes`` of the file: each valid entry; a bad one is dropped with a warning naming it, and a key
+    written in clear text is never read."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        log.warning("settings: remotes must be an object; ignoring it")
+        return {}
+    out: dict[str, RemoteSettings] = {}
+    for name, entry in data.items():
+        if isinstance(entry, dict) and "api_key" in entry:
+            entry = {k: v for k, v in entry.items() if k != "api_key"}
+            log.warning("settings: remotes.%s.api_key is ignored and will be removed: keys are never kept in "
+                        "settings.json (use `hearth remote add %s URL --api-key-env VAR` or --api-key-keyring)",
+                        name, name)
+        if isinstance(entry, dict):  # null means the default for the optional fields
+            entry = {k: v for k, v in entry.items() if not (v is None and k in ("model", "api_key_env", "n_ctx"))}
+        try:
+            out[name] = RemoteSettings(**_typed(RemoteSettings, entry, f"remotes.{name}.")).validate(name)
+        except (InvalidRequest, TypeError) as exc:
+            log.warning("settings: remotes.%s is not usable (%s); ignoring it", name, exc)
+    return out
+
+
+@dataclass
 class UserSettings:
     """Everything the app remembers. ``model``: the model id or path last chosen (None: bundled). ``load``:
     ``LoadSettings``, e.g. ``load.n_parallel`` (requests served at once; null: auto, chosen from the memory
     estimate when the model loads; out of 1-64 or not an integer: a warning and auto).
     ``cache_budget_mb``: byte budget of the on-disk prefix cache in MiB. ``per_model``: overrides of
-    ``load`` fields keyed by model id. ``tools``: ``ToolSettings``, the tool loop's limits."""
+    ``load`` fields keyed by model id. ``tools``: ``ToolSettings``, the tool loop's limits. ``remotes``:
+    ``RemoteSettings`` by name (remote engines; their keys are elsewhere, ``app.secrets``)."""
 
     model: str | None = None
     load: LoadSettings = field(default_factory=LoadSettings)
@@ -74,6 +141,7 @@ class UserSettings:
     server: ServerSettings = field(default_factory=ServerSettings)
     per_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: ToolSettings = field(default_factory=ToolSettings)
+    remotes: dict[str, RemoteSettings] = field(default_factory=dict)
 
     def load_for(self, model_id: str | None) -> LoadSettings:
         """Load settings for ``model_id`` with its remembered overrides applied."""
@@ -169,14 +237,15 @@ def from_dict(data: dict[str, Any]) -> UserSettings:
         server = replace(server, port=DEFAULT_PORT)
     tools = _validated(lambda **k: ToolSettings(**k).validate(),
                        _typed(ToolSettings, data.get("tools"), "tools."), "tools.")
-    top = {k: v for k, v in data.items() if k not in ("load", "decoding", "server", "tools")}
+    remotes = _remotes_from(data.get("remotes"))
+    top = {k: v for k, v in data.items() if k not in ("load", "decoding", "server", "tools", "remotes")}
     base = UserSettings(**_typed(UserSettings, top, ""))
     if base.cache_budget_mb < 0:
         log.warning("settings: cache_budget_mb=%r is negative; using the default", base.cache_budget_mb)
         base = replace(base, cache_budget_mb=UserSettings().cache_budget_mb)
     if not all(isinstance(v, dict) for v in base.per_model.values()):
         base = replace(base, per_model={k: v for k, v in base.per_model.items() if isinstance(v, dict)})
-    return replace(base, load=load, decoding=dec, server=server, tools=tools)
+    return replace(base, load=load, decoding=dec, server=server, tools=tools, remotes=remotes)
 
 
 def load_user_settings() -> UserSettings:
