@@ -1,4 +1,13 @@
-"""A real, offline document set for the retrieval benchmarks: the docstrings of Python's standard library.
+"""Offline document sets for the retrieval benchmarks, each with its questions (``QUESTION_SETS``).
+
+- ``stdlib``: the docstrings of Python's standard library (below);
+- ``everyday``: 15 documents written for the benchmark (``benchmarks/data/everyday_docs/*.md``) and 124
+  questions (``benchmarks/data/everyday_questions.py``), each with a phrase of the passage that answers it.
+
+``QuestionSet(name, questions, build)``: ``build(folder)`` writes the corpus and returns facts about it;
+each ``Question`` has ``question`` and ``is_relevant(chunk_text)``.
+
+**stdlib**
 
 ``build_corpus(folder)`` writes one Markdown file per module (``<module>.md``): the module docstring, then one
 section per public function or class, each a paragraph that starts with its header line
@@ -15,7 +24,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
 
 MODULES = [
     "math", "os", "os.path", "shutil", "textwrap", "random", "statistics", "heapq", "bisect", "itertools",
@@ -128,8 +142,82 @@ def build_corpus(folder: Path) -> dict[str, int]:
 
 
 def header_pattern(names: tuple[str, ...]) -> re.Pattern:
+    """A chunk is about one of ``names`` when it holds the section's header line ``<name>(``."""
     return re.compile(r"(?:^|\n)(?:" + "|".join(re.escape(n) for n in names) + r")\(")
 
 
 def is_relevant(chunk_text: str, pattern: re.Pattern) -> bool:
     return pattern.search(chunk_text) is not None
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark question. ``question``: as a person would type it; ``judge``: chunk text -> relevant?;
+    ``source``: what answers it (section names, or ``file: phrase``)."""
+
+    question: str
+    judge: Callable[[str], bool]
+    source: str
+
+    def is_relevant(self, chunk_text: str) -> bool:
+        return self.judge(chunk_text)
+
+
+def _phrase_judge(phrase: str) -> Callable[[str], bool]:
+    want = _fold(phrase)
+    return lambda text: want in _fold(text)
+
+
+def everyday_questions() -> list[Question]:
+    """The ``everyday`` questions: a chunk is relevant when it contains the answer phrase (whitespace
+    folded); each phrase occurs once in the corpus (checked by ``check_everyday``)."""
+    from benchmarks.data.everyday_questions import QUESTIONS as EVERYDAY
+
+    return [Question(q, _phrase_judge(a), f"{doc}: {a}") for q, doc, a in EVERYDAY]
+
+
+def check_everyday() -> list[str]:
+    """Problems with the ``everyday`` data: an answer phrase absent from its document or found more than
+    once in the corpus. [] when sound."""
+    from benchmarks.data.everyday_questions import QUESTIONS as EVERYDAY
+
+    texts = {p.name: _fold(p.read_text(encoding="utf-8")) for p in (DATA / "everyday_docs").glob("*.md")}
+    out = []
+    for q, doc, a in EVERYDAY:
+        n = sum(t.count(_fold(a)) for t in texts.values())
+        if doc not in texts or texts[doc].count(_fold(a)) != 1 or n != 1:
+            out.append(f"{q!r}: {a!r} found {n} times (must be once, in {doc})")
+    return out
+
+
+def build_everyday(folder: Path) -> dict[str, int]:
+    """Copy the ``everyday`` documents into ``folder``; returns ``{"documents": n}``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = sorted((DATA / "everyday_docs").glob("*.md"))
+    for p in docs:
+        shutil.copyfile(p, folder / p.name)
+    return {"documents": len(docs)}
+
+
+def _build_stdlib(folder: Path) -> dict[str, int]:
+    counts = build_corpus(folder)
+    return {"documents": len(counts), "sections": sum(counts.values())}
+
+
+@dataclass(frozen=True)
+class QuestionSet:
+    name: str
+    questions: list[Question]
+    build: Callable[[Path], dict]
+
+
+STDLIB_QUESTIONS = [Question(q, (lambda p: lambda t: is_relevant(t, p))(header_pattern(names)), ", ".join(names))
+                    for q, names in QUESTIONS]
+QUESTION_SETS = {
+    "stdlib": QuestionSet("stdlib", STDLIB_QUESTIONS, _build_stdlib),
+    "everyday": QuestionSet("everyday", everyday_questions(), build_everyday),
+}

@@ -4,10 +4,15 @@
   embedding model is installed, an ``Embedder``), searches serialised by a lock so the desktop's chat worker
   and the port's request threads can share it. ``search(query, k, paths)`` limits results to the documents
   chosen for a conversation.
-- ``evidence_text(evidence)``: passages as prompt text (``app.memory.context.EvidenceText``: one header with the
-  citation instructions, one rendered passage each), which the context builder trims passage by passage.
+- ``evidence_text(evidence, repeated)``: passages as prompt text (``app.memory.context.EvidenceText``: one
+  header with the citation instructions, one rendered passage each), which the context builder trims passage
+  by passage; passages the prompt already holds from an earlier turn (``repeated``) are not given twice but
+  named in one line ("given above"), so each turn's evidence stays where it was first given and the prompt
+  grows only at its end (the prefix cache, docs/retrieval.md "Evidence placement").
 - ``citations(answer, evidence)`` / ``given(evidence)``: the dicts stored with an answer and reported by the
-  CLI, the window and the API (``evidence_id``, ``path``, ``page``, ``quote`` / ``text``).
+  CLI, the window and the API (``evidence_id``, ``path``, ``page``, ``quote`` / ``text``);
+  ``checked_citations(answer, evidence, checker)``: the same with ``supported`` per citation (does the cited
+  passage support the sentence? ``app.retrieval.citecheck``), the citing sentence's span and the details.
 - ``prune_stale_citations``: after documents are re-indexed, renamed or deleted, citations follow them.
 
 Citation parsing itself (``[E:<id>]`` markers, quoted spans) is ``app.retrieval.rag``.
@@ -16,6 +21,7 @@ Citation parsing itself (``[E:<id>]`` markers, quoted spans) is ``app.retrieval.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,7 @@ from app.retrieval.types import Evidence
 SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen documents
 MAX_K = 20  # passages one turn may ask for (``--k``, ``hearth.k``)
 CITATION_KEYS = ("evidence_id", "path", "page", "quote")
+SEARCH_CACHE = 256  # searches remembered per source (a stateless chat re-grounds every earlier question)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,8 @@ class DocumentSource:
         self._owns = (owns_store, owns_embedder)
         self._retriever = Retriever(store, embedder)
         self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple, tuple[tuple[int, int], Found]] = OrderedDict()
+        self._checker: Any = None
 
     @classmethod
     def open_default(cls, embedder: Any = None) -> "DocumentSource":
@@ -76,14 +85,43 @@ class DocumentSource:
             raise InvalidRequest("the search query is empty", param="query")
         if paths is not None and not paths:
             return Found(())
+        key = (query, k, None if paths is None else tuple(paths), mode)
         with self._lock:
-            if not self.store.stats()["chunks"]:
-                return Found((), "no documents are indexed yet (add some with `hearth ingest PATH` or the "
-                                 "Documents panel)")
-            results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
+            version = self._version()
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] == version:
+                self._cache.move_to_end(key)
+                return hit[1]
+            found = self._search(query, k, paths, mode)
+            self._cache[key] = (version, found)
+            while len(self._cache) > SEARCH_CACHE:
+                self._cache.popitem(last=False)
+        return found
+
+    def _search(self, query: str, k: int, paths: Sequence[str] | None, mode: str | None) -> Found:
+        if not self.store.stats()["chunks"]:
+            return Found((), "no documents are indexed yet (add some with `hearth ingest PATH` or the "
+                             "Documents panel)")
+        results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
         return Found(tuple(kept), results.notice)
+
+    def _version(self) -> tuple[int, int]:
+        """Changes whenever the index may have: SQLite's ``data_version`` (another connection committed)
+        and this connection's ``total_changes`` (it wrote). A remembered search is reused only while equal:
+        the same question then gets the same passages, which a re-grounded earlier turn relies on."""
+        conn = self.store.db.conn
+        return conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes
+
+    def checker(self) -> Any:
+        """The ``citecheck.CitationChecker`` for this source: with embeddings when it has an embedder (the
+        same all-MiniLM-L6-v2 the threshold was measured with), facts only otherwise."""
+        if self._checker is None:
+            from app.retrieval.citecheck import CitationChecker
+
+            self._checker = CitationChecker(self.embedder.embed if self.embedder is not None else None)
+        return self._checker
 
     def close(self) -> None:
         """Stop the search thread; close the store and the embedder this source owns."""
@@ -117,11 +155,17 @@ def join_notices(*notices: str | None) -> str | None:
     return "; ".join(kept) if kept else None
 
 
-def evidence_text(evidence: Sequence[Evidence]) -> EvidenceText | None:
-    """``evidence`` as prompt text (None for none): the citation instructions once, then each passage."""
-    if not evidence:
+def evidence_text(evidence: Sequence[Evidence], repeated: Sequence[Evidence] = ()) -> EvidenceText | None:
+    """``evidence`` as prompt text (None for none): the citation instructions once, then each passage.
+    ``repeated``: passages that also match but are already in the prompt from an earlier turn; they are
+    named in one last line (``[E:<id>] <path>, ... (given above)``) instead of being given again."""
+    if not evidence and not repeated:
         return None
-    return EvidenceText(evidence_header(evidence), tuple(format_passage(e) for e in evidence))
+    passages = [format_passage(e) for e in evidence]
+    if repeated:
+        passages.append("Also relevant, given above: " + ", ".join(f"[E:{e.evidence_id}] {e.path}"
+                                                                  for e in repeated))
+    return EvidenceText(evidence_header(list(evidence) or list(repeated)), tuple(passages))
 
 
 def citations(answer: str, evidence: Sequence[Evidence]) -> list[dict]:
@@ -130,6 +174,30 @@ def citations(answer: str, evidence: Sequence[Evidence]) -> list[dict]:
     if not evidence:
         return []
     return [{key: getattr(c, key) for key in CITATION_KEYS} for c in parse_citations(answer, list(evidence))]
+
+
+def checked_citations(answer: str, evidence: Sequence[Evidence], checker: Any = None) -> list[dict]:
+    """``citations`` with the citation check (``app.retrieval.citecheck``), for the window and the API to mark
+    unsupported sentences: each dict has ``CITATION_KEYS`` plus
+
+    - ``supported``: bool, whether the cited passage supports the sentence that cites it (its numbers,
+      dates, units and codes are in the passage, and, with embeddings, its meaning is close enough:
+      ``citecheck.DEFAULT_THRESHOLD``); the API's ``hearth.citations[].supported``;
+    - ``sentence_start`` / ``sentence_end``: the citing sentence's span in ``answer`` (str indices, the
+      marker excluded), what the window underlines when unsupported;
+    - ``support``: ``SupportCheck.to_dict()``: ``missing`` (facts not in the passage, as written),
+      ``similarity`` (cosine or None), ``threshold``, ``reason`` (a sentence for a person).
+
+    ``checker``: a ``CitationChecker`` (``DocumentSource.checker()``, with embeddings when the source has an
+    embedder); None: facts only. Costs one embedding call per answer (~10-40 ms for a few citations)."""
+    if not evidence:
+        return []
+    from app.retrieval.rag import check_citations
+
+    checked = check_citations(answer, parse_citations(answer, list(evidence)), list(evidence), checker)
+    return [{**{key: getattr(c, key) for key in CITATION_KEYS}, "supported": c.supported,
+             "sentence_start": c.sentence_start, "sentence_end": c.sentence_end, "support": c.support}
+            for c in checked]
 
 
 def given(evidence: Sequence[Evidence]) -> list[dict]:

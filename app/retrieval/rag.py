@@ -11,13 +11,19 @@ quotation marks that occurs in the passage, the span is that quote (with its exa
 otherwise it is the whole passage. Markers may hold several IDs (``[E:a1, E:b2]`` or ``[E:a1; b2]``); a unique
 prefix of at least 8 hex digits is accepted, since small models shorten IDs. IDs that match no given evidence
 are returned by ``cited_ids`` but produce no citation (a model inventing an ID must not look like a source).
+
+``check_citations(answer, citations, evidence, checker)`` adds the verdict of ``app.retrieval.citecheck`` to
+each citation: ``supported`` (does the cited passage support the sentence that cites it: its numbers, dates,
+units and codes are in the passage, and its meaning is close enough) and ``support`` (why). The window and the
+API mark the sentences of unsupported citations (``sentence_start``/``sentence_end``: where the sentence is in
+the answer); ``hearth.citations[].supported`` in the API.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from app.retrieval.types import Evidence
@@ -84,6 +90,10 @@ class Citation:
     marker_start: int
     marker_end: int
     quoted: bool
+    sentence_start: int = 0
+    sentence_end: int = 0
+    supported: bool | None = None
+    support: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,12 +114,28 @@ def parse_citations(answer: str, evidence: Iterable[Evidence] | Mapping[str, Evi
     pool = list(evidence.values()) if isinstance(evidence, Mapping) else list(evidence)
     out: list[Citation] = []
     for m in _MARKER.finditer(answer):
-        sentence = _sentence_before(answer, m.start())
+        start = _sentence_start(answer, m.start())
         for raw in _ID.findall(m.group(1)):
             ev = _lookup(raw.lower(), pool)
             if ev is not None:
-                out.append(_citation(ev, sentence, m.start(), m.end()))
+                c = _citation(ev, answer[start:m.start()], m.start(), m.end())
+                out.append(replace(c, sentence_start=start, sentence_end=m.start()))
     return out
+
+
+def check_citations(answer: str, citations: Sequence[Citation], evidence: Iterable[Evidence],
+                    checker: Any = None) -> list[Citation]:
+    """``citations`` (of ``answer``, from ``parse_citations``) with ``supported`` and ``support`` set: each
+    citing sentence checked against its cited passage's full text by ``checker`` (an
+    ``app.retrieval.citecheck.CitationChecker``; None: one without embeddings, facts only). One embedding
+    call for the whole answer."""
+    from app.retrieval.citecheck import CitationChecker
+
+    checker = checker or CitationChecker(None)
+    texts = {e.evidence_id: e.text for e in evidence}
+    pairs = [(answer[c.sentence_start:c.sentence_end], texts.get(c.evidence_id, c.quote)) for c in citations]
+    verdicts = checker.check_many(pairs)
+    return [replace(c, supported=v.supported, support=v.to_dict()) for c, v in zip(citations, verdicts)]
 
 
 def _lookup(ident: str, pool: list[Evidence]) -> Evidence | None:
@@ -123,13 +149,17 @@ def _lookup(ident: str, pool: list[Evidence]) -> Evidence | None:
     return None
 
 
-def _sentence_before(answer: str, pos: int) -> str:
-    """The sentence a marker at ``pos`` belongs to: back to the previous sentence end or marker (a marker may
-    stand just before or just after its sentence's final punctuation)."""
+def _sentence_start(answer: str, pos: int) -> int:
+    """Where the sentence a marker at ``pos`` belongs to starts: back to the previous sentence end or marker
+    (a marker may stand just before or just after its sentence's final punctuation); leading spaces
+    skipped."""
     head = answer[:pos].rstrip(" \t.!?")
     cut = max((m.end() for m in _SENTENCE_END.finditer(head)), default=0)
     prev_marker = max((m.end() for m in _MARKER.finditer(head)), default=0)
-    return head[max(cut, prev_marker):]
+    start = max(cut, prev_marker)
+    while start < pos and answer[start] in " \t\n.!?":
+        start += 1
+    return start
 
 
 def _citation(ev: Evidence, sentence: str, m_start: int, m_end: int) -> Citation:

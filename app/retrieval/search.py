@@ -1,9 +1,13 @@
-"""Hybrid search: BM25 (FTS5) and vector (cosine) rankings fused by reciprocal rank fusion.
+"""Hybrid search: a BM25 (FTS5) ranking and a vector (cosine) ranking fused into one, optionally reranked.
 
-RRF (Cormack, Clarke and Büttcher, "Reciprocal Rank Fusion outperforms Condorcet and individual rank learning
-methods", SIGIR 2009): ``score(d) = sum over rankings r of 1 / (k + rank_r(d))`` with ranks from 1 and
-``k = 60``, the constant of the paper. It needs no score calibration between BM25 and cosine similarity, which
-live on unrelated scales. Each ranking contributes its top ``candidates`` results.
+- **BM25** over the question's content words (``app.retrieval.query``: function words dropped, codes such as
+  ``LN-2291`` kept as phrases, FTS5 syntax escaped); Robertson & Zaragoza 2009, FTS5 ``bm25()``.
+- **Vector**: cosine similarity of the query's embedding with every stored vector of the model.
+- **Fusion** (``app.retrieval.fusion``): by default normalised score fusion with the weights chosen on the
+  benchmark's development split (``fusion.DEFAULT_FUSION``); weighted reciprocal rank fusion (Cormack et al.
+  2009) is the other method. Each ranking contributes its top ``candidates`` results.
+- **Reranking** (``app.retrieval.rerank``, optional, off by default): the loaded chat model scores the fused
+  top passages one by one; measured in docs/retrieval.md ("Reranking").
 
 Without an embedding model (or with no vectors for it yet, or when the embedding engine fails) the search is
 BM25 alone, and the result says so: ``SearchResults.mode == "bm25"`` with a ``notice`` for the person.
@@ -18,26 +22,37 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from app.errors import HearthError, InvalidRequest
+from app.retrieval.fusion import DEFAULT_FUSION, RRF_K, FusionConfig, fuse, weighted_rrf
+from app.retrieval.query import bm25_ranking
 from app.retrieval.store import DocumentStore
 from app.retrieval.types import MODE_BM25, MODE_HYBRID, MODE_VECTOR, SearchResults
 
 log = logging.getLogger(__name__)
 
-RRF_K = 60  # Cormack et al. 2009
 DEFAULT_CANDIDATES = 50  # results taken from each ranking before fusion
 MAX_K = 1000
 
 
 def rrf(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:
-    """Fuse rankings (lists of ids, best first) by reciprocal rank fusion; ``(id, score)`` best first. Ties
-    keep the order of first appearance (earlier rankings first)."""
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(scores.items(), key=lambda kv: -kv[1])
+    """Fuse rankings (lists of ids, best first) by reciprocal rank fusion (Cormack et al. 2009, equal
+    weights); ``(id, score)`` best first. Ties keep the order of first appearance (earlier rankings first).
+    ``fusion.weighted_rrf`` takes weights."""
+    return weighted_rrf(rankings, None, k)
+
+
+@dataclass(frozen=True)
+class Rankings:
+    """The two rankings of one query before fusion. ``lexical``: BM25 ``(chunk id, score)`` best first;
+    ``vector``: cosine ``(chunk id, score)`` best first, or None when no vector search was possible
+    (``notice`` says why); ``embed_s``: seconds spent embedding the query."""
+
+    lexical: list[tuple[int, float]]
+    vector: list[tuple[int, float]] | None
+    embed_s: float = 0.0
+    notice: str | None = None
 
 
 def check_k(k: object, *, limit: int = MAX_K, param: str = "k") -> int:
@@ -58,34 +73,46 @@ def check_search_args(k: object, mode: object) -> None:
 class Retriever:
     """Searches a ``DocumentStore``; ``embedder`` (an ``Embedder`` or None) embeds queries.
 
-    ``rrf_k``: the RRF constant; ``candidates``: results per ranking before fusion."""
+    ``fusion``: how the two rankings are fused (``FusionConfig``; default ``fusion.DEFAULT_FUSION``);
+    ``candidates``: results per ranking before fusion; ``reranker``: an ``app.retrieval.rerank.Reranker``
+    applied to the fused top passages in hybrid mode, or None (the default: no reranking)."""
 
-    def __init__(self, store: DocumentStore, embedder=None, *, rrf_k: int = RRF_K,
-                 candidates: int = DEFAULT_CANDIDATES) -> None:
+    def __init__(self, store: DocumentStore, embedder=None, *, fusion: FusionConfig = DEFAULT_FUSION,
+                 candidates: int = DEFAULT_CANDIDATES, reranker=None) -> None:
         self.store = store
         self.embedder = embedder
-        self.rrf_k = rrf_k
+        self.fusion = fusion.validate()
         self.candidates = candidates
+        self.reranker = reranker
         self._pool: ThreadPoolExecutor | None = None
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> SearchResults:
         """The ``k`` best passages for ``query``. ``mode``: None (hybrid when possible), ``"hybrid"``,
-        ``"bm25"`` or ``"vector"``."""
+        ``"bm25"`` or ``"vector"``. Raises ``InvalidRequest`` for a bad ``k`` or ``mode``, ``StoreError``
+        for a broken index."""
         check_search_args(k, mode)
         started = time.perf_counter()
-        n = max(self.candidates, k)
-        pending = self._start_query_embedding(query) if mode != MODE_BM25 else None
-        lexical = self.store.bm25(query, n) if mode != MODE_VECTOR else []  # meanwhile, in this thread
-        vector, embed_s, notice = self._vector_ranking(pending, n) if mode != MODE_BM25 else ([], 0.0, None)
-        if mode == MODE_BM25 or (vector is None and mode != MODE_VECTOR):
-            used, scored = MODE_BM25, lexical[:k]
+        r = self.rankings(query, max(self.candidates, k), mode)
+        if mode == MODE_BM25 or (r.vector is None and mode != MODE_VECTOR):
+            used, evidence = MODE_BM25, self.store.evidence(r.lexical[:k])
         elif mode == MODE_VECTOR:
-            used, scored = MODE_VECTOR, (vector or [])[:k]
+            used, evidence = MODE_VECTOR, self.store.evidence((r.vector or [])[:k])
         else:
-            used = MODE_HYBRID
-            scored = rrf([[i for i, _ in lexical], [i for i, _ in vector]], self.rrf_k)[:k]
-        return SearchResults(self.store.evidence(scored), mode=used, notice=notice, query_embed_s=embed_s,
+            used, fused = MODE_HYBRID, fuse(r.lexical, r.vector, self.fusion)
+            if self.reranker is not None:
+                evidence = self.reranker.rerank(query, self.store.evidence(fused[:max(k, self.reranker.depth)]))[:k]
+            else:
+                evidence = self.store.evidence(fused[:k])
+        return SearchResults(evidence, mode=used, notice=r.notice, query_embed_s=r.embed_s,
                              total_s=time.perf_counter() - started)
+
+    def rankings(self, query: str, n: int, mode: str | None = None) -> Rankings:
+        """Both rankings of ``query`` (``n`` results each) before fusion; ``mode`` ``"bm25"`` skips the
+        vector side and ``"vector"`` the BM25 side. The benchmark fuses these under many settings."""
+        pending = self._start_query_embedding(query) if mode != MODE_BM25 else None
+        lexical = bm25_ranking(self.store, query, n) if mode != MODE_VECTOR else []  # meanwhile, here
+        vector, embed_s, notice = self._vector_ranking(pending, n) if mode != MODE_BM25 else (None, 0.0, None)
+        return Rankings(lexical, vector, embed_s, notice)
 
     def close(self) -> None:
         """Stop the worker thread (the store and the embedder belong to the caller)."""

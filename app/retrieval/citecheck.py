@@ -1,0 +1,267 @@
+"""Citation check: does the cited passage support the sentence that cites it?
+
+The question is whether the *source* says what the sentence claims, not whether the prose reads well. Each
+sentence of an answer that carries ``[E:<id>]`` markers (``app.retrieval.rag``) is checked against each
+passage it cites, in two steps:
+
+1. **Facts must be in the passage** (``facts`` / ``missing_facts``). Numbers (``1,250`` = ``1250``; ranges
+   ``4–6`` give both ends; ``3.5``), a number's unit when it has one (``25 °C``, ``1.7 litres``, ``£150``,
+   ``5 Nm``, ``30 ml``, ``12 hours``...; aliases folded: ``litre``/``liters``/``l``), month and weekday names,
+   and codes such as ``E24`` or ``LN-2291``: each must appear in the cited passage, a number with the same
+   unit next to it. A model that writes "store below 30 °C" citing "Store below 25 °C" fails here, however
+   close the wording is.
+2. **Meaning must be close** (``similarity``): the cosine similarity of the sentence's embedding with the
+   embedding of the passage's closest sentence or pair of adjacent sentences (the passage is split first:
+   a sentence is compared with the part of the passage it could come from, not with a 200-word average)
+   must be at least ``threshold``. ``DEFAULT_THRESHOLD`` was measured with all-MiniLM-L6-v2 on hand-made
+   supported and unsupported sentences (``benchmarks/citation_check.py``, docs/retrieval.md "Citation
+   check"): it is the threshold with the best balanced accuracy on the dev half of those pairs.
+
+``CitationChecker(embed).check(sentence, passage)`` returns a ``SupportCheck``; without an ``embed``
+function only step 1 runs and ``similarity`` is None (``supported`` then means "no missing facts").
+Sentences with no marker are not checked (nothing is claimed from a source).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_THRESHOLD = 0.55  # all-MiniLM-L6-v2; measured by benchmarks/citation_check.py (docs/retrieval.md)
+
+MONTHS = ("january february march april may june july august september october november december "
+          "jan feb mar apr jun jul aug sep sept oct nov dec").split()
+WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_MONTH_WORDS = frozenset(MONTHS) - {"may"}  # "may" is a verb far more often than a month
+_DAY_WORDS = frozenset(WEEKDAYS)
+
+# Unit aliases → one canonical spelling. Units are matched right after a number (an optional space between).
+_UNIT_ALIASES = {
+    "°c": "°c", "ºc": "°c", "degrees": "°", "degree": "°", "°": "°", "°f": "°f", "c": "°c",
+    "l": "l", "litre": "l", "litres": "l", "liter": "l", "liters": "l",
+    "ml": "ml", "millilitres": "ml", "milliliters": "ml",
+    "g": "g", "gram": "g", "grams": "g", "kg": "kg", "kilograms": "kg", "kilos": "kg",
+    "mm": "mm", "millimetres": "mm", "millimeters": "mm", "cm": "cm", "centimetres": "cm", "centimeters": "cm",
+    "m": "m", "metre": "m", "metres": "m", "meter": "m", "meters": "m", "km": "km", "kilometres": "km",
+    "kilometers": "km", "mile": "mile", "miles": "mile",
+    "nm": "nm", "psi": "psi", "v": "v", "volts": "v", "w": "w", "watts": "w", "db": "db", "mg": "mg",
+    "%": "%", "percent": "%", "per cent": "%",
+    "s": "s", "sec": "s", "secs": "s", "second": "s", "seconds": "s",
+    "min": "min", "mins": "min", "minute": "min", "minutes": "min",
+    "h": "h", "hr": "h", "hrs": "h", "hour": "h", "hours": "h",
+    "day": "day", "days": "day", "week": "week", "weeks": "week", "month": "month", "months": "month",
+    "year": "year", "years": "year", "night": "night", "nights": "night",
+    "mb": "mb", "gb": "gb", "kb": "kb", "x": "x", "×": "x", "bar": "bar", "mph": "mph", "rpm": "rpm",
+    "kwh": "kwh", "kw": "kw", "hz": "hz", "khz": "khz", "mhz": "mhz", "ghz": "ghz", "p": "p", "pence": "p",
+}
+_CURRENCY = {"£": "£", "€": "€", "$": "$", "¥": "¥"}
+_UNIT_RE = "|".join(sorted((re.escape(u) for u in _UNIT_ALIASES), key=len, reverse=True))
+_NUMBER = re.compile(
+    r"(?P<cur>[£€$¥])?\s?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
+    r"(?:\s?(?P<unit>" + _UNIT_RE + r")(?![\w°]))?", re.IGNORECASE)
+_CODE = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z][\w]*(?:-\w+)*\b")
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+_MARKER = re.compile(r"\[\s*E\s*:[^\]]*\]", re.IGNORECASE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One checkable item of a sentence. ``kind``: ``"number"`` (``value`` normalised, ``unit`` canonical or
+    None, ``currency`` or None), ``"date"`` (a month or weekday name, lower-case) or ``"code"`` (lower-case).
+    ``text``: as written in the sentence."""
+
+    kind: str
+    value: str
+    text: str
+    unit: str | None = None
+    currency: str | None = None
+
+
+@dataclass(frozen=True)
+class SupportCheck:
+    """The verdict on one (sentence, cited passage) pair.
+
+    ``supported``: True when no fact is missing and (when an embedding was used) ``similarity >=
+    threshold``. ``missing``: the facts of the sentence not found in the passage, as written. ``similarity``:
+    cosine similarity in [-1, 1] with the passage's closest sentence span, None when not measured.
+    ``threshold``: the bar used (None without embeddings). ``reason``: one sentence for a person."""
+
+    supported: bool
+    missing: tuple[str, ...]
+    similarity: float | None
+    threshold: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``missing`` as a list."""
+        return {**asdict(self), "missing": list(self.missing)}
+
+
+def _fold(text: str) -> str:
+    """NFKC, dashes and minus signs as ``-``, non-breaking and thin spaces as spaces."""
+    text = unicodedata.normalize("NFKC", text)
+    return re.sub(r"[\u2010-\u2015\u2212]", "-", text).replace("\u00a0", " ").replace("\u202f", " ")
+
+
+def _num(raw: str) -> str:
+    """``1,250`` → ``1250``; ``3.50`` → ``3.5``; ``07`` → ``7``."""
+    s = raw.replace(",", "")
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return s.lstrip("0") or "0"
+
+
+def facts(sentence: str) -> list[Fact]:
+    """The checkable facts of ``sentence`` (markers ``[E:...]`` ignored), in order: numbers with their unit
+    and currency, month/weekday names, codes (a word mixing letters and digits, e.g. ``E24``)."""
+    text = _fold(_MARKER.sub(" ", sentence))
+    out: list[Fact] = []
+    seen = set()
+    for m in _CODE.finditer(text):
+        if m.group(0).lower() not in seen:
+            seen.add(m.group(0).lower())
+            out.append(Fact("code", m.group(0).lower(), m.group(0)))
+    for m in _NUMBER.finditer(text):
+        if _inside_code(text, m.start("num"), m.end("num")):
+            continue
+        unit = m.group("unit")
+        out.append(Fact("number", _num(m.group("num")), m.group(0).strip(),
+                        _UNIT_ALIASES.get(unit.lower()) if unit else None, m.group("cur")))
+    for w in _WORD.findall(text):
+        lw = w.lower()
+        if lw in _MONTH_WORDS or lw in _DAY_WORDS:
+            out.append(Fact("date", lw[:3] if lw in _MONTH_WORDS else lw, w))
+    return out
+
+
+def _inside_code(text: str, a: int, b: int) -> bool:
+    """True when ``text[a:b]`` (digits) is part of a letters-and-digits word such as ``E24``."""
+    return (a > 0 and text[a - 1].isalpha()) or (b < len(text) and text[b].isalpha() and
+                                                 not _unit_at(text, b))
+
+
+def _unit_at(text: str, i: int) -> bool:
+    m = re.match(r"(?:" + _UNIT_RE + r")(?![\w°])", text[i:], re.IGNORECASE)
+    return m is not None
+
+
+def _passage_facts(passage: str) -> tuple[set, set, set, set]:
+    """(numbers, (number, unit) pairs, (currency, number) pairs, words) found in ``passage``."""
+    text = _fold(passage)
+    numbers, with_unit, with_cur = set(), set(), set()
+    for m in _NUMBER.finditer(text):
+        n = _num(m.group("num"))
+        numbers.add(n)
+        if m.group("unit"):
+            with_unit.add((n, _UNIT_ALIASES.get(m.group("unit").lower())))
+        if m.group("cur"):
+            with_cur.add((m.group("cur"), n))
+    words = {w.lower() for w in re.findall(r"\w+(?:-\w+)*", text)}
+    words |= {w.lower()[:3] for w in _WORD.findall(text) if w.lower() in _MONTH_WORDS}
+    return numbers, with_unit, with_cur, words
+
+
+def missing_facts(sentence: str, passage: str) -> list[str]:
+    """The facts of ``sentence`` (``facts``) that ``passage`` does not contain, as written in the sentence.
+    A number must be in the passage; with a unit, the passage must have that number with that unit (or
+    with no unit: "25" in a table); with a currency sign, with that sign."""
+    numbers, with_unit, with_cur, words = _passage_facts(passage)
+    units_of = {}
+    for n, u in with_unit:
+        units_of.setdefault(n, set()).add(u)
+    out = []
+    for f in facts(sentence):
+        if f.kind == "number":
+            ok = f.value in numbers
+            if ok and f.unit and f.value in units_of and f.unit not in units_of[f.value]:
+                ok = _compatible(f.unit, units_of[f.value])
+            if ok and f.currency:
+                ok = (f.currency, f.value) in with_cur
+        else:
+            ok = f.value in words
+        if not ok:
+            out.append(f.text)
+    return out
+
+
+def _compatible(unit: str, found: set) -> bool:
+    """``°`` (the word "degrees") matches ``°c`` / ``°f``."""
+    return unit == "°" and bool(found & {"°c", "°f"}) or "°" in found and unit in ("°c", "°f")
+
+
+def spans(passage: str, window: int = 2) -> list[str]:
+    """``passage`` as the pieces a sentence is compared with: each sentence (split at ``.!?`` + space and at
+    line breaks; Markdown heading marks dropped) and each run of ``window`` adjacent sentences."""
+    parts = [p.strip().lstrip("#").strip() for p in _SENTENCE.split(passage)]
+    parts = [p for p in parts if len(p) > 2]
+    out = list(parts)
+    for w in range(2, window + 1):
+        out += [" ".join(parts[i:i + w]) for i in range(len(parts) - w + 1)]
+    return out or [passage]
+
+
+def claim_text(sentence: str) -> str:
+    """The sentence as compared: markers removed, whitespace folded."""
+    return " ".join(_MARKER.sub(" ", sentence).split())
+
+
+Embed = Callable[[list[str]], np.ndarray]  # texts -> (n, d) float32, L2-normalised rows
+
+
+class CitationChecker:
+    """Checks sentences against the passages they cite (module docstring).
+
+    ``embed``: texts → ``(n, d)`` L2-normalised float32 rows (``Embedder.embed``); None: facts only.
+    ``threshold``: the similarity bar (cosine, [-1, 1]); ``window``: adjacent sentences joined per span."""
+
+    def __init__(self, embed: Embed | None = None, threshold: float = DEFAULT_THRESHOLD, window: int = 2) -> None:
+        if not -1.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be a cosine from -1 to 1, got {threshold!r}")
+        self.embed, self.threshold, self.window = embed, threshold, window
+
+    def similarity(self, sentence: str, passage: str) -> float:
+        """Cosine similarity of ``claim_text(sentence)`` with the closest span of ``passage`` (``spans``).
+        Needs ``embed``."""
+        return self.similarities([(sentence, passage)])[0]
+
+    def similarities(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """``similarity`` for many (sentence, passage) pairs with one ``embed`` call (passages split once)."""
+        if self.embed is None:
+            raise ValueError("similarity needs an embed function")
+        split = {p: spans(p, self.window) for _, p in pairs}
+        texts = list(dict.fromkeys([claim_text(s) for s, _ in pairs] + [x for v in split.values() for x in v]))
+        vecs = np.asarray(self.embed(texts), dtype=np.float32)
+        row = {t: vecs[i] for i, t in enumerate(texts)}
+        out = []
+        for s, p in pairs:
+            q = row[claim_text(s)]
+            out.append(float(max(float(row[x] @ q) for x in split[p])))
+        return out
+
+    def check(self, sentence: str, passage: str) -> SupportCheck:
+        """The verdict for one pair (``check_many`` for several: one embedding call)."""
+        return self.check_many([(sentence, passage)])[0]
+
+    def check_many(self, pairs: Sequence[tuple[str, str]]) -> list[SupportCheck]:
+        """A ``SupportCheck`` per (sentence, passage) pair, in order."""
+        if not pairs:
+            return []
+        sims: list[float | None] = list(self.similarities(pairs)) if self.embed is not None else [None] * len(pairs)
+        return [self._verdict(missing_facts(s, p), sim) for (s, p), sim in zip(pairs, sims)]
+
+    def _verdict(self, missing: list[str], sim: float | None) -> SupportCheck:
+        bar = self.threshold if sim is not None else None
+        if missing:
+            return SupportCheck(False, tuple(missing), sim, bar,
+                                f"not in the cited passage: {', '.join(missing)}")
+        if sim is not None and sim < self.threshold:
+            return SupportCheck(False, (), sim, bar, f"the cited passage does not say this (similarity "
+                                                     f"{sim:.2f} < {self.threshold:.2f})")
+        why = "facts found in the cited passage" + (f", similarity {sim:.2f}" if sim is not None else "")
+        return SupportCheck(True, (), sim, bar, why)

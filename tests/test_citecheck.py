@@ -1,0 +1,114 @@
+"""The citation check (``app.retrieval.citecheck``) on hand-made supported and unsupported sentences: facts
+(numbers, units, dates, codes) without a model, then the whole check with the real embedding model
+(all-MiniLM-L6-v2) at ``DEFAULT_THRESHOLD``; and ``supported`` per citation through ``rag.check_citations``
+and ``evidence.checked_citations`` (what the window and the API mark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.assistant.evidence import CITATION_KEYS, checked_citations
+from app.retrieval.citecheck import DEFAULT_THRESHOLD, CitationChecker, facts, missing_facts, spans
+from app.retrieval.rag import check_citations, parse_citations
+from app.retrieval.types import Evidence
+
+STORAGE = ("How to store\n\nKeep out of the sight and reach of children. Store below 25 °C in the original "
+           "package. Do not use after the expiry date printed on the carton after EXP.")
+RENT = ("Rent and payment\n\nThe rent is £1,250 per calendar month, payable in advance on the 1st day of each "
+        "month by standing order. If rent is more than 14 days late, the tenant must pay interest at 3% above "
+        "the Bank of England base rate.")
+METEORS = ("Meteor showers\n\nThe Perseids peak around 12–13 August with up to 100 meteors an hour under dark "
+           "skies, and the Geminids around 13–14 December. The best rates come after midnight.")
+ERRORS = ("Error codes\n\nE15: water has collected in the base tray and the anti-flood protection has switched "
+          "on the drain pump. E24: the water is not draining. Check that the drain hose is not kinked.")
+KETTLE = ("Keep warm function\n\nHold the TEMP button for two seconds to switch on Keep Warm. The kettle then "
+          "holds the water at the selected preset for up to 30 minutes and switches itself off afterwards.")
+
+SUPPORTED = [
+    ("Store the tablets below 25 °C.", STORAGE),
+    ("Keep them where children cannot see or reach them.", STORAGE),
+    ("The rent is £1250 a month, paid in advance.", RENT),
+    ("Paying more than 14 days late costs interest at 3% over base rate.", RENT),
+    ("The Perseids peak on 12-13 August.", METEORS),
+    ("E24 means the dishwasher is not draining the water.", ERRORS),
+    ("Keep Warm keeps the water hot for up to 30 minutes.", KETTLE),
+]
+UNSUPPORTED_FACTS = [  # a number, unit, date or code that the passage does not have
+    ("Store the tablets below 30 °C.", STORAGE, "30 °C"),
+    ("Store the tablets below 25 °F.", STORAGE, "25 °F"),
+    ("The rent is £1,350 a month.", RENT, "£1,350"),
+    ("The rent is $1,250 a month.", RENT, "$1,250"),
+    ("The Perseids peak around 12 September.", METEORS, "September"),
+    ("E25 means the water is not draining.", ERRORS, "E25"),
+    ("Keep Warm lasts up to 30 hours.", KETTLE, "30 hours"),
+]
+UNSUPPORTED_MEANING = [  # every fact is there, but the passage does not say it
+    ("Children can take these tablets from the age of 3.", STORAGE),
+    ("The landlord pays for the tenant's broadband.", RENT),
+    ("You need a telescope to see meteor showers well.", METEORS),
+    ("The kettle can be controlled from a phone app.", KETTLE),
+]
+
+
+def test_facts_are_numbers_with_units_dates_and_codes():
+    got = [(f.kind, f.value, f.unit, f.currency) for f in facts("E24 at 1,250 °C, £45 on 12 Aug [E:0123abcd]")]
+    assert got == [("code", "e24", None, None), ("number", "1250", "°c", None), ("number", "45", None, "£"),
+                   ("number", "12", None, None), ("date", "aug", None, None)]
+    assert facts("It may rain.") == []  # "may" the verb is not a month
+
+
+@pytest.mark.parametrize("sentence,passage", SUPPORTED)
+def test_supported_sentences_miss_no_fact(sentence, passage):
+    assert missing_facts(sentence, passage) == []
+
+
+@pytest.mark.parametrize("sentence,passage,missing", UNSUPPORTED_FACTS)
+def test_a_changed_number_unit_date_or_code_is_missing(sentence, passage, missing):
+    assert missing_facts(sentence, passage) == [missing]
+    check = CitationChecker(None).check(sentence, passage)
+    assert not check.supported and check.missing == (missing,) and missing in check.reason
+    assert check.similarity is None and check.threshold is None
+
+
+def test_spans_are_sentences_and_adjacent_pairs():
+    assert spans("# Head\n\nOne. Two! Three?") == ["Head", "One.", "Two!", "Three?", "Head One.", "One. Two!",
+                                                   "Two! Three?"]
+
+
+def _evidence(text: str, eid: str = "0123456789ab") -> Evidence:
+    return Evidence(eid, "/docs/leaflet.md", None, 1.0, text, 0, len(text))
+
+
+def test_each_citation_gets_its_own_verdict_and_sentence_span():
+    good, bad = _evidence(STORAGE, "aaaaaaaaaaaa"), _evidence(RENT, "bbbbbbbbbbbb")
+    answer = "Store below 25 °C [E:aaaaaaaaaaaa]. The rent is £990 a month [E:bbbbbbbbbbbb]. No claim here."
+    cites = check_citations(answer, parse_citations(answer, [good, bad]), [good, bad])
+    assert [c.supported for c in cites] == [True, False]
+    assert answer[cites[0].sentence_start:cites[0].sentence_end].strip() == "Store below 25 °C"
+    assert answer[cites[1].sentence_start:cites[1].sentence_end].strip() == "The rent is £990 a month"
+    assert cites[1].support["missing"] == ["£990"]
+    dicts = checked_citations(answer, [good, bad])
+    assert [d["supported"] for d in dicts] == [True, False]
+    assert set(CITATION_KEYS) | {"supported", "sentence_start", "sentence_end", "support"} == set(dicts[0])
+
+
+def test_a_marker_after_the_full_stop_checks_the_sentence_before_it():
+    ev = _evidence(STORAGE)
+    answer = "It is fine. Store it below 30 °C. [E:0123456789ab]"
+    (c,) = check_citations(answer, parse_citations(answer, [ev]), [ev])
+    assert "30 °C" in answer[c.sentence_start:c.sentence_end] and not c.supported
+
+
+@pytest.mark.model
+def test_the_whole_check_with_embeddings_on_hand_made_sentences(embedding_model):
+    from app.retrieval.embedder import Embedder
+
+    with Embedder(embedding_model) as embedder:
+        checker = CitationChecker(embedder.embed)
+        ok = checker.check_many(SUPPORTED)
+        bad = checker.check_many([(s, p) for s, p, _ in UNSUPPORTED_FACTS] + UNSUPPORTED_MEANING)
+    assert all(c.supported for c in ok), [(s, c.similarity) for (s, _), c in zip(SUPPORTED, ok) if not c.supported]
+    assert not any(c.supported for c in bad), [c for c in bad if c.supported]
+    assert all(c.threshold == DEFAULT_THRESHOLD for c in ok)
+    meaning = bad[len(UNSUPPORTED_FACTS):]
+    assert all(not c.missing and c.similarity < DEFAULT_THRESHOLD for c in meaning)  # caught by similarity

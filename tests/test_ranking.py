@@ -1,0 +1,113 @@
+"""Ranking without a model: the BM25 query of content words (FTS5 syntax inert, codes as phrases), weighted
+RRF and normalised score fusion, the fusion settings' validation, and the retriever wired to them (BM25 over
+a keyword-only store; hybrid with the fake embedder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.errors import InvalidRequest
+from app.retrieval.fusion import DEFAULT_FUSION, FusionConfig, fuse, normalised, score_fusion, weighted_rrf
+from app.retrieval.ingest import Ingester
+from app.retrieval.query import keyword_query
+from app.retrieval.search import Retriever, rrf
+from tests.fakes import FakeEmbedder
+
+
+def test_keyword_query_keeps_content_words_and_codes():
+    q = keyword_query("How do I fix error E24 on my dishwasher?")
+    assert q.words == ("fix", "error", "e24", "dishwasher")
+    q = keyword_query("what is LN-2291 about")
+    assert q.phrases == (("ln", "2291"),) and "ln" in q.words and "2291" in q.words
+    assert q.match().startswith('"ln 2291" OR ')
+    assert keyword_query("what is it").words == ("what", "is", "it")  # nothing but function words: keep them
+
+
+@pytest.mark.parametrize("text", ['NEAR(a b) AND c*', 'x" OR "y', "col:value ^start", "(unbalanced", '"""'])
+def test_fts5_syntax_in_a_question_is_inert(doc_store, tmp_path: Path, text):
+    (tmp_path / "a.txt").write_text("near and value start unbalanced x y column", encoding="utf-8")
+    Ingester(doc_store).ingest([str(tmp_path / "a.txt")])
+    Retriever(doc_store).search(text, k=3, mode="bm25")  # no FTS5 syntax error
+
+
+def test_an_exact_code_ranks_above_passages_sharing_one_part(doc_store, tmp_path: Path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("Fixed LN 2310 and other LN items in 2291 words of notes.", encoding="utf-8")
+    (folder / "b.md").write_text("LN-2291: fixed a crash at startup.", encoding="utf-8")
+    Ingester(doc_store).ingest([str(folder)])
+    hits = Retriever(doc_store).search("what was LN-2291?", k=2, mode="bm25")
+    assert hits[0].path.endswith("b.md")
+
+
+def test_function_words_do_not_lift_a_passage(doc_store, tmp_path: Path):
+    """'should my' occur in the wrong passage only; the content words decide."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "wrong.md").write_text("You should ask my neighbour when you can.", encoding="utf-8")
+    (folder / "right.md").write_text("Lubricate the chain every 150 km.", encoding="utf-8")
+    Ingester(doc_store).ingest([str(folder)])
+    hits = Retriever(doc_store).search("how often should I lubricate my chain", k=2, mode="bm25")
+    assert hits[0].path.endswith("right.md") and len(hits) == 1
+
+
+def test_weighted_rrf_with_equal_weights_is_cormacks_rrf():
+    assert weighted_rrf([[1, 2, 3], [3, 1, 4]], None, 60) == rrf([[1, 2, 3], [3, 1, 4]], k=60)
+    fused = dict(weighted_rrf([[1, 2], [2, 1]], [3.0, 1.0], 60))
+    assert fused[1] == pytest.approx(3 / 61 + 1 / 62) and fused[1] > fused[2]
+    with pytest.raises(ValueError):
+        weighted_rrf([[1]], [1.0, 2.0])
+
+
+def test_normalised_scores_and_score_fusion_keep_a_strong_margin():
+    assert normalised([(1, 10.0), (2, 5.0), (3, 0.0)]) == {1: 1.0, 2: 0.5, 3: 0.0}
+    assert normalised([(7, 3.0)]) == {7: 1.0} and normalised([]) == {}
+    lexical = [(1, 20.0), (2, 5.0), (3, 4.8), (4, 1.0), (5, 0.5)]  # BM25 is sure of 1
+    vector = [(2, 0.61), (3, 0.60), (1, 0.58), (4, 0.30), (5, 0.20)]  # the vector side barely prefers 2
+    assert rrf([[i for i, _ in lexical], [i for i, _ in vector]])[0][0] == 2  # plain RRF pulls 1 down
+    assert score_fusion([lexical, vector], [0.5, 0.5])[0][0] == 1  # score fusion keeps it first
+    assert fuse(lexical, vector, FusionConfig("score", 0.5, 0.5))[0][0] == 1
+
+
+def test_items_missing_from_one_ranking_get_zero_from_it():
+    fused = dict(score_fusion([[(1, 2.0), (2, 1.0)], [(3, 0.9), (2, 0.1)]], [1.0, 1.0]))
+    assert fused == {1: 1.0, 2: 0.0, 3: 1.0}
+
+
+@pytest.mark.parametrize("cfg,param", [
+    (FusionConfig("max"), "fusion.method"),
+    (FusionConfig("score", -1.0), "fusion.bm25_weight"),
+    (FusionConfig("score", 0.0, 0.0), "fusion.bm25_weight"),
+    (FusionConfig("rrf", rrf_k=0), "fusion.rrf_k"),
+    (FusionConfig("score", 1.0, True), "fusion.vector_weight"),
+])
+def test_fusion_settings_are_validated(cfg, param):
+    with pytest.raises(InvalidRequest) as e:
+        cfg.validate()
+    assert e.value.param == param
+
+
+def test_default_fusion_is_valid_and_described():
+    assert DEFAULT_FUSION.validate() is DEFAULT_FUSION
+    assert DEFAULT_FUSION.describe().startswith(DEFAULT_FUSION.method)
+
+
+def test_hybrid_search_fuses_both_rankings_with_the_fake_embedder(doc_store, tmp_path: Path):
+    folder = tmp_path / "h"
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"{i}.md").write_text(f"kettle descaling note {i} " + "x" * (10 * i), encoding="utf-8")
+    embedder = FakeEmbedder()
+    Ingester(doc_store, embedder).ingest([str(folder)])
+    r = Retriever(doc_store, embedder)
+    try:
+        ranks = r.rankings("kettle descaling", 10)
+        hits = r.search("kettle descaling", k=3)
+    finally:
+        r.close()
+    assert hits.mode == "hybrid" and len(hits) == 3
+    assert ranks.vector is not None and len(ranks.lexical) == 4
+    fused = fuse(ranks.lexical, ranks.vector, DEFAULT_FUSION)
+    assert [e.score for e in hits] == pytest.approx([s for _, s in fused[:3]])
