@@ -40,7 +40,14 @@ class Maker:
         self.made.append(key)
 
         class E(FakeEngine):
+            def __init__(self, *a, **kw):
+                self._from_init = True  # FakeEngine loads itself at once; here the pool's load() is the load
+                super().__init__(*a, **kw)
+
             def load(self):
+                if self._from_init:
+                    self._from_init = False
+                    return {}
                 if key in maker.broken:
                     raise ModelLoadError(f"{path}: not a GGUF file (bad magic)", path=path)
                 time.sleep(maker.load_delay_s)
