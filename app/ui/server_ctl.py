@@ -100,7 +100,12 @@ class ServerController(QObject):
         metrics = ServerMetrics()
         docs = self.documents() if self.documents is not None else None
         embedder = self.embedder() if self.embedder is not None else None
-        app = create_app(self.provider, s, metrics=metrics, documents=docs, embedder=embedder)
+        from app.server.app import settings_reasoning_defaults
+        from app.settings import load_user_settings
+
+        defaults = settings_reasoning_defaults(load_user_settings())  # each model's thinking default
+        app = create_app(self.provider, s, metrics=metrics, documents=docs, embedder=embedder,
+                         reasoning_defaults=defaults)
         return ServerThread(app, s.host, s.port).start(), metrics
 
     def _started(self, started: Any) -> None:
