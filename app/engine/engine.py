@@ -38,8 +38,8 @@ from app.engine.process import ChildHost, MuxCall
 from app.engine.scheduler import Scheduler, SeqRuntime
 from app.engine.templates import tool_format
 from app.engine.tool_formats import FORMATS, ToolFormat
-from app.engine.types import Delta, Done, GenerateRequest, LoadSettings, Metrics
-from app.errors import Cancelled, EngineCrashed, HearthError, ModelLoadError, QueueFull
+from app.engine.types import SPECULATIVE_MODES, Delta, Done, GenerateRequest, LoadSettings, Metrics
+from app.errors import Cancelled, EngineCrashed, HearthError, InvalidRequest, ModelLoadError, QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +190,23 @@ class Engine:
     spawned child process. A callable: it is called on a thread of this process and returns the
     ``EngineRuntime`` to serve (no child process, no model file is read, ``prefix_cache`` is not used):
     scripted runtimes run behind the same scheduler, queue, streams, cancellation and metrics as the real one.
+
+    Speculative decoding (docs/speculative.md): ``draft_model``, a GGUF path with the same vocabulary, loaded
+    next to the model for ``speculative="draft"`` (``ModelLoadError`` naming both when the vocabularies
+    differ); ``speculative``, the model's default mode for requests that do not set
+    ``GenerateRequest.speculative`` ("prompt_lookup", "draft" or None; anything else is ``InvalidRequest``).
     """
 
     def __init__(self, model_path: str | Path, settings: LoadSettings | None = None, *,
                  prefix_cache: dict | None = None, max_queue: int = 16,
-                 runtime: Optional[Callable[[], EngineRuntime]] = None) -> None:
+                 runtime: Optional[Callable[[], EngineRuntime]] = None, draft_model: str | Path | None = None,
+                 speculative: str | None = None) -> None:
         self.model_path = str(model_path)
+        self.draft_model = str(draft_model) if draft_model else None
+        if speculative is not None and speculative not in SPECULATIVE_MODES:
+            raise InvalidRequest(f"speculative must be one of {', '.join(SPECULATIVE_MODES)} or None, got "
+                                 f"{speculative!r}", param="speculative")
+        self.speculative = speculative
         self.settings = (settings or LoadSettings()).validate()
         self.cache_cfg = prefix_cache
         self.max_queue = max_queue
@@ -243,7 +254,10 @@ class Engine:
         from app.engine.memory_estimate import resolve_parallel
 
         settings = resolve_parallel(info, self.settings)
-        meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name}
+        if self.draft_model:
+            inspect_model(self.draft_model, require_chat=True)  # llama.cpp aborts on some bad files
+        meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name,
+                "draft_model": self.draft_model, "speculative": self.speculative}
         return ChildHost("hearth-engine", _llama_service, (self.model_path, settings, meta, self.cache_cfg),
                          label="the engine process", model_path=self.model_path, side_lane=True,
                          on_crash=self._on_crash, mux=True)

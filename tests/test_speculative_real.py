@@ -1,0 +1,103 @@
+"""Speculative decoding on the real bundled model (app/engine/runtime.py, docs/speculative.md): greedy text
+identical with and without prompt lookup and a draft model on copy-heavy prompts, acceptance reported, a
+sampled run's histogram consistent with plain sampling, and requests that cannot speculate saying why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine.engine import Engine
+from app.engine.speculative import chi_square_sf, chi_square_two_sample
+from app.engine.types import DecodingParams, Delta, GenerateRequest, LoadSettings
+from benchmarks.speculative_bench import items
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def engine(bundled_model):
+    eng = Engine(bundled_model, LoadSettings(n_ctx=2048, n_parallel=1), draft_model=bundled_model)
+    eng.load()
+    yield eng
+    eng.close()
+
+
+def greedy(prompt: str, mode: str | None, n: int = 80) -> GenerateRequest:
+    return GenerateRequest(prompt=prompt, speculative=mode,
+                           decoding=DecodingParams.make(temperature=0.0, max_tokens=n, stop=["```"]))
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
+def test_greedy_text_identical_on_copy_heavy_prompts(engine, mode):
+    for _label, prompt in items(2):
+        plain = engine.complete(greedy(prompt, None))
+        fast = engine.complete(greedy(prompt, mode))
+        assert fast.text == plain.text
+        assert fast.metrics.completion_tokens == plain.metrics.completion_tokens
+        m = fast.metrics
+        assert m.spec_mode == mode and m.spec_steps > 0 and m.spec_drafted > 0
+        assert m.acceptance_rate > 0.5  # the answer copies the prompt; a self-draft agrees with itself
+        assert m.spec_steps < m.completion_tokens  # more than one token per step on average
+        assert plain.metrics.spec_mode is None and plain.metrics.spec_drafted == 0
+
+
+def test_a_request_that_cannot_speculate_says_why(engine):
+    prompt = items(1)[0][1]
+    d = engine.complete(GenerateRequest(prompt=prompt, speculative="prompt_lookup", want_logprobs=2,
+                                        decoding=DecodingParams.make(temperature=0.0, max_tokens=3)))
+    assert d.metrics.spec_mode is None and "logprobs" in d.info["speculative"]
+    d = engine.complete(GenerateRequest(prompt=prompt, speculative="draft", decoding=DecodingParams.make(
+        temperature=0.0, max_tokens=3, grammar='root ::= "def" [a-z ]*')))
+    assert d.metrics.spec_mode is None and "grammar" in d.info["speculative"]
+
+
+def test_stop_strings_and_max_tokens_end_inside_a_step(engine):
+    """Accepted guesses past the end of the answer are discarded: same text, same length as plain."""
+    prompt = items(1)[0][1]
+    for n in (1, 2, 7):
+        plain = engine.complete(greedy(prompt, None, n))
+        fast = engine.complete(greedy(prompt, "prompt_lookup", n))
+        assert (fast.text, fast.finish_reason, fast.metrics.completion_tokens) == \
+            (plain.text, plain.finish_reason, plain.metrics.completion_tokens)
+    stop = GenerateRequest(prompt=prompt, speculative="prompt_lookup",
+                           decoding=DecodingParams.make(temperature=0.0, max_tokens=80, stop=["count"]))
+    plain = engine.complete(GenerateRequest(prompt=prompt, decoding=stop.decoding))
+    fast = engine.complete(stop)
+    assert fast.text == plain.text and fast.finish_reason == "stop"
+    # the slot's KV was cut back to what it holds: the next greedy run is still the plain one
+    assert engine.complete(greedy(prompt, None)).text == engine.complete(greedy(prompt, "prompt_lookup")).text
+
+
+LIST_PROMPT = ("Fruit list: apple, banana, cherry, plum, pear, fig, lime.\n"
+               "The same fruit list again: apple, banana,")
+
+
+def _pairs(engine: Engine, mode: str | None, seeds: range) -> dict[tuple[int, ...], int]:
+    counts: dict[tuple[int, ...], int] = {}
+    drafted = 0
+    for s in seeds:
+        ids: list[int] = []
+        for ev in engine.generate(GenerateRequest(prompt=LIST_PROMPT, speculative=mode, decoding=DecodingParams.make(
+                temperature=1.5, top_k=4, top_p=1.0, min_p=0.0, seed=s, max_tokens=2))):
+            if isinstance(ev, Delta):
+                ids += ev.token_ids
+            else:
+                drafted += ev.metrics.spec_drafted
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    if mode:
+        assert drafted > 0
+    return counts
+
+
+def test_sampled_histogram_consistent_with_plain_sampling(engine):
+    """Two tokens at temperature 1.5 over top-4, 120 seeds each: the histograms of (token 1, token 2) under
+    plain sampling (llama.cpp's chain) and prompt-lookup speculation (Leviathan et al. 2023 rule, numpy) come
+    from one distribution by a chi-square two-sample test at the 0.001 level."""
+    plain = _pairs(engine, None, range(120))
+    fast = _pairs(engine, "prompt_lookup", range(1000, 1120))
+    cells = sorted(set(plain) | set(fast))
+    a = np.array([plain.get(c, 0) for c in cells])
+    b = np.array([fast.get(c, 0) for c in cells])
+    stat, dof = chi_square_two_sample(a, b)
+    assert chi_square_sf(stat, dof) > 1e-3, (stat, dof, cells, a, b)
