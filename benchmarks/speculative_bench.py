@@ -10,6 +10,11 @@ machine noise hits all of them), on one engine with one slot. Reported per mode:
 - drafted and accepted guesses, acceptance rate = accepted ÷ drafted, tokens per verification step;
 - identical greedy: items whose text equals plain greedy decoding's.
 
+Guesses per step are capped where the target's logits stay bit for bit those of one-token steps (measured by
+the engine, docs/speculative.md); ``--long-draft N`` (default 10) adds a second engine where prompt lookup may
+guess up to N tokens (``HEARTH_SPEC_MAX_DRAFT``), compared with that engine's own plain runs: faster, but its
+greedy text may differ from plain.
+
 The draft model defaults to the target model itself (the bundled Gemma 3 270M is the smallest GGUF with its
 vocabulary here): acceptance is then near 100 % but each guess costs a full decode of the same size, so it
 shows the mechanism's overhead, not a speedup. Give ``--draft`` a smaller model with the same vocabulary for
@@ -102,38 +107,65 @@ def items(n: int | None = None) -> list[tuple[str, str]]:
     return out[:n] if n else out
 
 
-def run(model: str | None = None, draft: str | None = None, rounds: int = 2, n_items: int | None = None,
-        max_tokens: int = 200, n_threads: int | None = None) -> dict:
+def _run_engine(path: str, draft_path: str, modes: tuple, rounds: int, n_items: int | None, max_tokens: int,
+                n_threads: int | None, label: str = "") -> tuple[dict[str, list[dict]], dict]:
     from app.engine.engine import Engine
-    from app.engine.registry import resolve_model
     from app.engine.types import DecodingParams, GenerateRequest, LoadSettings
 
-    path = str(resolve_model(model))
-    draft_path = str(resolve_model(draft)) if draft else path
     settings = LoadSettings(n_ctx=4096, n_parallel=1, n_threads=n_threads)
-    rows: dict[str, list[dict]] = {str(m): [] for m in MODES}
+    rows: dict[str, list[dict]] = {f"{m}{label}": [] for m in modes}
     texts: dict[tuple[str, int], str] = {}
-    with Engine(path, settings, draft_model=draft_path) as eng:
+    with Engine(path, settings, draft_model=draft_path if "draft" in modes else None) as eng:
         for r in range(rounds):
             for i, (_label, prompt) in enumerate(items(n_items)):
-                order = MODES[(i + r) % 3:] + MODES[:(i + r) % 3]
-                for mode in order:
+                shift = (i + r) % len(modes)
+                for mode in modes[shift:] + modes[:shift]:
                     req = GenerateRequest(prompt=prompt, speculative=mode, decoding=DecodingParams.make(
                         temperature=0.0, max_tokens=max_tokens, stop=["```"]))
                     done = eng.complete(req)
                     m = done.metrics
                     if r == 0:
                         texts[(str(mode), i)] = done.text
-                    rows[str(mode)].append({"item": i, "round": r, "decode_tps": m.decode_tps,
-                                            "tokens": m.completion_tokens, "drafted": m.spec_drafted,
-                                            "accepted": m.spec_accepted, "steps": m.spec_steps,
-                                            "spec_mode": m.spec_mode, "identical": None})
-    n = len(items(n_items))
-    for mode in rows:
-        for row in rows[mode]:
-            row["identical"] = texts[(mode, row["item"])] == texts[("None", row["item"])]
-    return {"model": path, "draft": draft_path, "rounds": rounds, "items": n, "max_tokens": max_tokens,
-            "summary": {mode: _summary(rs, rows["None"], n) for mode, rs in rows.items()}, "runs": rows}
+                    rows[f"{mode}{label}"].append({
+                        "item": i, "round": r, "decode_tps": m.decode_tps, "tokens": m.completion_tokens,
+                        "drafted": m.spec_drafted, "accepted": m.spec_accepted, "steps": m.spec_steps,
+                        "spec_mode": m.spec_mode, "identical": None})
+    for mode in modes:
+        for row in rows[f"{mode}{label}"]:
+            row["identical"] = texts[(str(mode), row["item"])] == texts[("None", row["item"])]
+    return rows, texts
+
+
+def run(model: str | None = None, draft: str | None = None, rounds: int = 2, n_items: int | None = None,
+        max_tokens: int = 200, n_threads: int | None = None, long_draft: int = 10) -> dict:
+    """Every mode on every item (see the module docstring). ``long_draft`` > 0 adds a second engine where
+    prompt lookup may guess up to that many tokens per step (``HEARTH_SPEC_MAX_DRAFT``: past the exact
+    batch size, so its greedy text may differ from plain), compared with that engine's own plain runs."""
+    import os
+
+    from app.engine.registry import resolve_model
+
+    path = str(resolve_model(model))
+    draft_path = str(resolve_model(draft)) if draft else path
+    rows, _ = _run_engine(path, draft_path, MODES, rounds, n_items, max_tokens, n_threads)
+    summary = {mode: _summary(rs, rows["None"], len(items(n_items))) for mode, rs in rows.items()}
+    if long_draft > 0:
+        old = os.environ.get("HEARTH_SPEC_MAX_DRAFT")
+        os.environ["HEARTH_SPEC_MAX_DRAFT"] = str(long_draft)  # read by the engine process it spawns
+        try:
+            label = f" k<={long_draft}"
+            more, _ = _run_engine(path, draft_path, (None, "prompt_lookup"), rounds, n_items, max_tokens,
+                                  n_threads, label)
+        finally:
+            if old is None:
+                os.environ.pop("HEARTH_SPEC_MAX_DRAFT", None)
+            else:
+                os.environ["HEARTH_SPEC_MAX_DRAFT"] = old
+        for mode, rs in more.items():
+            summary[mode] = _summary(rs, more[f"None{label}"], len(items(n_items)))
+        rows.update(more)
+    return {"model": path, "draft": draft_path, "rounds": rounds, "items": len(items(n_items)),
+            "max_tokens": max_tokens, "long_draft": long_draft, "summary": summary, "runs": rows}
 
 
 def _summary(rs: list[dict], plain: list[dict], n: int) -> dict:
@@ -158,7 +190,7 @@ def report(out: dict) -> str:
     for mode, s in out["summary"].items():
         acc = f"{s['acceptance_rate']:.1%}" if s["acceptance_rate"] is not None else "–"
         tps_step = f"{s['tokens_per_step']:.2f}" if s["tokens_per_step"] is not None else "1"
-        name = "plain" if mode == "None" else mode
+        name = mode.replace("None", "plain")
         lines.append(f"| {name} | {s['decode_tps']:.1f} | {s['speedup']:.2f}x | {acc} | {s['drafted']} "
                      f"| {s['accepted']} | {tps_step} | {s['identical']}/{s['of']} |")
     return "\n".join(lines)
@@ -172,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=None, help="use only the first N items")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--n-threads", type=int, default=None)
+    p.add_argument("--long-draft", type=int, default=10,
+                   help="also run prompt lookup with up to N guesses per step on a second engine (0: skip)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    out = run(a.model, a.draft, a.rounds, a.items, a.max_tokens, a.n_threads)
+    out = run(a.model, a.draft, a.rounds, a.items, a.max_tokens, a.n_threads, a.long_draft)
     print(json.dumps(out, indent=2) if a.json else report(out))
     return 0
 

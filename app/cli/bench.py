@@ -11,12 +11,12 @@ from pathlib import Path
 BENCHES = {"engine": "benchmarks.engine_bench", "cache": "benchmarks.prefix_cache_bench",
            "server": "benchmarks.server_bench", "retrieval": "benchmarks.retrieval_perf",
            "retrieval-quality": "benchmarks.retrieval_quality", "load": "benchmarks.load_bench",
-           "reasoning": "benchmarks.reasoning_bench"}
+           "reasoning": "benchmarks.reasoning_bench", "speculative": "benchmarks.speculative_bench"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, load, reasoning, retrieval, "
-                                     "retrieval-quality)")
+    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, load, reasoning, speculative, "
+                                     "retrieval, retrieval-quality)")
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see its --help)")
     p.set_defaults(func=run)

@@ -669,24 +669,28 @@ class Runtime:
         if env:
             return max(0, int(env))
         if self._spec_cap is None:
-            self._spec_cap = self._probe_exact_rows(seq) - 1
+            rows = self._probe_exact_rows(seq)
+            if rows is None:  # no room in this slot's context: no guesses now, probe on a later step
+                return 0
+            self._spec_cap = rows - 1
             log.info("speculative decoding: %d guesses per step keep the logits exact", self._spec_cap)
         return min(most, self._spec_cap)
 
-    def _probe_exact_rows(self, seq: LlamaSeq, most: int = 8) -> int:
+    def _probe_exact_rows(self, seq: LlamaSeq, most: int = 8) -> int | None:
         """The largest batch of one sequence's tokens (≤ ``most``) whose logits equal, bit for bit, those of
         the same tokens evaluated one per ``llama_decode``. llama.cpp's CPU matmuls switch kernels with the
         number of rows: measured on this build with the bundled Q4_K_M model, 2 and 3 rows are exact, 4 rows
         (the repacked Q4_K GEMM) differ by up to 2.6 in a logit, and without flash attention even 2 rows
-        differ. Evaluated after ``seq``'s slot's KV (its pending token and its last prompt tokens), then
-        removed: the slot's KV is as before."""
+        differ. Evaluated after ``seq``'s slot's KV (its pending token and its last prompt tokens, repeated to
+        ``most`` tokens), then removed: the slot's KV is as before. None when the slot's context has no room
+        for them."""
         import numpy as np
 
         slot = self.slots[seq.slot]
         kv = len(slot.tokens)
-        toks = ([seq.pending] + seq.tokens[-(most - 1):])[:most]
+        toks = (([seq.pending] + seq.tokens[-(most - 1):]) * most)[:most]
         if kv + len(toks) > self.settings.n_ctx:
-            return 1
+            return None
         lib, mem, sid = self._lib, self.mem, slot.seq_id
 
         def rows(size: int) -> list:
