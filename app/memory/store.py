@@ -42,6 +42,8 @@ Design decisions held here:
   conversation layer of the thinking budget (``app.engine.reasoning_budget``): ``settings["reasoning"]``,
   a mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``, validated by
   ``ReasoningSettings.from_mapping`` when written; a hand-edited bad value loads as unset with a warning.
+- **Presets and projects** (m006, ``app.memory.library``): their own tables; a conversation's project, preset
+  and own system prompt are keys of its settings, so the conversation rows and their export stay as they were.
 - **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
   INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
   a search always finds what was actually said.
@@ -68,6 +70,7 @@ from app.engine.reasoning_budget import ReasoningSettings
 from app.engine.tools import ToolCall
 from app.errors import InvalidRequest, StoreError
 from app.memory import transfer
+from app.memory.library import PresetsProjects
 from app.memory.records import (
     STATUSES,
     Citation,
@@ -229,6 +232,31 @@ def m005_message_reasoning(db: Database) -> None:
                "FROM messages WHERE reasoning IS NOT NULL AND reasoning != ''")
 
 
+@migrations()
+def m006_presets_projects(db: Database) -> None:
+    # Presets and projects (app.memory.library). A conversation names its project, preset and own system prompt
+    # in its settings (``project``, ``preset``, ``system_prompt``), so exports of conversations are unchanged.
+    db.execute("""
+        CREATE TABLE presets (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE COLLATE NOCASE,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            decoding TEXT NOT NULL DEFAULT '{}',
+            model TEXT,
+            created TEXT NOT NULL,
+            updated TEXT NOT NULL
+        )""")
+    db.execute("""
+        CREATE TABLE projects (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE COLLATE NOCASE,
+            preset_id TEXT REFERENCES presets(id) ON DELETE SET NULL,
+            documents TEXT,
+            created TEXT NOT NULL,
+            updated TEXT NOT NULL
+        )""")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
 
@@ -250,7 +278,7 @@ def _fts_query(query: str) -> str:
 # The store
 
 
-class Store:
+class Store(PresetsProjects):
     """The conversation database. Thread-safe (one connection behind a lock): the UI's workers and the server
     thread may share one ``Store``. ``path`` defaults to ``app.paths.conversations_db()``; ``":memory:"``
     gives a throwaway store (no WAL)."""
