@@ -238,8 +238,9 @@ def test_load_finds_the_model_and_the_servers_context(remote):
 
 
 def test_chat_stream_body_metrics_and_done(remote):
-    remote.chat(lambda h, b: h.sse([chunk(reasoning="Let me think. "), chunk("Hel"), chunk("lo!", finish="stop"),
-                                    USAGE], delay=0.02))
+    remote.chat(lambda h, b: h.sse([chunk(reasoning="Let me think. "), chunk("Hel"),
+                                    chunk("lo!", finish="stop", hearth={"metrics": {"ttft_s": 0.01}}), USAGE],
+                                   delay=0.02))
     eng = engine(remote)
     tools = (ToolSpec("get_time", "the time", {"type": "object", "properties": {}}),)
     dec = DecodingParams(temperature=0.2, top_k=5, seed=7, stop=("END",), max_tokens=20, repeat_penalty=1.1)
@@ -264,6 +265,7 @@ def test_chat_stream_body_metrics_and_done(remote):
     r = done.info["remote"]
     assert (r["url"], r["model"], r["kind"], r["usage"]) == (remote.url, "m1", "vllm", "remote")
     assert "Hearth's boundary" in r["note"] and done.info["model"] == "gpu-box"
+    assert r["metrics"] == {"ttft_s": 0.01}  # a remote Hearth's own clocks, passed on
     assert eng.stats.completed == 1 and eng.stats.prompt_tokens == 12 and eng.active() == 0
 
 

@@ -321,6 +321,8 @@ class StreamState:
             self.usage = obj["usage"]
         if isinstance(obj.get("timings"), dict):  # llama-server's own clocks
             self.remote_timings = obj["timings"]
+        if isinstance(obj.get("hearth"), dict) and isinstance(obj["hearth"].get("metrics"), dict):
+            self.remote_meta = obj["hearth"]["metrics"]  # another Hearth's metrics, on its own clocks
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise ValueError("choices is not a list")
@@ -328,8 +330,6 @@ class StreamState:
         for ch in choices:
             if not isinstance(ch, dict) or ch.get("index", 0) != 0:
                 continue
-            if isinstance(ch.get("hearth"), dict):  # another Hearth's metrics, on its own clocks
-                self.remote_meta = ch["hearth"].get("metrics")
             if ch.get("finish_reason"):
                 self.finish = ch["finish_reason"]
             delta = ch.get("delta")
@@ -339,6 +339,7 @@ class StreamState:
                 self._calls(delta.get("tool_calls"))
             else:
                 text += ch.get("text") or ""
+                thought += ch.get("reasoning_content") or ""
         if not isinstance(text, str) or not isinstance(thought, str):
             raise ValueError("content is not text")
         self.text.append(text)
@@ -743,7 +744,10 @@ class RemoteEngine:
     # -- generation -----------------------------------------------------------------------------------
     def generate(self, request: GenerateRequest) -> RemoteGeneration:
         """The stream of ``request`` (nothing is sent until it is iterated). Raises ``InvalidRequest`` at once
-        for bad parameters or what a remote cannot do."""
+        for bad parameters or what a remote cannot do (a grammar: the remote is probed first, only a
+        llama-server takes one)."""
+        if request.decoding.grammar and not self._loaded:
+            self._ensure_loaded()
         check_supported(request, self.kind, self.label)
         return RemoteGeneration(self, request)
 
