@@ -149,6 +149,13 @@ class UserSettings:
         known = {f.name for f in fields(LoadSettings)}
         return replace(self.load, **{k: v for k, v in over.items() if k in known}).validate()
 
+    def engine_options(self, model_id: str | None) -> dict[str, Any]:
+        """``Engine`` keyword arguments from ``per_model[model_id]``: ``speculative`` (the model's default
+        mode, docs/speculative.md), ``draft_model`` (a GGUF path) and ``thinking_markers`` (docs/reasoning.md);
+        only the keys that are set."""
+        over = self.per_model.get(model_id or "", {})
+        return {k: over[k] for k in ("speculative", "draft_model", "thinking_markers") if over.get(k) is not None}
+
     def prefix_cache_options(self, budget_mb: float | None = None) -> dict[str, Any] | None:
         """The engine's ``prefix_cache`` argument: None when the cache is off or its budget is 0, else the
         folder and the byte budget. ``budget_mb`` overrides ``cache_budget_mb`` (MiB); negative is refused."""

@@ -121,6 +121,8 @@ def make_engine(args: argparse.Namespace):
     cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None))
     if not getattr(args, "prefix_cache", True):
         cache = None
-    eng = Engine(path, settings, prefix_cache=cache)
+    from app.engine.registry import model_id
+
+    eng = Engine(path, settings, prefix_cache=cache, **user.engine_options(model_id(path)))
     eng.load()
     return eng

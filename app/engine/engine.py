@@ -195,13 +195,16 @@ class Engine:
     next to the model for ``speculative="draft"`` (``ModelLoadError`` naming both when the vocabularies
     differ); ``speculative``, the model's default mode for requests that do not set
     ``GenerateRequest.speculative`` ("prompt_lookup", "draft" or None; anything else is ``InvalidRequest``).
+    ``thinking_markers``: the model's own markers (``reasoning.markers_for`` overrides: ``{"start", "end",
+    ...}``; None: found from the template), checked when the engine loads.
     """
 
     def __init__(self, model_path: str | Path, settings: LoadSettings | None = None, *,
                  prefix_cache: dict | None = None, max_queue: int = 16,
                  runtime: Optional[Callable[[], EngineRuntime]] = None, draft_model: str | Path | None = None,
-                 speculative: str | None = None) -> None:
+                 speculative: str | None = None, thinking_markers: dict | None = None) -> None:
         self.model_path = str(model_path)
+        self.thinking_markers = dict(thinking_markers) if thinking_markers else None
         self.draft_model = str(draft_model) if draft_model else None
         if speculative is not None and speculative not in SPECULATIVE_MODES:
             raise InvalidRequest(f"speculative must be one of {', '.join(SPECULATIVE_MODES)} or None, got "
@@ -257,7 +260,8 @@ class Engine:
         if self.draft_model:
             inspect_model(self.draft_model, require_chat=True)  # llama.cpp aborts on some bad files
         meta = {"chat_template": info.chat_template, "architecture": info.architecture, "name": info.name,
-                "draft_model": self.draft_model, "speculative": self.speculative}
+                "draft_model": self.draft_model, "speculative": self.speculative,
+                "thinking_markers": self.thinking_markers}
         return ChildHost("hearth-engine", _llama_service, (self.model_path, settings, meta, self.cache_cfg),
                          label="the engine process", model_path=self.model_path, side_lane=True,
                          on_crash=self._on_crash, mux=True)

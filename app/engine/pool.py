@@ -344,9 +344,10 @@ class ModelPool:
 def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Optional[float] = 300.0,
                load_timeout_s: float = 300.0, engine_kwargs: Optional[dict[str, Any]] = None) -> ModelPool:
     """A pool of local GGUF models as ``settings`` (``app.settings.UserSettings``) describe them: names resolved
-    by ``registry.resolve_model``, each engine with ``settings.load_for(model_id)``, memory from the model's
-    estimate, a per-model TTL from ``settings.per_model[model_id]["ttl_s"]``. ``budget_bytes`` None: 80 % of
-    the RAM available now (``memory_estimate.detect_available_ram``; no limit when unknown)."""
+    by ``registry.resolve_model``, each engine with ``settings.load_for(model_id)`` and
+    ``settings.engine_options(model_id)`` (speculative default, draft model, thinking markers), memory from
+    the model's estimate, a per-model TTL from ``settings.per_model[model_id]["ttl_s"]``. ``budget_bytes``
+    None: 80 % of the RAM available now (``memory_estimate.detect_available_ram``; no limit when unknown)."""
     from app.engine.engine import Engine
     from app.engine.gguf_info import inspect_model
     from app.engine.memory_estimate import detect_available_ram, estimate_memory, resolve_parallel
@@ -357,7 +358,7 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
         return model_id(path), str(path)
 
     def make(key: str, path: str) -> Any:
-        return Engine(path, settings.load_for(key), **(engine_kwargs or {}))
+        return Engine(path, settings.load_for(key), **{**settings.engine_options(key), **(engine_kwargs or {})})
 
     def estimate(key: str, path: str) -> int:
         try:

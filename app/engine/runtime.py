@@ -645,7 +645,7 @@ class Runtime:
         only where verification is exact (``speculative.ineligible_reason``) and a draft model is loaded for
         ``"draft"``. A request that asked for it and does not get it says why in ``info["speculative"]``."""
         mode = request.speculative if request.speculative is not None else self.spec_default
-        if mode is None:
+        if mode is None or mode == "off":
             return
         why = spec.ineligible_reason(mode, d, request.want_logprobs)
         if why is None and mode == "draft" and self.draft is None:

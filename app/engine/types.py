@@ -292,9 +292,9 @@ class GenerateRequest:
             if not isinstance(self.reasoning, ReasoningRequest):
                 raise InvalidRequest("reasoning must be a ReasoningRequest", param="reasoning_effort")
             self.reasoning.validate()
-        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
-            raise InvalidRequest(f"hearth.speculative must be one of {', '.join(SPECULATIVE_MODES)} or null, "
-                                 f"got {self.speculative!r}", param="hearth.speculative")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES + ("off",):
+            raise InvalidRequest(f"hearth.speculative must be one of {', '.join(SPECULATIVE_MODES)}, off or "
+                                 f"null, got {self.speculative!r}", param="hearth.speculative")
         _check_range("priority", self.priority, -100, 100, integer=True)
         if self.deadline_s is not None:
             _check_range("deadline_s", self.deadline_s, 0.0, 1e6, lo_open=True)
