@@ -77,6 +77,10 @@ def check_backend() -> Check:
         import llama_cpp
     except ImportError as exc:
         return Check("backend", "fail", f"llama-cpp-python is not installed ({exc})", "make run")
+    except OSError as exc:  # the wheel is there but its libllama / libggml-* cannot load (e.g. no CUDA driver)
+        return Check("backend", "fail", f"llama.cpp's library cannot load: {exc}",
+                     "rebuild for this machine: `make run BACKEND=cpu` (or install the GPU driver it was built for)",
+                     {"gpus": gpus})
     libs = sorted(p.name for p in Path(llama_cpp.__file__).parent.joinpath("lib").glob("*ggml-*"))
     info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     built = [b for b in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL")
