@@ -125,3 +125,76 @@ def test_project_documents_and_rename(memory_store):
     with pytest.raises(InvalidRequest) as err:
         memory_store.update_project(p.id, documents="all")
     assert err.value.param == "documents"
+
+
+# ---------------------------------------------------------------------------------------------- in the window
+def test_presets_dialog_saves_exports_and_refuses_a_bad_import(qtbot, memory_store, tmp_path):
+    from app.ui.presets_dialog import PresetsDialog
+
+    dlg = PresetsDialog(memory_store)
+    qtbot.addWidget(dlg)
+    dlg.name.setText("Terse")
+    dlg.prompt.setPlainText("One line.")
+    dlg.spins["temperature"].setValue(0.3)
+    dlg.save()
+    p = memory_store.preset_named("Terse")
+    assert p is not None and p.decoding == {"temperature": 0.3} and dlg.error.text() == ""
+    out = tmp_path / "presets.json"
+    dlg.export_path(str(out))
+    assert json.loads(out.read_text())["presets"][0]["name"] == "Terse"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"presets": [{"name": "New"}, {"name": "X", "decoding": {"top_p": 7}}]}))
+    dlg.import_path(str(bad))
+    assert "presets[1].decoding.top_p" in dlg.error.text()
+    assert [x.name for x in memory_store.presets()] == ["Terse"]
+
+
+def test_a_chats_turn_uses_its_preset_and_own_prompt(memory_store):
+    from app.settings import UserSettings
+    from app.ui.chat_ctl import chat_setup
+
+    user = UserSettings(system_prompt="default prompt")
+    cid = memory_store.create_conversation()
+    assert chat_setup(memory_store, cid, user) == (user.decoding, "default prompt")
+    p = memory_store.create_preset("Cold", "preset prompt", {"temperature": 0.0, "max_tokens": 32})
+    memory_store.set_conversation_preset(cid, p.id)
+    decoding, prompt = chat_setup(memory_store, cid, user)
+    assert (decoding.temperature, decoding.max_tokens, decoding.top_k, prompt) == (0.0, 32, user.decoding.top_k,
+                                                                                   "preset prompt")
+    memory_store.set_conversation_system_prompt(cid, "")  # an empty own prompt is a choice too
+    assert chat_setup(memory_store, cid, user)[1] == ""
+
+
+def test_header_shows_and_edits_the_system_prompt(qtbot, memory_store):
+    from app.ui.chat_header import ChatHeader
+
+    p = memory_store.create_preset("Brief", "Be brief.")
+    proj = memory_store.create_project("Work", preset_id=p.id)
+    cid = memory_store.create_conversation(title="Plans", settings={"project": proj.id})
+    h = ChatHeader()
+    qtbot.addWidget(h)
+    h.show_setup("Plans", memory_store.setup(cid), memory_store.presets(), "default")
+    assert h.project.text() == "in Work" and h.preset.currentText() == "project's (Brief)"
+    assert h.prompt.toPlainText() == "Be brief." and "preset Brief" in h.source.text()
+    h.toggle.click()
+    assert h.editor.isVisibleTo(h)
+    h.prompt.setPlainText("Be very brief.")
+    with qtbot.waitSignal(h.system_prompt_saved) as sig:
+        h.save.click()
+    assert sig.args == ["Be very brief."]
+
+
+def test_sidebar_groups_chats_under_projects(qtbot, memory_store):
+    from app.ui.models import KindRole
+    from app.ui.sidebar import Sidebar
+
+    proj = memory_store.create_project("Garden")
+    a = memory_store.create_conversation(title="Roses")
+    memory_store.create_conversation(title="Taxes")
+    bar = Sidebar(memory_store)
+    qtbot.addWidget(bar)
+    bar.move_to(a, proj.id)
+    texts = [(bar.model.index(i).data(KindRole), bar.model.index(i).data().strip())
+             for i in range(bar.model.rowCount())]
+    assert texts == [("project", "▾ Garden"), ("conversation", "Roses"), ("header", "Today"),
+                     ("conversation", "Taxes")]

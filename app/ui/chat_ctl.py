@@ -17,6 +17,9 @@ ignored); the conversation's own setting is read by the pipeline from the store.
 the running generation to end its thinking now (``Assistant.stop_thinking``, straight from the GUI thread:
 it only sends a message to the engine) and the answer follows.
 
+Presets and projects: each turn answers with the conversation's decoding settings and system prompt from
+``chat_setup`` (its preset, its own system prompt, the person's defaults; docs/ui.md "Presets and projects").
+
 Stop cancels the engine ``Generation`` directly (``Assistant.cancel``), so it works during a long prefill
 too, when no item is flowing that a ``quit()`` flag could be checked against; a turn waiting for the person's
 answer or for a tool is released too. The partial answer is kept in the store with status ``error``
@@ -87,6 +90,21 @@ def model_reasoning_default(settings: Any, model: str) -> ReasoningSettings:
         return ReasoningSettings()
 
 
+def chat_setup(store: Any, conversation_id: str, user: Any) -> tuple[Any, str]:
+    """The decoding settings and system prompt of a conversation's next turn: its preset (its own, else its
+    project's) over the person's defaults, and its own system prompt, else the preset's, else the default
+    (``Store.setup``). A preset's decoding that no longer validates is logged and the defaults are used."""
+    setup = store.setup(conversation_id)
+    decoding = user.decoding
+    if setup.preset is not None:
+        try:
+            decoding = setup.preset.decoding_over(user.decoding)
+        except InvalidRequest as exc:
+            log.warning("preset %r: %s; using the default decoding settings", setup.preset.name, exc)
+    prompt = setup.system_prompt if setup.system_prompt is not None else user.system_prompt
+    return decoding, prompt
+
+
 class ChatController(QObject):
     """Signals: ``busy_changed(bool)``, ``evidence(list[dict])``, ``reasoning(str)``, ``delta(str)``,
     ``tool_call(request)``,
@@ -129,9 +147,10 @@ class ChatController(QObject):
         if engine is None or self.busy:
             return False
         user = self.settings_fn()
+        decoding, system_prompt = chat_setup(self.store, conversation_id, user)
         docs = self.documents() if self.documents is not None else None
         box = self.tools.toolbox() if self.tools is not None else None
-        self._assistant = Assistant(engine, self.store, decoding=user.decoding, system_prompt=user.system_prompt,
+        self._assistant = Assistant(engine, self.store, decoding=decoding, system_prompt=system_prompt,
                                     documents=docs, caller=Caller.WINDOW, tools=box,
                                     reasoning_default=model_reasoning_default(user, model_id(engine.model_path)),
                                     samples=self.samples)

@@ -21,12 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import QModelIndex, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent
+from PySide6.QtGui import (QColor, QFont, QGuiApplication, QKeyEvent, QTextCharFormat, QTextCursor, QTextDocument,
+                           QTextFormat)
 from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
+from app.ui import theme
 from app.ui.formatting import file_name, thinking_label
-from app.ui.markdown import copy_index, with_copy_links
+from app.ui.markdown import copy_index, highlight_spans, with_copy_links
 from app.ui.models import ChatModel, ChatRow
 from app.ui.tool_view import ToolCallWidget
 
@@ -52,9 +54,12 @@ class MarkdownView(QTextBrowser):
         self.anchorClicked.connect(self._anchor)
 
     def set_content(self, text: str, markdown: bool = True) -> None:
+        """Show ``text`` as Markdown (code blocks highlighted in the theme's colours, a copy link under each
+        closed one) or as plain text."""
         if markdown:
             md, self.blocks = with_copy_links(text)
             self.setMarkdown(md)
+            paint_code(self.document(), theme.current())
         else:
             self.setPlainText(text)
         self._fit()
@@ -75,6 +80,52 @@ class MarkdownView(QTextBrowser):
             self.link_activated.emit(url.toString())
 
 
+def _code_runs(doc: QTextDocument) -> list[list[Any]]:
+    """Runs of consecutive code blocks (Qt marks a fenced block's lines with ``BlockCodeFence``)."""
+    runs: list[list[Any]] = []
+    block, last_code = doc.begin(), False
+    while block.isValid():
+        fmt = block.blockFormat()
+        code = fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines()
+        if code:
+            if not last_code:
+                runs.append([])
+            runs[-1].append(block)
+        last_code = code
+        block = block.next()
+    return runs
+
+
+def paint_code(doc: QTextDocument, theme_name: str) -> None:
+    """Give each code block of ``doc`` the theme's code background, a monospace font and Pygments colours for
+    its fence's language (``highlight_spans``)."""
+    style, background = theme.code_colors(theme_name)
+    mono = QFont("monospace")
+    mono.setStyleHint(QFont.StyleHint.Monospace)
+    for run in _code_runs(doc):
+        cursor = QTextCursor(doc)
+        for block in run:
+            cursor.setPosition(block.position())
+            fmt = block.blockFormat()
+            fmt.setBackground(QColor(background))
+            fmt.setLeftMargin(theme.SPACE[1])
+            cursor.setBlockFormat(fmt)
+        start = run[0].position()
+        language = run[0].blockFormat().property(QTextFormat.Property.BlockCodeLanguage)
+        code = "\n".join(b.text() for b in run)
+        for span in highlight_spans(code, str(language) if language else None, style):
+            cursor.setPosition(start + span.start)
+            cursor.setPosition(start + span.start + span.length, QTextCursor.MoveMode.KeepAnchor)
+            cf = QTextCharFormat()
+            if span.color:
+                cf.setForeground(QColor(span.color))
+            if span.bold:
+                cf.setFontWeight(QFont.Weight.Bold)
+            if span.italic:
+                cf.setFontItalic(True)
+            cursor.mergeCharFormat(cf)
+
+
 class MessageWidget(QFrame):
     """One message: who, the text, thinking (collapsed), citations, and its actions."""
 
@@ -86,15 +137,14 @@ class MessageWidget(QFrame):
         self.setObjectName("assistantMessage" if row.role == "assistant" else "userMessage")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(10, 6, 10, 6)
+        lay.setContentsMargins(theme.SPACE[3], theme.SPACE[1], theme.SPACE[3], theme.SPACE[0])
+        lay.setSpacing(theme.SPACE[0])
         lay.addLayout(self._header())
         self.thinking = QToolButton(text="Thinking ▸", checkable=True, autoRaise=True)
         self.thinking.setObjectName("thinkingToggle")
         self.reasoning = MarkdownView()
         self.reasoning.setObjectName("reasoningText")
-        # set apart from the answer: greyed, behind a rule (a neutral grey reads in light and dark themes)
-        self.reasoning.setStyleSheet("QTextBrowser#reasoningText { color: #7a7a7a; "
-                                     "border-left: 3px solid #9e9e9e; padding-left: 6px; }")
+        # set apart from the answer: greyed behind a rule (QTextBrowser#reasoningText in app.ui.theme's sheet)
         self.reasoning.setVisible(False)
         self.thinking.toggled.connect(self._toggle_thinking)
         self.body = MarkdownView()
@@ -105,12 +155,13 @@ class MessageWidget(QFrame):
         self.agreement.setObjectName("agreement")
         for w in (self.thinking, self.reasoning, self.body, self.agreement, self.citations):
             lay.addWidget(w)
-        lay.addLayout(self._actions())
+        lay.addWidget(self._actions())
         self.render()
 
     def _header(self) -> QHBoxLayout:
         h = QHBoxLayout()
-        who = QLabel("<b>You</b>" if self.row.role == "user" else "<b>Hearth</b>")
+        who = QLabel("You" if self.row.role == "user" else "Hearth")
+        who.setObjectName("messageAuthor")
         self.status = QLabel()
         self.status.setObjectName("messageStatus")
         self.prev_btn = QToolButton(text="‹", autoRaise=True, toolTip="Previous branch")
@@ -125,8 +176,11 @@ class MessageWidget(QFrame):
             h.addWidget(w)
         return h
 
-    def _actions(self) -> QHBoxLayout:
-        h = QHBoxLayout()
+    def _actions(self) -> QFrame:
+        bar = QFrame()
+        bar.setObjectName("messageActions")
+        h = QHBoxLayout(bar)
+        h.setContentsMargins(0, 0, 0, 0)
         h.addStretch(1)
         names = ["copy"] + (["edit"] if self.row.role == "user" else ["regenerate"])
         self.buttons = {}
@@ -135,7 +189,7 @@ class MessageWidget(QFrame):
             b.clicked.connect(lambda _=False, n=name: self._act(n))
             h.addWidget(b)
             self.buttons[name] = b
-        return h
+        return bar
 
     def _act(self, name: str) -> None:
         if name == "copy":
@@ -245,6 +299,7 @@ class ChatView(QWidget):
         self._end_timer = QTimer(self, interval=0, singleShot=True)
         self._end_timer.timeout.connect(self._jump_to_end)
         self._build()
+        theme.manager().changed.connect(self._restyle)
         model.modelReset.connect(self._rebuild)
         model.rowsInserted.connect(self._inserted)
         model.dataChanged.connect(self._changed)
@@ -252,9 +307,14 @@ class ChatView(QWidget):
     def _build(self) -> None:
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(theme.SPACE[1])
         self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.scroll.setObjectName("chatScroll")
         self.container = QWidget()
+        self.container.setObjectName("chatColumn")
         self.column = QVBoxLayout(self.container)
+        self.column.setContentsMargins(theme.SPACE[1], theme.SPACE[1], theme.SPACE[1], theme.SPACE[1])
+        self.column.setSpacing(theme.SPACE[2])
         self.column.addStretch(1)
         self.scroll.setWidget(self.container)
         lay.addWidget(self.scroll, 1)
@@ -262,9 +322,11 @@ class ChatView(QWidget):
         lay.addWidget(self.edit_bar)
         row = QHBoxLayout()
         self.composer = Composer(placeholderText="Message Hearth (Enter sends, Shift+Enter new line)")
-        self.composer.setFixedHeight(72)
+        self.composer.setObjectName("composer")
+        self.composer.setFixedHeight(76)
         self.composer.submit.connect(self._submit)
         self.send_btn = QPushButton("Send")
+        self.send_btn.setObjectName("sendButton")
         self.send_btn.clicked.connect(self._submit)
         self.stop_btn = QPushButton("Stop", enabled=False, toolTip="Stop the answer (Esc)")
         self.stop_btn.clicked.connect(self.stop.emit)
@@ -335,6 +397,11 @@ class ChatView(QWidget):
             self.edit_bar.setText("<i>Editing a message: sending makes a new branch (Esc cancels)</i>")
             self.composer.setPlainText(text)
             self.composer.setFocus()
+
+    def _restyle(self, _name: str) -> None:
+        """The theme changed: render every message again (code colours are painted into the documents)."""
+        for w in self.widgets:
+            w.set_row(w.row)
 
     # -- model → widgets ----------------------------------------------------------------------------------
     def _rebuild(self) -> None:

@@ -84,6 +84,23 @@ class AppContext(QObject):
             settings["documents"] = list(paths)
         self.store.update_conversation(conversation_id, settings=settings)
 
+    # -- projects -----------------------------------------------------------------------------------------
+    def create_conversation(self, project_id: str | None = None, preset_id: str | None = None,
+                            system_prompt: str | None = None) -> str:
+        """A new, empty conversation: in ``project_id`` (starting with the project's documents), with its own
+        preset and system prompt when given."""
+        settings: dict = {}
+        if project_id:
+            settings["project"] = project_id
+            docs = self.store.project(project_id).documents
+            if docs is not None:
+                settings["documents"] = list(docs)
+        if preset_id:
+            settings["preset"] = preset_id
+        if system_prompt is not None:
+            settings["system_prompt"] = system_prompt
+        return self.store.create_conversation(model="", settings=settings)
+
     def close(self) -> None:
         self.chat.stop()
         self.downloads.cancel()

@@ -5,12 +5,14 @@ Loading is two steps, both on a worker: ``inspect_model`` first (a bad file fail
 and the new one loaded. If llama.cpp itself refuses a file that passed inspection, the previous model is
 loaded again. ``abort_load()`` during a load kills the engine child (``Engine.close()``), which frees its
 memory at once. The HTTP port asks ``current()`` per request, so it always uses whatever is loaded.
+``connect_remote`` makes a ``RemoteEngine`` on a running Hearth service the engine instead (no model is loaded
+in the window's process then).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ class LoadJob:
     path: str
     settings: LoadSettings
     cache: dict | None = None
+    remote: str = ""  # an OpenAI base URL: a RemoteEngine named ``path`` (the Hearth service), nothing loaded here
+    remote_model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 class EngineController(QObject):
@@ -65,7 +70,15 @@ class EngineController(QObject):
             return
         self._aborted = False
         self._set_state("loading")
+        if job.remote:
+            self._swap(job)
+            return
         self.pool.run(_inspect, job.path, on_return=lambda _info: self._swap(job), on_error=self._failed)
+
+    def connect_remote(self, name: str, url: str, model: str | None = None, api_key: str | None = None) -> None:
+        """Use the OpenAI-compatible server at ``url`` (the Hearth service) as the engine, instead of loading a
+        model in this process (``app.engine.remote.RemoteEngine``; its ``load`` only asks ``/v1/models``)."""
+        self.load(LoadJob(name, LoadSettings(), remote=url, remote_model=model, api_key=api_key))
 
     def _swap(self, job: LoadJob) -> None:
         self.about_to_change.emit()
@@ -83,7 +96,12 @@ class EngineController(QObject):
 
         if old is not None:
             old.close()
-        self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
+        if job.remote:
+            from app.engine.remote import RemoteEngine
+
+            self._pending = RemoteEngine(job.path, job.remote, model=job.remote_model, api_key=job.api_key)
+        else:
+            self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
         if self._aborted:
             raise Cancelled("the load was aborted")
         return self._pending.load()

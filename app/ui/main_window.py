@@ -14,11 +14,18 @@ effort picker is the conversation's reasoning setting (``Store.set_reasoning_set
 choice until its first message creates it). **Answers: 1 / 3 / 5 samples** turns on self-consistency for the
 window's next turns (``ChatController.samples``): the majority's answer is shown, with how many samples
 agree under it.
+
+Presets and projects: the bar above the chat (``chat_header``) shows the chat's title and project, its preset
+(picker) and the system prompt its next turn uses (editable, saved as the chat's own); **Presets…** edits,
+imports and exports them; the sidebar groups chats under their projects. A new chat keeps its project,
+preset and prompt until its first message stores it. The status strip names a running Hearth service and
+**connect** chats through it (``service_ctl``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
@@ -29,18 +36,24 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QHBoxLayout, Q
 from app.assistant import Permission
 from app.engine import registry
 from app.errors import Cancelled, HearthError
+from app.ui import theme
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
+from app.ui.chat_header import ChatHeader
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import file_name
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
 from app.ui.port_panel import PortPanel
+from app.ui.presets_dialog import PresetsDialog
+from app.ui.service_ctl import ServiceController, service_text
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.sidebar import Sidebar
 from app.ui.status_strip import StatusStrip
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = "hearth-service"  # the engine's name when the window chats through the running service
 
 BASE_MODEL_NOTE = ("<b>{name}</b> is a small <i>base</i> model for trying things out: its answers are short and "
                    "often wrong. For real chat, <a href='models'>download an instruction-tuned model</a> "
@@ -55,6 +68,9 @@ class MainWindow(QMainWindow):
         self.ctx = ctx
         self.conversation_id: str | None = None
         self.pending_effort = ""  # the picker's choice for a chat not stored yet ("": the model's default)
+        self.pending_project: str | None = None  # a new chat's project, preset and system prompt until stored
+        self.pending_preset: str | None = None
+        self.pending_prompt: str | None = None
         self.editing: ChatRow | None = None
         self.last_evidence: list = []
         self.chat_model = ChatModel(self)
@@ -76,25 +92,32 @@ class MainWindow(QMainWindow):
             self._server_notes[""] = f"mcp.json is not used: {ctx.tools.config_error}"
             self._show_notes()
         ctx.tools.start()
+        self.service = ServiceController(ctx.pool, lambda: ctx.settings,
+                                         lambda: ctx.settings.server.port if ctx.server.running else None, self)
+        self.service.status.connect(self._service_status)
+        self.service.start()
+        self.show_header()
         if autoload:
             self.load_startup_model()
 
     # -- layout -------------------------------------------------------------------------------------------
     def _build(self) -> None:
         self.sidebar = Sidebar(self.ctx.store)
+        self.header = ChatHeader()
         self.chat = ChatView(self.chat_model)
         self.banner = QLabel(wordWrap=True, visible=False, textFormat=Qt.TextFormat.RichText)
         self.banner.setObjectName("baseModelBanner")
         self.banner.setFrameShape(QFrame.Shape.StyledPanel)
         self.banner.linkActivated.connect(lambda _l: self.tabs.setCurrentWidget(self.models))
-        self.error = QLabel(wordWrap=True, visible=False, styleSheet="color:#c62828")
+        self.error = QLabel(wordWrap=True, visible=False, objectName="errorText")
         self.error.setObjectName("chatError")
-        self.notice = QLabel(wordWrap=True, visible=False, styleSheet="color:#8a6d00")
+        self.notice = QLabel(wordWrap=True, visible=False, objectName="noticeText")
         self.notice.setObjectName("chatNotice")
         center = QWidget()
         col = QVBoxLayout(center)
-        col.setContentsMargins(0, 0, 0, 0)
-        for w in (self.banner, self.chat, self.notice, self.error):
+        col.setContentsMargins(0, theme.SPACE[1], 0, theme.SPACE[1])
+        col.setSpacing(theme.SPACE[1])
+        for w in (self.header, self.banner, self.chat, self.notice, self.error):
             col.addWidget(w, 1 if w is self.chat else 0)
         self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
         self.tabs = QTabWidget()
@@ -103,7 +126,9 @@ class MainWindow(QMainWindow):
         split = QSplitter()
         for w in (self.sidebar, center, self.tabs):
             split.addWidget(w)
-        split.setSizes([240, 640, 400])
+        split.setChildrenCollapsible(False)
+        split.setStretchFactor(1, 1)
+        split.setSizes([250, 660, 370])  # fits 1280 px wide; the chat column takes what is left
         self.status = StatusStrip()
         body = QWidget()
         lay = QVBoxLayout(body)
@@ -117,6 +142,7 @@ class MainWindow(QMainWindow):
         bar.setMovable(False)
         for text, key, slot in (("New chat", "Ctrl+N", self.new_chat),
                                 ("Search", "Ctrl+F", self.sidebar.focus_search),
+                                ("Presets…", "Ctrl+Shift+P", self.open_presets),
                                 ("Settings…", "Ctrl+,", self.open_settings)):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
@@ -133,6 +159,12 @@ class MainWindow(QMainWindow):
         self.chat.samples_changed.connect(lambda n: setattr(chat, "samples", n))
         self.chat.message_action.connect(self.message_action)
         self.sidebar.new_chat.connect(self.new_chat)
+        self.sidebar.new_chat_in.connect(self.new_chat_in)
+        self.sidebar.project_changed.connect(lambda _pid: self.show_header())
+        self.sidebar.project_documents.connect(self.project_documents)
+        self.header.preset_chosen.connect(self.choose_preset)
+        self.header.system_prompt_saved.connect(self.save_system_prompt)
+        self.status.connect_service.connect(self.connect_service)
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
         chat.busy_changed.connect(self.chat.set_busy)
@@ -187,8 +219,97 @@ class MainWindow(QMainWindow):
         if dlg.exec() != QDialog.DialogCode.Accepted:
             return
         self.apply_settings(dlg.new_settings, model_id)
+        self.apply_theme(dlg.new_theme)
         if dlg.new_mcp is not None:
             self.apply_mcp(dlg.new_mcp)
+        self.show_header()
+
+    def apply_theme(self, mode: str) -> None:
+        """Save and show theme ``mode`` (system / light / dark)."""
+        from app.ui.prefs import UiPrefs, load_prefs, save_prefs
+
+        if mode != load_prefs().theme:
+            try:
+                save_prefs(UiPrefs(theme=mode))
+            except OSError as exc:
+                log.warning("cannot save ui.json: %s", exc)
+        theme.manager().set_mode(mode)
+
+    def open_presets(self) -> None:
+        dlg = PresetsDialog(self.ctx.store, self)
+        dlg.exec()
+        self.show_header()
+
+    # -- presets, projects, the system prompt -------------------------------------------------------------
+    def show_header(self) -> None:
+        """The chat bar: title, project, the preset in force and the system prompt of the next turn."""
+        store, cid = self.ctx.store, self.conversation_id
+        setup = store.setup(cid, self.pending_project)
+        if cid is None and (self.pending_preset or self.pending_prompt is not None):
+            preset = store._maybe(store.preset, self.pending_preset)
+            own = self.pending_prompt
+            setup = replace(setup, preset=preset or setup.preset, preset_source="chat" if preset else
+                            setup.preset_source, own_system_prompt=own is not None,
+                            system_prompt=own if own is not None else (preset.system_prompt if preset else
+                                                                       setup.system_prompt))
+        title = store.get_conversation(cid).title if cid else ""
+        self.header.show_setup(title, setup, store.presets(), self.ctx.settings.system_prompt)
+
+    def choose_preset(self, preset_id: str) -> None:
+        """The header's picker: the chat's own preset ("" follows its project / the defaults); a preset that
+        names a model loads it when another one is loaded."""
+        if self.conversation_id is None:
+            self.pending_preset = preset_id or None
+        else:
+            self.ctx.store.set_conversation_preset(self.conversation_id, preset_id or None)
+        self.show_header()
+        preset = self.ctx.store.setup(self.conversation_id, self.pending_project).preset
+        if self.conversation_id is None and self.pending_preset:
+            preset = self.ctx.store.preset(self.pending_preset)
+        if preset is not None and preset.model:
+            self._load_preset_model(preset.model)
+
+    def _load_preset_model(self, model: str) -> None:
+        job = self.ctx.engine.job
+        try:
+            path = registry.resolve_model(model)
+        except Exception as exc:  # noqa: BLE001 - a preset naming a missing model must not break the chat
+            self.error.setText(f"The preset's model {model!r} cannot be found: {exc}")
+            self.error.setVisible(True)
+            return
+        if job is None or registry.model_id(job.path) != registry.model_id(path):
+            self.ctx.load_model(str(path), registry.model_id(path))
+
+    def save_system_prompt(self, text: str | None) -> None:
+        """The header's editor: the chat's own system prompt (None: the preset's / the default again)."""
+        if self.conversation_id is None:
+            self.pending_prompt = text
+        else:
+            self.ctx.store.set_conversation_system_prompt(self.conversation_id, text)
+        self.show_header()
+
+    def new_chat_in(self, project_id: str) -> None:
+        """A new chat in a project: its preset and documents are the project's."""
+        self.new_chat()
+        self.pending_project = project_id
+        self.documents.show_selection(self.ctx.store.project(project_id).documents)
+        self.show_header()
+
+    def project_documents(self, project_id: str) -> None:
+        """The documents checked in the Documents panel become the project's (its new chats start with them)."""
+        self.ctx.store.update_project(project_id, documents=self.documents.model.selected_paths())
+
+    # -- the service ----------------------------------------------------------------------------------------
+    def _service_status(self, health: Any) -> None:
+        job = self.ctx.engine.job
+        connected = job is not None and bool(job.remote)
+        self.status.show_service(service_text(health, self.service.port, connected))
+
+    def connect_service(self) -> None:
+        """Chat through the running Hearth service instead of a model loaded in the window."""
+        health = self.service.health or {}
+        self.ctx.engine.connect_remote(SERVICE_NAME, self.service.url(), model=health.get("model"),
+                                       api_key=self.ctx.settings.server.api_key)
 
     def apply_mcp(self, cfg: Any) -> None:
         """Save ``cfg`` as mcp.json and run it (servers restart in the background)."""
@@ -214,6 +335,7 @@ class MainWindow(QMainWindow):
     # -- conversations ------------------------------------------------------------------------------------
     def new_chat(self) -> None:
         self.conversation_id = None
+        self.pending_project = self.pending_preset = self.pending_prompt = None
         self.set_editing(None)
         self.chat_model.set_rows([])
         self.status.show_answer({}, {})
@@ -221,6 +343,7 @@ class MainWindow(QMainWindow):
         self.chat.show_effort(None)
         self.sidebar.select(None)
         self.documents.show_selection(None)
+        self.show_header()
         self.chat.composer.setFocus()
 
     def open_conversation(self, cid: str, message_id: str = "") -> None:
@@ -233,6 +356,7 @@ class MainWindow(QMainWindow):
         self.documents.show_selection(self.ctx.conversation_documents(cid))
         rs = self.ctx.store.reasoning_settings(cid)
         self.chat.show_effort(rs.effort, rs.budget_tokens)
+        self.show_header()
 
     def set_effort(self, value: str) -> None:
         """The picker: ``value`` none / low / medium / high, or "" for the model's default, stored as this
@@ -260,7 +384,9 @@ class MainWindow(QMainWindow):
         if self.ctx.engine.current() is None or self.ctx.chat.busy:
             return
         if self.conversation_id is None:
-            self.conversation_id = self.ctx.store.create_conversation(model="", settings={})
+            self.conversation_id = self.ctx.create_conversation(self.pending_project, self.pending_preset,
+                                                                self.pending_prompt)
+            self.pending_project = self.pending_preset = self.pending_prompt = None
             self._documents_chosen(self.documents.model.selected_paths())
             self.set_effort(self.pending_effort)
         edit, parent = self.editing, None
@@ -371,6 +497,7 @@ class MainWindow(QMainWindow):
         self.status.show_answer(result.metrics, result.context)
         self.sidebar.refresh()
         self.sidebar.select(self.conversation_id)
+        self.show_header()
 
     def _turn_failed(self, exc: BaseException) -> None:
         self.show_branch()
@@ -437,6 +564,7 @@ class MainWindow(QMainWindow):
         e.acceptProposedAction()
 
     def closeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        self.service.stop()
         self.ctx.close()
         super().closeEvent(e)
 

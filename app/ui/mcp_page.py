@@ -89,7 +89,7 @@ class McpPage(QWidget):
     # -- layout -------------------------------------------------------------------------------------------
     def _build(self, error: str | None) -> None:
         outer = QVBoxLayout(self)
-        self.file_error = QLabel(error or "", wordWrap=True, visible=bool(error), styleSheet="color:#c62828")
+        self.file_error = QLabel(error or "", wordWrap=True, visible=bool(error), objectName="errorText")
         outer.addWidget(self.file_error)
         split = QSplitter()
         left = QWidget()
@@ -109,7 +109,7 @@ class McpPage(QWidget):
         split.setSizes([200, 520])
         outer.addWidget(split, 1)
         outer.addWidget(self._limits_box())
-        self.error = QLabel(wordWrap=True, styleSheet="color:#c62828")
+        self.error = QLabel(wordWrap=True, objectName="errorText")
         outer.addWidget(self.error)
 
     def _limits_box(self) -> QGroupBox:

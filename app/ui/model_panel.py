@@ -94,7 +94,7 @@ class ModelPanel(QWidget):
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.load_bar = QProgressBar(visible=False, textVisible=False, maximumHeight=8)
         self.load_bar.setRange(0, 0)
-        self.error = QLabel(wordWrap=True, visible=False, styleSheet="color:#c62828")
+        self.error = QLabel(wordWrap=True, visible=False, objectName="errorText")
         self.error.setObjectName("modelError")
         row = QHBoxLayout()
         self.add_btn, self.refresh_btn = QPushButton("Add file…"), QPushButton("Refresh")

@@ -20,6 +20,7 @@ KindRole = Qt.ItemDataRole.UserRole + 2
 ItemRole = Qt.ItemDataRole.UserRole + 3
 MessageIdRole = Qt.ItemDataRole.UserRole + 4
 StatusRole = Qt.ItemDataRole.UserRole + 5
+ProjectRole = Qt.ItemDataRole.UserRole + 6
 
 
 class _ListModel(QAbstractListModel):
@@ -47,25 +48,42 @@ class _ListModel(QAbstractListModel):
 # ---------------------------------------------------------------------------------------------- sidebar
 @dataclass(frozen=True)
 class SidebarRow:
-    """kind: "header" (a date group or "N results"), "conversation" or "hit" (a search match)."""
+    """kind: "header" (a date group or "N results"), "project" (a project's header, selectable),
+    "conversation" or "hit" (a search match)."""
 
     kind: str
     text: str
     conversation_id: str | None = None
     message_id: str | None = None
     tooltip: str = ""
+    project_id: str | None = None  # a "project" header, or a conversation inside that project
 
 
 class ConversationListModel(_ListModel):
-    """Conversations grouped by date (Today, Yesterday, ...), or search hits while a search is shown."""
+    """Projects first (each a header with its conversations), then the other conversations grouped by date
+    (Today, Yesterday, ...); or search hits while a search is shown."""
 
-    def set_conversations(self, conversations: list[Any], today: date | None = None) -> None:
+    def set_conversations(self, conversations: list[Any], today: date | None = None,
+                          projects: list[Any] = ()) -> None:
         groups: dict[str, list[SidebarRow]] = {g: [] for g in DATE_GROUPS}
+        known = {p.id for p in projects}
+        members: dict[str, list[SidebarRow]] = {p.id: [] for p in projects}
         for c in conversations:  # most recently updated first (Store.list_conversations order)
             title = c.title or "New chat"
-            groups[date_group(c.updated, today)].append(
-                SidebarRow("conversation", title, c.id, tooltip=f"{title}\n{c.message_count} messages"))
+            settings = getattr(c, "settings", None)
+            pid = settings.get("project") if isinstance(settings, dict) else None
+            row = SidebarRow("conversation", title, c.id, tooltip=f"{title}\n{c.message_count} messages",
+                             project_id=pid if pid in known else None)
+            if pid in known:
+                members[pid].append(replace(row, text="    " + title))
+            else:
+                groups[date_group(c.updated, today)].append(row)
         rows: list[SidebarRow] = []
+        for p in projects:
+            n = len(members[p.id])
+            rows.append(SidebarRow("project", f"▾ {p.name}", tooltip=f"Project {p.name}: {n} chats",
+                                   project_id=p.id))
+            rows.extend(members[p.id])
         for name, members in groups.items():
             if members:
                 rows.append(SidebarRow("header", name))
@@ -100,7 +118,13 @@ class ConversationListModel(_ListModel):
             return r.message_id
         if role == KindRole:
             return r.kind
+        if role == ProjectRole:
+            return r.project_id
         return None
+
+    def row_of_project(self, project_id: str) -> int:
+        """The row of a project's header, or -1."""
+        return next((i for i, r in enumerate(self._rows) if r.kind == "project" and r.project_id == project_id), -1)
 
     def flags(self, index: Index) -> Qt.ItemFlag:
         r = self.item(index.row())

@@ -8,7 +8,10 @@ is atomic (``app.settings.save_user_settings``). The window reloads the model wh
 With the app's ``ToolsController`` the dialog has a second page, **MCP servers** (``app.ui.mcp_page``): after
 Save, ``new_mcp`` is the edited ``McpConfig`` (None when nothing changed), which the window saves as mcp.json
 and runs; its Tool calls box (steps per answer, call and start timeouts) is saved in the settings' ``tools``.
-Server status updates arrive live while the dialog is open."""
+Server status updates arrive live while the dialog is open.
+
+**Appearance → Theme** (system / light / dark) is the window's own preference (``app.ui.prefs``, ``ui.json``):
+after Save, ``new_theme`` is the chosen mode, which the window saves and applies at once."""
 
 from __future__ import annotations
 
@@ -49,7 +52,10 @@ class SettingsDialog(QDialog):
         general = QWidget()
         lay = QHBoxLayout(general)
         lay.addWidget(self._load_box())
-        lay.addWidget(self._sampling_box())
+        right = QVBoxLayout()
+        right.addWidget(self._appearance_box())
+        right.addWidget(self._sampling_box(), 1)
+        lay.addLayout(right)
         self.pages = QTabWidget()
         self.pages.addTab(general, "General")
         self.mcp = None
@@ -62,7 +68,7 @@ class SettingsDialog(QDialog):
         self.tools = tools
         outer = QVBoxLayout(self)
         outer.addWidget(self.pages)
-        self.error = QLabel(wordWrap=True, styleSheet="color:#c62828")
+        self.error = QLabel(wordWrap=True, objectName="errorText")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -97,6 +103,19 @@ class SettingsDialog(QDialog):
                          ("Parallel requests", self.n_parallel),
                          ("", self.prefix_cache), ("Cache budget", self.cache_budget), ("", self.per_model)):
             f.addRow(label, w)
+        return box
+
+    def _appearance_box(self) -> QGroupBox:
+        from app.ui.prefs import THEMES, load_prefs
+
+        box = QGroupBox("Appearance")
+        f = QFormLayout(box)
+        self.theme = QComboBox(toolTip="System follows the light or dark setting of your desktop, live")
+        self.theme.setObjectName("themePicker")
+        for mode in THEMES:
+            self.theme.addItem(mode.capitalize(), mode)
+        self.theme.setCurrentIndex(max(self.theme.findData(load_prefs().theme), 0))
+        f.addRow("Theme", self.theme)
         return box
 
     def _sampling_box(self) -> QGroupBox:
@@ -169,6 +188,7 @@ class SettingsDialog(QDialog):
                        per_model=per_model)
 
     def accept(self) -> None:
+        self.new_theme = str(self.theme.currentData())
         try:
             self.new_settings = self.result_settings()
         except InvalidRequest as exc:

@@ -4,14 +4,19 @@ prompt tokens reused from the prefix cache, and the context used / n_ctx as a ba
 metrics; before any answer the bar shows the loaded model's n_ctx with 0 used, or "context —" without a model.
 
 An answer that thought also shows its thinking tokens, answer tokens and TTFAT, the time to first *answer*
-token (thinking excluded), whose tooltip names its clock; hidden for answers without thinking."""
+token (thinking excluded), whose tooltip names its clock; hidden for answers without thinking.
+
+When the Hearth service answers on the settings' port (``service_ctl``), the strip says so, with a *connect*
+link (``connect_service``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
+from app.ui import theme
 from app.ui.formatting import context_bar, context_tooltip, status_texts
 
 
@@ -24,23 +29,38 @@ THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled t
 class StatusStrip(QWidget):
     """The model's state and the last answer's metrics (see the module docstring)."""
 
+    connect_service = Signal()
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.setObjectName("statusStrip")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         lay = QHBoxLayout(self)
-        lay.setContentsMargins(6, 2, 6, 2)
+        lay.setContentsMargins(theme.SPACE[2], theme.SPACE[0], theme.SPACE[2], theme.SPACE[0])
+        lay.setSpacing(theme.SPACE[1])
         self.model = QLabel("No model loaded")
+        self.service = QLabel(visible=False, textFormat=Qt.TextFormat.RichText)
+        self.service.setObjectName("serviceStatus")
+        self.service.setToolTip("The Hearth service (hearth service install) answers /health on this port. "
+                                "Connect: chat through it instead of loading a model in the window.")
+        self.service.linkActivated.connect(lambda _l: self.connect_service.emit())
         self.ttft, self.decode, self.reused, self.thinking = QLabel(), QLabel(), QLabel(), QLabel()
         self.thinking.setObjectName("thinkingMetrics")
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
         self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer
         self._last: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         lay.addWidget(self.model, 1)
-        for w in (self.ttft, self.thinking, self.decode, self.reused, self.context):
+        for w in (self.service, self.ttft, self.thinking, self.decode, self.reused, self.context):
             lay.addWidget(w)
         self.show_answer({}, {})
 
     def show_model(self, text: str) -> None:
         self.model.setText(text)
+
+    def show_service(self, text: str) -> None:
+        """The service's state (``service_ctl.service_text``; "" hides it)."""
+        self.service.setText(text)
+        self.service.setVisible(bool(text))
 
     def set_n_ctx(self, n_ctx: int | None) -> None:
         """The loaded model's context window in tokens (None: no model); redraws the bar."""

@@ -1,51 +1,238 @@
-"""Light and dark follow the system: Qt 6.5+ reports the colour scheme (``QStyleHints.colorScheme``) and
-signals changes; the Fusion style gets a matching palette, and message bubbles a matching tint."""
+"""Hearth's look: one set of design tokens (colours, a spacing scale, a type scale) rendered as a Fusion palette
+plus one application stylesheet, for a light and a dark theme.
+
+Design decisions held here:
+
+- **Tokens, not ad-hoc colours.** Every colour a widget uses comes from ``PALETTES[name]`` and every margin from
+  ``SPACE`` (4 px steps: 4, 8, 12, 16, 24) and every font size from ``TYPE`` (px: 11 small, 13 body, 15 title,
+  18 heading). Widgets name themselves (``setObjectName``) and the stylesheet styles the names, so a widget
+  never hard-codes a colour that would be wrong in the other theme. Sizes are device-independent pixels: Qt 6
+  scales them on HiDPI screens (``devicePixelRatio``), so the layout is the same at 1x and 2x.
+- **Following the OS.** The mode is ``system`` (Qt 6.5+ ``QStyleHints.colorScheme``, followed live through
+  ``colorSchemeChanged``), ``light`` or ``dark`` (Settings → Appearance, saved in ``ui.json`` by
+  ``app.ui.prefs``). ``Unknown`` (no desktop, Xvfb, offscreen) reads as light.
+- **One manager.** ``manager()`` is the application's ``ThemeManager``; it applies the theme app-wide and emits
+  ``changed(name)`` so views that paint theme-dependent content themselves (the Pygments colours of code blocks
+  in ``chat_view``) render again.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
-BUBBLES = {
-    "light": "QFrame#userMessage { background: #eef3fb; border-radius: 8px; border: 1px solid #d6e0f0; }"
-             "QFrame#assistantMessage { background: #ffffff; border-radius: 8px; border: 1px solid #e3e3e3; }"
-             "QFrame#toolCall { background: #fbf8ef; border-radius: 8px; border: 1px solid #e6dcc0; }",
-    "dark": "QFrame#userMessage { background: #2b3342; border-radius: 8px; border: 1px solid #3b4558; }"
-            "QFrame#assistantMessage { background: #262626; border-radius: 8px; border: 1px solid #383838; }"
-            "QFrame#toolCall { background: #2d2a22; border-radius: 8px; border: 1px solid #4a4433; }",
+from app.ui.prefs import THEMES as MODES
+
+SPACE = (4, 8, 12, 16, 24)  # px: the only margins and paddings used (xs, s, m, l, xl)
+TYPE = {"small": 11, "body": 13, "title": 15, "heading": 18}  # px
+RADIUS = 10  # bubbles; controls use RADIUS // 2
+
+
+@dataclass(frozen=True)
+class Colors:
+    """The colour tokens of one theme (hex strings)."""
+
+    window: str
+    surface: str
+    surface_alt: str
+    text: str
+    muted: str
+    border: str
+    accent: str
+    accent_text: str
+    user_bubble: str
+    user_border: str
+    assistant_bubble: str
+    assistant_border: str
+    tool_bubble: str
+    tool_border: str
+    code_bg: str
+    error: str
+    notice: str
+    link: str
+    pygments_style: str
+
+
+PALETTES = {
+    "light": Colors(window="#f5f5f7", surface="#ffffff", surface_alt="#ececf0", text="#1d1d1f", muted="#6e6e73",
+                    border="#d9d9de", accent="#c2410c", accent_text="#ffffff", user_bubble="#fff1e8",
+                    user_border="#f5d0b5", assistant_bubble="#ffffff", assistant_border="#e3e3e8",
+                    tool_bubble="#fbf8ef", tool_border="#e6dcc0", code_bg="#f6f8fa", error="#b91c1c",
+                    notice="#8a6d00", link="#b45309", pygments_style="friendly"),
+    "dark": Colors(window="#1c1c1e", surface="#262628", surface_alt="#2f2f33", text="#ececf0", muted="#9a9aa2",
+                   border="#3a3a3f", accent="#fb923c", accent_text="#1c1c1e", user_bubble="#3a2a20",
+                   user_border="#5a3c28", assistant_bubble="#262628", assistant_border="#3a3a3f",
+                   tool_bubble="#2d2a22", tool_border="#4a4433", code_bg="#1a1b1e", error="#f87171",
+                   notice="#facc15", link="#fdba74", pygments_style="github-dark"),
 }
 
 
-def scheme() -> str:
+def system_scheme() -> str:
+    """What the OS asks for: "dark" or "light" (Unknown, e.g. under Xvfb, is light)."""
     hints = QGuiApplication.styleHints()
     return "dark" if hints.colorScheme() == Qt.ColorScheme.Dark else "light"
 
 
-def dark_palette() -> QPalette:
+def resolve(mode: str) -> str:
+    """The theme name for a mode: ``system`` follows the OS; ``light``/``dark`` are themselves."""
+    if mode not in MODES:
+        raise ValueError(f"theme must be one of {', '.join(MODES)}, got {mode!r}")
+    return system_scheme() if mode == "system" else mode
+
+
+def palette(name: str) -> QPalette:
+    """The Fusion palette of theme ``name`` (the colours native widgets and dialogs draw with)."""
+    c = PALETTES[name]
     p = QPalette()
-    base, text, window = QColor(30, 30, 30), QColor(230, 230, 230), QColor(40, 40, 40)
-    for role, colour in ((QPalette.ColorRole.Window, window), (QPalette.ColorRole.WindowText, text),
-                         (QPalette.ColorRole.Base, base), (QPalette.ColorRole.AlternateBase, window),
-                         (QPalette.ColorRole.Text, text), (QPalette.ColorRole.Button, window),
-                         (QPalette.ColorRole.ButtonText, text), (QPalette.ColorRole.ToolTipBase, base),
-                         (QPalette.ColorRole.ToolTipText, text), (QPalette.ColorRole.Highlight, QColor(53, 104, 176)),
-                         (QPalette.ColorRole.HighlightedText, QColor(255, 255, 255)),
-                         (QPalette.ColorRole.Link, QColor(110, 168, 254))):
-        p.setColor(role, colour)
+    roles = QPalette.ColorRole
+    for role, colour in ((roles.Window, c.window), (roles.WindowText, c.text), (roles.Base, c.surface),
+                         (roles.AlternateBase, c.surface_alt), (roles.Text, c.text), (roles.Button, c.surface),
+                         (roles.ButtonText, c.text), (roles.ToolTipBase, c.surface), (roles.ToolTipText, c.text),
+                         (roles.PlaceholderText, c.muted), (roles.Highlight, c.accent),
+                         (roles.HighlightedText, c.accent_text), (roles.Link, c.link),
+                         (roles.LinkVisited, c.link), (roles.Mid, c.border), (roles.Midlight, c.surface_alt)):
+        p.setColor(role, QColor(colour))
+    for role in (roles.Text, roles.WindowText, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor(c.muted))
     return p
 
 
-def apply_theme(app: QApplication) -> str:
-    """Style ``app`` for the current system scheme; returns "light" or "dark"."""
-    name = scheme()
-    app.setStyle("Fusion")
-    app.setPalette(dark_palette() if name == "dark" else app.style().standardPalette())
-    app.setStyleSheet(BUBBLES[name])
-    return name
+def stylesheet(name: str) -> str:
+    """The application stylesheet of theme ``name``, written from the tokens only."""
+    c, (xs, s, m, lg, _xl), t = PALETTES[name], SPACE, TYPE
+    r = RADIUS
+    return f"""
+QWidget {{ font-size: {t['body']}px; }}
+QMainWindow, QDialog {{ background: {c.window}; }}
+QToolBar {{ background: {c.window}; border: none; border-bottom: 1px solid {c.border}; padding: {xs}px {s}px;
+           spacing: {s}px; }}
+QToolBar QToolButton {{ padding: {xs}px {m}px; border-radius: {r // 2}px; }}
+QToolBar QToolButton:hover {{ background: {c.surface_alt}; }}
+QPushButton {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
+              padding: {xs + 1}px {m}px; min-height: 18px; }}
+QPushButton:hover {{ background: {c.surface_alt}; }}
+QPushButton:disabled {{ color: {c.muted}; }}
+QPushButton#sendButton, QPushButton#newChat {{ background: {c.accent}; color: {c.accent_text};
+              border: 1px solid {c.accent}; font-weight: 600; }}
+QPushButton#sendButton:disabled {{ background: {c.surface_alt}; color: {c.muted}; border-color: {c.border}; }}
+QLineEdit, QPlainTextEdit, QComboBox, QSpinBox, QDoubleSpinBox {{ background: {c.surface};
+              border: 1px solid {c.border}; border-radius: {r // 2}px; padding: {xs}px {s}px; }}
+QLineEdit:focus, QPlainTextEdit:focus {{ border: 1px solid {c.accent}; }}
+QPlainTextEdit#composer {{ border-radius: {r}px; padding: {s}px; font-size: {t['title'] - 1}px; }}
+QListView, QTreeView {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
+              padding: {xs}px; }}
+QListView::item {{ padding: {xs + 1}px {s}px; border-radius: {r // 2 - 1}px; }}
+QListView::item:selected {{ background: {c.accent}; color: {c.accent_text}; }}
+QTabWidget::pane {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface}; }}
+QTabBar::tab {{ padding: {xs + 2}px {m}px; border: none; color: {c.muted}; }}
+QTabBar::tab:selected {{ color: {c.text}; border-bottom: 2px solid {c.accent}; }}
+QScrollArea#chatScroll, QWidget#chatColumn {{ background: {c.window}; border: none; }}
+QFrame#userMessage {{ background: {c.user_bubble}; border: 1px solid {c.user_border}; border-radius: {r}px; }}
+QFrame#assistantMessage {{ background: {c.assistant_bubble}; border: 1px solid {c.assistant_border};
+              border-radius: {r}px; }}
+QFrame#toolCall {{ background: {c.tool_bubble}; border: 1px solid {c.tool_border}; border-radius: {r}px; }}
+QFrame#userMessage QTextBrowser, QFrame#assistantMessage QTextBrowser {{ background: transparent; }}
+QLabel#messageAuthor {{ font-weight: 600; font-size: {t['body']}px; }}
+QLabel#messageStatus, QLabel#agreement, QLabel#chatHeaderNote {{ color: {c.muted}; font-size: {t['small']}px; }}
+QToolButton#thinkingToggle {{ color: {c.muted}; font-size: {t['small'] + 1}px; padding: {xs // 2}px 0; }}
+QTextBrowser#reasoningText {{ color: {c.muted}; border-left: 3px solid {c.border}; padding-left: {s}px; }}
+QFrame#messageActions QToolButton, QFrame#chatHeader QToolButton {{ color: {c.muted}; padding: 2px {s}px;
+              border-radius: {r // 2}px; }}
+QFrame#messageActions QToolButton:hover, QFrame#chatHeader QToolButton:hover {{ background: {c.surface_alt};
+              color: {c.text}; }}
+QFrame#chatHeader {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px; }}
+QLabel#chatTitle {{ font-size: {t['title']}px; font-weight: 600; }}
+QLabel#baseModelBanner {{ background: {c.tool_bubble}; border: 1px solid {c.tool_border};
+              border-radius: {r // 2}px; padding: {s}px {m}px; }}
+QLabel#chatError, QLabel#errorText {{ color: {c.error}; padding: {xs}px {s}px; }}
+QLabel#chatNotice, QLabel#noticeText {{ color: {c.notice}; padding: {xs}px {s}px; }}
+QWidget#statusStrip {{ background: {c.surface}; border-top: 1px solid {c.border}; }}
+QWidget#statusStrip QLabel {{ color: {c.muted}; font-size: {t['small'] + 1}px; padding: 0 {xs}px; }}
+QLabel#serviceStatus[running="true"] {{ color: {c.accent}; }}
+QProgressBar {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface_alt};
+              text-align: center; font-size: {t['small']}px; min-height: 16px; max-height: 16px; }}
+QProgressBar::chunk {{ background: {c.accent}; border-radius: {r // 2 - 1}px; }}
+QGroupBox {{ border: 1px solid {c.border}; border-radius: {r // 2}px; margin-top: {lg}px; padding: {m}px {s}px
+              {s}px {s}px; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: {s}px; padding: 0 {xs}px; font-weight: 600; }}
+QSplitter::handle {{ background: {c.window}; width: {s}px; }}
+QToolTip {{ background: {c.surface}; color: {c.text}; border: 1px solid {c.border}; padding: {xs}px; }}
+"""
+
+
+def code_colors(name: str) -> tuple[str, str]:
+    """``(Pygments style name, code block background)`` for theme ``name``."""
+    c = PALETTES[name]
+    return c.pygments_style, c.code_bg
+
+
+class ThemeManager(QObject):
+    """Applies the theme of ``mode`` to the application and follows the OS while ``mode`` is ``system``.
+    ``changed(name)`` after each application ("light" / "dark"); ``name`` is the theme shown now."""
+
+    changed = Signal(str)
+
+    def __init__(self, app: QApplication, mode: str = "system") -> None:
+        super().__init__(app)
+        self.app = app
+        self.mode = "system"
+        self.name = ""
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_changed)
+        self.set_mode(mode)
+
+    def set_mode(self, mode: str) -> str:
+        """Use ``mode`` (system / light / dark; ``ValueError`` naming the choices otherwise); returns the
+        theme name now shown."""
+        name = resolve(mode)
+        self.mode = mode
+        self._apply(name)
+        return name
+
+    def _system_changed(self, _scheme: object) -> None:
+        if self.mode == "system":
+            self._apply(system_scheme())
+
+    def _apply(self, name: str) -> None:
+        self.app.setStyle("Fusion")
+        self.app.setPalette(palette(name))
+        self.app.setStyleSheet(stylesheet(name))
+        font = QFont(self.app.font())
+        font.setPixelSize(TYPE["body"])
+        self.app.setFont(font)
+        changed = name != self.name
+        self.name = name
+        if changed:
+            self.changed.emit(name)
+
+
+_manager: ThemeManager | None = None
+
+
+def manager() -> ThemeManager:
+    """The application's ``ThemeManager`` (created on first use with the mode saved in ``ui.json``)."""
+    global _manager
+    app = QApplication.instance()
+    if _manager is None or _manager.app is not app:
+        from app.ui.prefs import load_prefs
+
+        _manager = ThemeManager(app, load_prefs().theme)  # type: ignore[arg-type]
+    return _manager
+
+
+def current() -> str:
+    """The theme shown now ("light" when no manager applied one yet)."""
+    return _manager.name if _manager is not None and _manager.app is QApplication.instance() else "light"
+
+
+def apply_theme(app: QApplication, mode: str | None = None) -> str:
+    """Style ``app`` for ``mode`` (None: the saved mode); returns "light" or "dark"."""
+    m = manager() if _manager is None or _manager.app is not app else _manager
+    return m.set_mode(mode) if mode is not None else m.name
 
 
 def follow_system(app: QApplication) -> None:
-    """Apply the theme now and again whenever the system switches between light and dark."""
+    """Apply the saved theme now; while it is ``system``, follow the OS switching between light and dark."""
     apply_theme(app)
-    QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _s: apply_theme(app))

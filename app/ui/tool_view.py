@@ -76,7 +76,7 @@ class ToolCallWidget(QFrame):
         self.header = QLabel(textFormat=Qt.TextFormat.RichText, wordWrap=True)
         self.args = QLabel(wordWrap=True, textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.args.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.notice = QLabel(wordWrap=True, styleSheet="color:#c62828")
+        self.notice = QLabel(wordWrap=True, objectName="errorText")
         self.toggle = QToolButton(checkable=True, autoRaise=True)
         self.toggle.toggled.connect(self._toggle)
         self.result = QPlainTextEdit(readOnly=True, visible=False)
