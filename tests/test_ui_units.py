@@ -360,3 +360,39 @@ def test_exact_breakdown_lists_the_template_part():
           "free": 4033, "n_ctx": 4096}
     tip = context_tooltip(bd, {"prompt_tokens": 47, "completion_tokens": 2})
     assert "Per part:" in tip and "Estimated" not in tip and "Chat template (role markers, BOS): 22" in tip
+
+
+# ---------------------------------------------------------------------------------------------- the service
+def test_service_probe_and_text():
+    import http.server
+    import socket
+    import threading
+
+    from app.ui.service_ctl import probe, service_text
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert probe("127.0.0.1", free) is None and service_text(None, free, False) == ""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            body = b'{"status": "no_model"}' if self.path == "/health" else b"{}"
+            self.send_response(503 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        health = probe("127.0.0.1", srv.server_address[1])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert health == {"status": "no_model"}  # a 503 no_model is a Hearth server that is running
+    assert "service running on :8765 · no model" in service_text(health, 8765, False)
+    assert "connect" in service_text({"status": "ok", "model": "m"}, 8765, False)
+    assert service_text({"status": "ok"}, 8765, True) == "service :8765 · connected"
