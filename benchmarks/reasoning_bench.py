@@ -206,8 +206,8 @@ def router_rows(items: list[Item], fast: dict, reasoning: dict, budgets: tuple[i
     return rows, paths
 
 
-def _f(x: Any, fmt: str = "{:.2f}") -> str:
-    return "∞" if x is None else fmt.format(x)
+def _f(x: Any, fmt: str = "{:.2f}", none: str = "∞") -> str:
+    return none if x is None else fmt.format(x)
 
 
 def markdown(report: dict) -> str:
@@ -221,19 +221,21 @@ def markdown(report: dict) -> str:
         out.append(f"| {r['budget']} | {r['n']} | {r['accuracy']:.1%} ({r['correct']}) | {_f(r['agreement'])} "
                    f"| {r['ties']} | {r['no_answer']} | {r['tokens_per_item']:.1f} | {r['seconds_per_item']:.2f} "
                    f"| {_f(r['tokens_per_accepted'], '{:.0f}')} | {_f(r['seconds_per_accepted'])} |")
-    out += ["", "Marginal gain per step (accuracy points of 0..1):", "",
+    out += ["", "Marginal gain per step (accuracy points of 0..1; — where the step cost nothing more):", "",
             "| step | n | accuracy gain | extra tokens/item | extra s/item | gain per 1k tokens | gain per s |",
             "|---|---|---|---|---|---|---|"]
     for n, steps in report["gains_by_budget"].items():
         for g in steps:
             out.append(f"| budget {g['from_budget']:g} → {g['to_budget']:g} | {n} | {g['accuracy_gain']:+.3f} "
                        f"| {g['extra_tokens']:+.1f} | {g['extra_seconds']:+.2f} "
-                       f"| {_f(g['gain_per_1k_tokens'], '{:+.3f}')} | {_f(g['gain_per_second'], '{:+.3f}')} |")
+                       f"| {_f(g['gain_per_1k_tokens'], '{:+.3f}', '—')} "
+                       f"| {_f(g['gain_per_second'], '{:+.3f}', '—')} |")
     for b, steps in report["gains_by_n"].items():
         for g in steps:
             out.append(f"| n {g['from_budget']:g} → {g['to_budget']:g} | budget {b} | {g['accuracy_gain']:+.3f} "
                        f"| {g['extra_tokens']:+.1f} | {g['extra_seconds']:+.2f} "
-                       f"| {_f(g['gain_per_1k_tokens'], '{:+.3f}')} | {_f(g['gain_per_second'], '{:+.3f}')} |")
+                       f"| {_f(g['gain_per_1k_tokens'], '{:+.3f}', '—')} "
+                       f"| {_f(g['gain_per_second'], '{:+.3f}', '—')} |")
     rp = report["router_paths"]
     out += ["", f"Router vs fixed paths, n = 1, over {report['router_items']} items ({cfg['items']} arithmetic + "
             f"{cfg['easy']} one-step lookups); the router sent {len(rp['reasoning'])} to reasoning and "
