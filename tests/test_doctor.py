@@ -282,3 +282,13 @@ def test_a_check_that_raises_is_reported_not_fatal(monkeypatch: pytest.MonkeyPat
 def test_check_rejects_a_bad_status():
     with pytest.raises(ValueError, match="status"):
         Check("x", "great", "y")
+
+
+def test_models_check_reads_other_files_and_names_a_bad_one(home_with_model: Path, bundled_model: Path):
+    models = home_with_model / "models"
+    (models / "mine-Q4_K_M.gguf").symlink_to(bundled_model)
+    ok = checks.check_models(verify=False)
+    assert ok.status == "ok" and "1 other(s): GGUF header read, no checksum recorded" in ok.summary
+    (models / "broken.gguf").write_bytes(b"not a gguf at all" * 100)
+    bad = checks.check_models(verify=False)
+    assert bad.status == "warn" and "broken" in bad.summary and "remove or replace" in bad.fix
