@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
+                               QToolButton, QVBoxLayout, QWidget)
 
 from app.ui import theme
 
@@ -35,11 +35,14 @@ class ChatHeader(QFrame):
         row = QHBoxLayout()
         self.title = QLabel("New chat")
         self.title.setObjectName("chatTitle")
+        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # may be cut, never
+        self.title.setMinimumWidth(80)  # widen the window
         self.project = QLabel()
         self.project.setObjectName("chatHeaderNote")
         self.preset = QComboBox(toolTip="The preset this chat answers with: system prompt, decoding settings, model")
         self.preset.setObjectName("presetPicker")
-        self.preset.setMinimumContentsLength(14)
+        self.preset.setMinimumContentsLength(10)
+        self.preset.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.preset.activated.connect(lambda i: self.preset_chosen.emit(self.preset.itemData(i) or ""))
         self.toggle = QToolButton(text="System prompt ▸", checkable=True)
         self.toggle.setObjectName("systemPromptToggle")

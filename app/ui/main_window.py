@@ -128,7 +128,7 @@ class MainWindow(QMainWindow):
             split.addWidget(w)
         split.setChildrenCollapsible(False)
         split.setStretchFactor(1, 1)
-        split.setSizes([250, 660, 370])  # fits 1280 px wide; the chat column takes what is left
+        split.setSizes([250, 570, 460])  # fits 1280 px wide; the chat column takes what is left
         self.status = StatusStrip()
         body = QWidget()
         lay = QVBoxLayout(body)

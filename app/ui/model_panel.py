@@ -108,7 +108,8 @@ class ModelPanel(QWidget):
         return box
 
     def _recommended_box(self) -> QGroupBox:
-        box = QGroupBox("Recommended chat models for this machine (instruction-tuned, one click to download)")
+        box = QGroupBox("Recommended for this machine")  # a short title: the tab must fit a 1280-px window
+        box.setToolTip("Instruction-tuned chat models that fit this machine, one click to download")
         lay = QVBoxLayout(box)
         self.recommended = QListWidget(wordWrap=True)
         self.rec_btn = QPushButton("Download selected")

@@ -112,7 +112,7 @@ QToolBar {{ background: {c.window}; border: none; border-bottom: 1px solid {c.bo
 QToolBar QToolButton {{ padding: {xs}px {m}px; border-radius: {r // 2}px; }}
 QToolBar QToolButton:hover {{ background: {c.surface_alt}; }}
 QPushButton {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
-              padding: {xs + 1}px {m}px; min-height: 18px; }}
+              padding: {xs + 1}px {s}px; min-height: 18px; }}
 QPushButton:hover {{ background: {c.surface_alt}; }}
 QPushButton:disabled {{ color: {c.muted}; }}
 QPushButton#sendButton, QPushButton#newChat {{ background: {c.accent}; color: {c.accent_text};
