@@ -686,3 +686,21 @@ def test_cli_add_list_test_remove(remote, hearth_home, memory_keyring, monkeypat
     monkeypatch.delenv("GPU_KEY")
     assert main(["remote", "test", "gpu"]) == 1
     assert "$GPU_KEY, which is not set" in capsys.readouterr().err
+
+
+def test_self_consistency_samples_run_as_concurrent_remote_requests(remote):
+    from app.engine.consistency import parse_self_consistency
+    from app.engine.self_consistency import SelfConsistencyRun
+
+    answers = iter(["The answer is 42.", "It is 41.", "I get 42."])
+    lock = threading.Lock()
+
+    def fn(h, b):
+        with lock:
+            text = next(answers)
+        h.sse([chunk(text, finish="stop")], delay=0.05)
+    remote.chat(fn)
+    req = GenerateRequest(messages=USER, decoding=DecodingParams(temperature=0.7, seed=1))
+    result = SelfConsistencyRun(engine(remote), req, parse_self_consistency({"n": 3})).run()
+    assert "42" in result.chosen.text and len(result.dones) == 3
+    assert sorted(b["seed"] for b in remote.bodies()) == [1, 2, 3]

@@ -931,8 +931,9 @@ class RemoteEngine:
                 timer.daemon = True
                 timer.start()
             yield from self._relay(gen, h, path, json.dumps(body).encode(), t_call)
-        except Cancelled:
-            self.stats.cancelled += 1
+        except (Cancelled, GeneratorExit):  # cancel(), or the consumer closed the stream early
+            if gen.done is None:
+                self.stats.cancelled += 1
             raise
         except Exception:
             self.stats.failed += 1
