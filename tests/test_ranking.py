@@ -111,3 +111,20 @@ def test_hybrid_search_fuses_both_rankings_with_the_fake_embedder(doc_store, tmp
     assert ranks.vector is not None and len(ranks.lexical) == 4
     fused = fuse(ranks.lexical, ranks.vector, DEFAULT_FUSION)
     assert [e.score for e in hits] == pytest.approx([s for _, s in fused[:3]])
+
+
+def test_the_reranker_reorders_the_top_by_relevance_and_blends_with_the_fused_score():
+    from app.retrieval.rerank import Reranker
+    from app.retrieval.types import Evidence
+    from tests.fakes import FakeEngine
+
+    class Scripted(Reranker):  # the model's judgement scripted; the ordering and blending are what is tested
+        def relevance(self, question, passage):
+            return {"a": -2.0, "b": 0.5, "c": 3.0}[passage]
+
+    ev = [Evidence(x, "/p", None, s, x, 0, 1) for x, s in (("a", 0.9), ("b", 0.8), ("c", 0.1), ("d", 0.05))]
+    engine = FakeEngine()
+    assert [e.text for e in Scripted(engine, depth=3).rerank("q", ev)] == ["c", "b", "a", "d"]  # d below depth
+    assert [e.text for e in Scripted(engine, depth=3, blend=0.0).rerank("q", ev)] == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError):
+        Reranker(engine, depth=0)

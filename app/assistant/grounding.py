@@ -1,16 +1,30 @@
 """Stateless grounding: evidence for a request that carries its own history (the HTTP port's
-``"hearth": {"documents": true}``), placed and trimmed exactly as a stored chat turn places it.
+``"hearth": {"documents": true}``), placed so that the next request's prompt begins with this one's.
 
-The last user message is the query. The evidence (``evidence.evidence_text``: one header, one passage each)
-goes into that user turn before the question (``app.memory.context.with_evidence``), so it comes after the
-system prompt and the history: the prompt up to that turn is exactly what the client sent and stays a
-cacheable prefix on the next turn. Passages are kept from the best while they fit: at most the builder's
-``evidence_fraction`` of the prompt budget, and never more than the client's messages leave after
-``max_tokens`` (``ContextBuilder.evidence_room``, the rule a stored turn follows).
+**Each question keeps its own evidence, in its own turn.** Every user message of the request is grounded, not
+only the last: its passages go into that user turn before its text (``app.memory.context.with_evidence``),
+after everything before it. A passage that an earlier turn already holds is not given again; the later turn
+names it in one line ("also relevant, given above"). An elliptical follow-up ("and the least I can put in?")
+is searched together with the question before it (``search_query``). The search is deterministic (and
+remembered by ``DocumentSource`` while the index is unchanged), so the evidence of turn *i* is the same text
+in every later request of the chat: the prompt only grows at its end, and the engine's prefix cache reuses the
+previous request's prompt in whole n_batch chunks (docs/retrieval.md, "Evidence placement": measured as
+cached/prompt tokens per turn by tests/test_rag_cache_real.py). Before this, only the last question had
+evidence, so the previous turn's passages vanished from the next prompt and the cache stopped at that turn's
+user message.
+
+Budget (tokens): each earlier turn's evidence is trimmed passage by passage to the builder's
+``evidence_fraction`` of the prompt budget (a room that does not depend on later turns, so the text stays the
+same); the last turn's to what is left, at most that share (``ContextBuilder.evidence_room``, the rule a
+stored turn follows). When the whole prompt would not fit, the evidence of the oldest turns is left out first
+(whole turns; the prefix then changes once), also when the last question would otherwise get fewer passages
+than it would alone: the question being asked comes first. A single-question request gives exactly a stored
+chat turn's prompt text.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +38,15 @@ from app.retrieval.types import Evidence
 
 @dataclass(frozen=True)
 class Grounding:
-    """The evidence one request was given: ``evidence`` (best first), ``notice`` (search degraded), ``tokens``
-    (the evidence block's size; 0 when nothing matched or nothing fitted)."""
+    """The evidence one request was given: ``evidence`` (every passage in the prompt, in prompt order: the
+    earlier turns' first, the last question's at the end), ``notice`` (search degraded, passages left out),
+    ``tokens`` (the evidence blocks' size, all turns; 0 when nothing matched or nothing fitted), ``source``:
+    the ``DocumentSource`` searched (its ``checker()`` checks citations)."""
 
     evidence: tuple[Evidence, ...]
     notice: str | None
     tokens: int
+    source: Any = None
 
     def given(self) -> dict[str, Any]:
         """What the model was given (the same for every choice)."""
@@ -38,6 +55,24 @@ class Grounding:
     def citations(self, answer: str) -> list[dict]:
         """The passages ``answer`` cites (``evidence.citations``)."""
         return ev.citations(answer, self.evidence)
+
+    def checked_citations(self, answer: str) -> list[dict]:
+        """The passages ``answer`` cites, each with ``supported``, the citing sentence's span and ``support``
+        (``evidence.checked_citations`` with the source's checker): what ``hearth.citations`` should carry."""
+        checker = self.source.checker() if self.source is not None else None
+        return ev.checked_citations(answer, self.evidence, checker)
+
+
+@dataclass
+class _Turn:
+    """One user message's evidence: its index in the messages, the prompt block, its tokens, the passages
+    given in it, and ``covered``: how many of its search's passages the prompt holds (given here or above)."""
+
+    index: int
+    block: str
+    tokens: int
+    given: tuple[Evidence, ...]
+    covered: int = 0
 
 
 def last_user(messages: tuple[ChatMessage, ...]) -> int:
@@ -50,26 +85,92 @@ def last_user(messages: tuple[ChatMessage, ...]) -> int:
 
 def ground(engine: Any, documents: ev.DocumentSource, messages: tuple[ChatMessage, ...], *, k: int,
            max_tokens: int | None) -> tuple[tuple[ChatMessage, ...], Grounding]:
-    """``messages`` with evidence for their last user message, and what was given. ``k``: passages searched;
-    ``max_tokens``: the answer's reserve (tokens; None: ``DEFAULT_MAX_TOKENS``). Raises ``InvalidRequest``
-    for no user message or an empty one."""
-    i = last_user(messages)
-    query = messages[i].content
-    if not query.strip():
+    """``messages`` with evidence in each user message (module docstring), and what was given. ``k``:
+    passages searched per question; ``max_tokens``: the answer's reserve (tokens; None:
+    ``DEFAULT_MAX_TOKENS``). Raises ``InvalidRequest`` for no user message or an empty last one."""
+    last = last_user(messages)
+    if not messages[last].content.strip():
         raise InvalidRequest("hearth.documents needs a question to search for: the last user message is empty",
-                             param=f"messages[{i}].content")
-    found = documents.search(query, k)
-    text = ev.evidence_text(found.evidence)
-    if text is None:
-        return messages, Grounding((), found.notice, 0)
+                             param=f"messages[{last}].content")
     n_ctx = engine.settings.n_ctx
     reserve = min(max_tokens or DEFAULT_MAX_TOKENS, max(1, n_ctx // 2))
     builder = ContextBuilder(engine.count_tokens, n_ctx, reserve)
-    room = builder.evidence_room(prompt_tokens(engine, messages))
-    block, tokens, kept = builder.fit_evidence(text, room)
-    notice = ev.join_notices(found.notice, ev.dropped_notice(len(found.evidence) - len(kept)))
-    if not kept:
-        return messages, Grounding((), notice, 0)
-    turn = ChatMessage("user", with_evidence(block, query))
-    given = tuple(found.evidence[j] for j in kept)
-    return (*messages[:i], turn, *messages[i + 1:]), Grounding(given, notice, tokens)
+    base = prompt_tokens(engine, messages)
+    questions = [i for i, m in enumerate(messages[:last]) if m.role == "user" and m.content.strip()] + [last]
+    alone = _last_kept(_plan(documents, messages, [last], k, builder, base)[0], last)
+    while True:
+        turns, notices = _plan(documents, messages, questions, k, builder, base)
+        fits = base + sum(t.tokens for t in turns) <= builder.available
+        if len(questions) == 1 or (fits and _last_kept(turns, last) >= alone):
+            break
+        questions = questions[1:]  # the oldest question loses its evidence (whole turns, never half a block)
+    notice = ev.join_notices(*notices)
+    if not turns:
+        return messages, Grounding((), notice, 0, documents)
+    blocks = {t.index: t.block for t in turns}
+    out = tuple(ChatMessage("user", with_evidence(blocks[j], m.content)) if j in blocks else m
+                for j, m in enumerate(messages))
+    return out, Grounding(tuple(e for t in turns for e in t.given), notice, sum(t.tokens for t in turns), documents)
+
+
+FOLLOW_UP_WORDS = frozenset("it its that this these those they them one ones there".split())
+FOLLOW_UP_STARTS = ("and ", "also ", "what about ", "how about ", "then ", "so ")
+MAX_FOLLOW_UP_WORDS = 3  # content words (``query.keyword_query``) of a question too thin to search alone
+
+
+def is_follow_up(question: str) -> bool:
+    """True for an elliptical follow-up: at most ``MAX_FOLLOW_UP_WORDS`` content words, and it starts like a
+    continuation ("and ...", "what about ...") or points back ("it", "that", "them", ...)."""
+    from app.retrieval.query import keyword_query
+
+    q = question.strip().lower()
+    words = set(re.findall(r"\w+", q))
+    thin = len(keyword_query(question).words) <= MAX_FOLLOW_UP_WORDS
+    return thin and (q.startswith(FOLLOW_UP_STARTS) or bool(words & FOLLOW_UP_WORDS))
+
+
+def search_query(messages: tuple[ChatMessage, ...], i: int) -> str:
+    """What user message ``i`` is searched with: its text; for an elliptical follow-up (``is_follow_up``:
+    "and the least I can put in?", "can I use vinegar for that?"), the previous user message's text and its
+    own: alone it would find passages about anything, with the question before it the topic being
+    discussed (mostly passages the prompt already holds, given once, so the prompt also grows less). A
+    question that can stand alone is searched alone (with the previous one, that question's passages would
+    crowd out its own). Depends only on ``messages[:i + 1]``: the same turn is searched the same way on
+    every later request."""
+    text = messages[i].content
+    prev = next((messages[j].content for j in range(i - 1, -1, -1)
+                 if messages[j].role == "user" and messages[j].content.strip()), None)
+    return f"{prev}\n{text}" if prev is not None and is_follow_up(text) else text
+
+
+def _last_kept(turns: list[_Turn], last: int) -> int:
+    """How many of the last question's passages the prompt holds (given in its turn or above)."""
+    return sum(t.covered for t in turns if t.index == last)
+
+
+def _plan(documents: ev.DocumentSource, messages: tuple[ChatMessage, ...], questions: list[int], k: int,
+          builder: ContextBuilder, base: int) -> tuple[list[_Turn], list[str | None]]:
+    """The evidence block of each of ``questions`` (indices of user messages, the last one last), each
+    passage given once (later turns name repeats), and the last question's notices."""
+    last = questions[-1]
+    turns: list[_Turn] = []
+    seen: dict[str, Evidence] = {}
+    notices: list[str | None] = []
+    for i in questions:
+        found = documents.search(search_query(messages, i), k)
+        new = [e for e in found.evidence if e.evidence_id not in seen]
+        text = ev.evidence_text(new, [seen[e.evidence_id] for e in found.evidence if e.evidence_id in seen])
+        if i == last:
+            notices.append(found.notice)
+        if text is None:
+            continue
+        room = builder.evidence_room(base + sum(t.tokens for t in turns)) if i == last else builder.evidence_room(0)
+        block, tokens, kept = builder.fit_evidence(text, room)
+        given = tuple(new[j] for j in kept if j < len(new))
+        if i == last:
+            notices.append(ev.dropped_notice(len(new) - len(given)))
+        if block:
+            repeats = len(found.evidence) - len(new)
+            turns.append(_Turn(i, block, tokens, given, len(given) + repeats))
+            seen.update((e.evidence_id, e) for e in given)
+    return turns, notices

@@ -1,0 +1,101 @@
+"""Evidence placement for a chat that carries its own history (``app.assistant.grounding.ground``), on the fake
+engine: each question keeps its evidence in its own turn, so a request's prompt begins with the previous
+request's prompt and its answer (the prefix cache reuses it); a passage is given once; the oldest turns'
+evidence is left out first when the prompt would not fit; a single question gets a stored turn's text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.assistant import DocumentSource, ground
+from app.assistant.evidence import evidence_text
+from app.engine.types import ChatMessage, GenerateRequest
+from app.retrieval.ingest import Ingester
+from tests.fakes import FakeEngine, render_text
+
+QUESTIONS = ["How long does the kettle keep water warm?", "What does error E1 mean on the kettle?",
+             "How do I descale the kettle?", "Again: how long does the kettle keep water warm?"]
+
+
+@pytest.fixture
+def docs(tmp_path: Path, doc_store):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "warm.md").write_text("Keep warm holds the kettle water warm for 30 minutes.", encoding="utf-8")
+    (folder / "errors.md").write_text("Error E1 means the kettle was switched on empty.", encoding="utf-8")
+    (folder / "scale.md").write_text("Descale the kettle with citric acid every four weeks.", encoding="utf-8")
+    Ingester(doc_store).ingest([str(folder)])
+    source = DocumentSource(doc_store)
+    yield source
+    source.close()
+
+
+def chat(engine, docs, questions, k=1, system="Answer briefly."):
+    """Run a stateless chat as an API client would: the client's own messages, grounded on each request."""
+    history = [ChatMessage("system", system)]
+    prompts, groundings = [], []
+    for q in questions:
+        history.append(ChatMessage("user", q))
+        messages, g = ground(engine, docs, tuple(history), k=k, max_tokens=32)
+        prompts.append(render_text(GenerateRequest(messages=messages)))
+        groundings.append(g)
+        history.append(ChatMessage("assistant", f"answer {len(prompts)}"))
+    return prompts, groundings
+
+
+def test_each_prompt_begins_with_the_previous_prompt_and_its_answer(docs):
+    engine = FakeEngine(n_ctx=8192)
+    prompts, groundings = chat(engine, docs, QUESTIONS)
+    for i in range(1, len(prompts)):
+        assert prompts[i].startswith(prompts[i - 1] + f" answer {i}\n"), i
+    first = groundings[0].evidence[0]
+    assert "30 minutes" in first.text
+    assert prompts[-1].count(first.text) == 1  # given once, in turn 1
+    assert f"Also relevant, given above: [E:{first.evidence_id}]" in prompts[-1]  # turn 4 names it
+    assert [len(g.evidence) for g in groundings] == [1, 2, 3, 3]  # every passage in the prompt, for citations
+    assert groundings[-1].citations(f"Thirty minutes [E:{first.evidence_id}].")[0]["evidence_id"] == \
+        first.evidence_id
+
+
+def test_a_single_question_gets_the_stored_turns_text(docs):
+    engine = FakeEngine(n_ctx=8192)
+    found = docs.search(QUESTIONS[0], 1)
+    messages, g = ground(engine, docs, (ChatMessage("user", QUESTIONS[0]),), k=1, max_tokens=32)
+    assert messages[-1].content == evidence_text(found.evidence).block() + QUESTIONS[0]
+    assert g.tokens == engine.count_tokens(evidence_text(found.evidence).block())
+
+
+def test_the_oldest_turns_lose_their_evidence_first_when_it_does_not_fit(docs):
+    engine = FakeEngine(n_ctx=1200)  # one character per token: room for two evidence blocks, not three
+    prompts, groundings = chat(engine, docs, QUESTIONS[:3])
+    last = groundings[-1]
+    assert any("citric acid" in e.text for e in last.evidence)  # the last question keeps its evidence
+    assert "30 minutes" not in prompts[-1]  # the first question's evidence was left out
+    assert len(prompts[-1]) <= 1200 - 32 and prompts[-1].count("Answer from the evidence below") == 2
+
+
+def test_searches_are_remembered_while_the_index_is_unchanged(docs, tmp_path: Path):
+    a = docs.search(QUESTIONS[0], 1)
+    assert docs.search(QUESTIONS[0], 1) is a
+    (tmp_path / "docs" / "new.md").write_text("Keep warm is cancelled when the jug is lifted.", encoding="utf-8")
+    Ingester(docs.store).ingest([str(tmp_path / "docs")])
+    assert docs.search(QUESTIONS[0], 1) is not a
+
+
+@pytest.mark.parametrize("question,follow_up", [
+    ("And what is the least I can put in?", True),
+    ("Can I use vinegar for that?", True),
+    ("What about the dishwasher?", True),
+    ("How do I descale the kettle?", False),  # stands alone: searched alone
+    ("How long does it keep the water warm after boiling?", False),  # points back, but has content enough
+])
+def test_an_elliptical_follow_up_is_searched_with_the_question_before_it(question, follow_up):
+    from app.assistant.grounding import is_follow_up, search_query
+
+    assert is_follow_up(question) is follow_up
+    messages = (ChatMessage("user", "How much water can the kettle hold?"), ChatMessage("assistant", "1.7 l"),
+                ChatMessage("user", question))
+    want = f"How much water can the kettle hold?\n{question}" if follow_up else question
+    assert search_query(messages, 2) == want and search_query(messages, 0) == messages[0].content
