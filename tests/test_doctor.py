@@ -292,3 +292,17 @@ def test_models_check_reads_other_files_and_names_a_bad_one(home_with_model: Pat
     (models / "broken.gguf").write_bytes(b"not a gguf at all" * 100)
     bad = checks.check_models(verify=False)
     assert bad.status == "warn" and "broken" in bad.summary and "remove or replace" in bad.fix
+
+
+def test_backend_check_sees_an_nvidia_gpu_the_cpu_build_does_not_use(tmp_path: Path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'\n", encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    c = checks.check_backend()
+    assert c.details["gpus"] == ["NVIDIA H200"]
+    if c.details["backend"] == "CPU":
+        assert c.status == "warn" and "not used: CPU build" in c.summary and "BACKEND=cuda" in c.fix
+    else:
+        assert c.status == "ok"
