@@ -34,6 +34,7 @@ class ServerSettings:
     cors_origins: list[str] = field(default_factory=list)
     allow_hosts: list[str] = field(default_factory=list)  # extra Host names accepted (DNS-rebinding guard)
     max_queue: int = 16
+    allow_command_verifier: bool = False  # hearth.self_consistency may run command verifiers (runs programs)
 
 
 # The chat's tool loop (``tools`` in settings.json, Settings → MCP servers): name -> (lowest, highest).

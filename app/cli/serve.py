@@ -1,4 +1,12 @@
-"""``hearth serve``: the OpenAI-compatible API without the desktop app (same server as the app's port)."""
+"""``hearth serve``: the OpenAI-compatible API without the desktop app (same server as the app's port).
+
+Every installed model is served by name: a ``ModelPool`` (``app.engine.pool.local_pool``) loads the model a
+request's ``model`` field names on demand, within ``--models-budget-gb`` (default: 80 % of the RAM available
+at start), and unloads idle models after ``--ttl`` seconds (a model's ``per_model[id].ttl_s`` and a request's
+``keep_alive`` override it). ``--model X`` preloads X, keeps it loaded until the budget needs its room, and
+makes it the model an absent ``model`` means. The engine flags (``--n-ctx`` ...) are the base load settings of
+every model; ``per_model`` entries of settings.json still win for their model.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,9 @@ import argparse
 import os
 import sys
 
-from app.cli._engine_args import add_load_args, load_settings, make_engine
+from pathlib import Path
+
+from app.cli._engine_args import add_load_args, load_settings
 from app.settings import DEFAULT_PORT
 
 EXPOSE_FLAG = "--i-know-this-exposes-my-machine"
@@ -33,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--documents", action="store_true",
                    help='answer from the indexed documents when a chat request asks with "hearth": {"documents": '
                         'true} (the default collection; see `hearth ingest`)')
+    p.add_argument("--models-budget-gb", type=float, default=None, metavar="GB",
+                   help="memory the loaded models may use together, by their memory estimates (default: 80%% of "
+                        "the RAM available at start); the least recently used idle model is unloaded to make room")
+    p.add_argument("--ttl", type=float, default=300.0, metavar="SECONDS",
+                   help="unload a model idle this long (default 300; negative: never; a request's keep_alive and "
+                        "per_model[id].ttl_s in settings.json override it)")
     p.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow binding a non-loopback address (anyone who can reach it can use your machine's "
                         "model; set --api-key)")
@@ -43,11 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from app.server import create_app, serve
     from app.server.run import is_loopback
     from app.settings import load_user_settings
 
-    base = load_user_settings().server
+    user = load_user_settings()
+    base = user.server
     settings = replace(base, host=args.host or base.host, port=args.port if args.port is not None else base.port,
                        api_key=args.api_key or base.api_key,
                        cors_origins=args.cors_origin if args.cors_origin is not None else base.cors_origins,
@@ -59,29 +75,81 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
               f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
-    load_settings(args)  # a bad load flag (--parallel 0, --n-ctx 1) is one line before anything starts
-    _check_port_free(settings.host, settings.port)  # before the model loads: fail fast with one line
-    engine = make_engine(args)
-    engine.max_queue = settings.max_queue
+    user = replace(user, load=load_settings(args, user))  # a bad load flag is one line before anything starts
+    budget = _budget_bytes(args.models_budget_gb)
+    _check_port_free(settings.host, settings.port)  # before a model loads: fail fast with one line
+    pool, default = _pool(args, user, settings, budget)
+    try:
+        return _serve(args, user, settings, pool, default)
+    finally:
+        pool.close()
+
+
+def _budget_bytes(gb: float | None) -> int | None:
+    """``--models-budget-gb`` in bytes (None: the pool's default); raises ``InvalidRequest`` for 0 or less."""
+    from app.errors import InvalidRequest
+
+    if gb is None:
+        return None
+    if not gb > 0:
+        raise InvalidRequest(f"--models-budget-gb must be more than 0, got {gb:g}", param="models_budget_gb")
+    return int(gb * (1 << 30))
+
+
+def _pool(args: argparse.Namespace, user, settings, budget: int | None):
+    """The model pool, with ``--model`` (when given) loaded and kept; returns ``(pool, default model)``."""
+    from app.engine.pool import local_pool
+    from app.engine.registry import resolve_model
+
+    cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None)) if args.prefix_cache else None
+    pool = local_pool(user, budget_bytes=budget, ttl_s=args.ttl if args.ttl >= 0 else None,
+                      engine_kwargs={"prefix_cache": cache, "max_queue": settings.max_queue})
+    default = str(resolve_model(args.model)) if args.model else None
+    if default is not None:
+        try:
+            pool.acquire(default, keep_alive_s=-1).release()  # preloaded, kept until the budget needs the room
+        except BaseException:
+            pool.close()
+            raise
+    return pool, default
+
+
+def _serve(args: argparse.Namespace, user, settings, pool, default: str | None) -> int:
+    from app.server import create_app, serve
+    from app.server.app import settings_reasoning_defaults
+    from app.server.models import ModelCatalog
+
     embedder = _embedder() if args.embeddings else None
     documents = _documents(embedder) if args.documents else None
-    app = create_app(engine, settings, embedder=embedder, allow_hosts=args.allow_host, documents=documents)
-    print(f"hearth: serving {engine.info.get('model')} on http://{settings.host}:{settings.port}/v1, "
-          f"{engine.n_parallel} request(s) at once (Ctrl+C stops)", file=sys.stderr)
+    app = create_app(settings=settings, pool=pool, default_model=default, embedder=embedder,
+                     allow_hosts=args.allow_host, documents=documents, catalog=ModelCatalog(load_for=user.load_for),
+                     reasoning_defaults=settings_reasoning_defaults(user),
+                     allow_command_verifier=settings.allow_command_verifier, responses_store=_responses_store())
+    budget = "no limit" if pool.budget_bytes is None else f"{pool.budget_bytes / (1 << 30):.1f} GiB"
+    print(f"hearth: serving every installed model on http://{settings.host}:{settings.port}/v1 (default "
+          f"{Path(default).stem if default else 'the bundled model'}; models' budget {budget}, idle models unload "
+          f"after {pool.ttl_s if pool.ttl_s is not None else 'never'} s; Ctrl+C stops)", file=sys.stderr)
     import signal
 
     # uvicorn shuts down on SIGTERM, then re-raises it; ending through SystemExit instead lets the engine
-    # process and its semaphores be released below.
+    # processes and their semaphores be released.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         serve(app, settings.host, settings.port)
     finally:
-        engine.close()
         if embedder is not None:
             embedder.close()
         if documents is not None:
             documents.close()
     return 0
+
+
+def _responses_store():
+    """The conversation store that keeps /v1/responses chains (the person's own, so they show as
+    conversations)."""
+    from app.memory import Store
+
+    return Store()
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -1,12 +1,18 @@
 """``create_app``: the FastAPI application of Hearth's OpenAI-compatible port.
 
-Thin handlers: each resolves the engine and the model, turns the body into a ``Plan`` (``convert``) and hands
-it to ``Service``; the mapping code lives in ``convert`` / ``format`` / ``structured`` / ``errors``, and
-retrieval for ``hearth.documents`` in ``documents``.
+Thin handlers: each holds the model its ``model`` field names (``source``), turns the body into a ``Plan``
+(``convert``; ``responses`` and ``messages`` first map their API's body onto a chat request) and hands it to
+``Service``, which answers in the API's shape (an ``Answer``); the mapping code lives in ``convert`` /
+``format`` / ``structured`` / ``errors``, and retrieval for ``hearth.documents`` in ``documents``.
 
-``engine_provider`` is a callable returning the current chat ``Engine`` (or None while none is loaded): the
-desktop app may swap models while the server runs, and each request takes whichever engine is current when
-it arrives. An ``Engine``-like object can be passed directly too.
+Models come from one of two sources (``app.server.source``): ``engine_provider``, a callable returning the
+current chat ``Engine`` (or None while none is loaded; the desktop app may swap models while the server runs,
+and each request takes whichever engine is current when it arrives; an ``Engine``-like object can be passed
+directly too), or ``pool``, an ``app.engine.pool.ModelPool`` that loads the model each request names on
+demand (``hearth serve``). Either way the model is held until the answer has been sent.
+
+``/v1/responses`` chains answers with ``previous_response_id`` through ``responses_store`` (an
+``app.memory.Store``; default: an in-memory one, so chains last as long as the server).
 
 Thinking budgets have a per-model layer (docs/reasoning.md). The port cannot read a model's settings by
 itself (``create_app`` is given an engine, not the settings file), so whoever builds the app passes
@@ -30,42 +36,60 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
 from app.engine.reasoning_budget import SETTING_KEYS
-from app.server import convert, embeddings, security
+from app.server import convert, embeddings, messages, responses, security
 from app.server.documents import Documents
-from app.server.errors import ApiError, NoModelLoaded, from_exception, from_http, from_validation
+from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for
 from app.server.metrics import ServerMetrics
 from app.server.models import ModelCatalog, loaded_id
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.server.reasoning import Defaults, PortOptions, model_default
-from app.server.service import Service
+from app.server.service import Answer, Service
+from app.server.source import Held, keep_alive_of, source_for
 from app.settings import ServerSettings
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
+             "/v1/messages", "/health", "/metrics")
 STOP_THINKING = "/v1/hearth/requests/{request_id}/stop_thinking"
 
 
 class State:
-    """What the handlers share: the engine source, the embedder, the documents, the model catalog, metrics,
-    the service (and its registry of running requests), the reasoning defaults and whether a command
-    verifier may run."""
+    """What the handlers share: the model source, the embedder, the documents, the model catalog, metrics,
+    the service (and its registry of running requests), the reasoning defaults, whether a command verifier
+    may run, and the response chains of /v1/responses."""
 
-    def __init__(self, engine_provider: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics,
-                 documents: Any = None, reasoning_defaults: Defaults = None, allow_command: bool = False) -> None:
-        self.provider: Callable[[], Any] = engine_provider if callable(engine_provider) else (lambda: engine_provider)
+    def __init__(self, source: Any, embedder: Any, catalog: ModelCatalog, metrics: ServerMetrics,
+                 documents: Any = None, reasoning_defaults: Defaults = None, allow_command: bool = False,
+                 chains: Any = None) -> None:
+        self.source = source
         self.embedder, self.catalog, self.metrics = embedder, catalog, metrics
         self.documents = Documents(documents)
         self.service = Service(metrics)
         self.reasoning_defaults, self.allow_command = reasoning_defaults, allow_command
+        self.chains = chains
 
-    def engine(self) -> Any:
-        eng = self.provider()
-        if eng is None:
-            raise NoModelLoaded("no chat model is loaded yet; try again in a moment")
-        return eng
+    def provider(self) -> Any:
+        """The engine /health and /metrics report on (the window's, or the pool's default model when loaded)."""
+        return self.source.current()
+
+    async def hold(self, body: Any) -> Held:
+        """The model ``body.model`` names, held until ``release()`` (loaded first when the pool needs to)."""
+        keep = keep_alive_of(body)
+        return await run_in_threadpool(self.source.acquire, body.model, keep, self.embedder)
 
     def options(self, model: str) -> PortOptions:
-        """What the server adds to a request for ``model`` (the loaded model's id)."""
+        """What the server adds to a request for ``model`` (the held model's id)."""
         return PortOptions(model_default(self.reasoning_defaults, model), self.allow_command)
+
+    async def answer(self, held: Held, make_plan: Callable[[], Any], request: Request,
+                     answer: Optional[Answer] = None):
+        """``make_plan()`` (an awaitable ``Plan``) run on the held model and answered; the model is released
+        when the answer is over, or at once when the plan cannot be made."""
+        try:
+            plan = await make_plan()
+        except BaseException:
+            held.release()
+            raise
+        return await self.service.respond(plan, held.engine, request, answer, held.release)
 
 
 def settings_reasoning_defaults(user_settings: Any) -> Callable[[str], Optional[dict]]:
@@ -77,26 +101,34 @@ def settings_reasoning_defaults(user_settings: Any) -> Callable[[str], Optional[
     return lookup
 
 
-def create_app(engine_provider: Any, settings: Optional[ServerSettings] = None, *, embedder: Any = None,
-               allow_hosts: Iterable[str] = (), catalog: Optional[ModelCatalog] = None,
-               metrics: Optional[ServerMetrics] = None, documents: Any = None, reasoning_defaults: Defaults = None,
-               allow_command_verifier: Optional[bool] = None) -> FastAPI:
-    """The ASGI app. ``settings``: host (for the Host check), api_key, cors_origins (``max_queue`` belongs to
-    the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when bound off-loopback).
-    ``documents``: an ``app.assistant.DocumentSource`` for ``hearth.documents`` (None: such requests get a
-    400 ``documents_unavailable``). ``reasoning_defaults``: the model layer of thinking budgets (module
-    docstring). ``allow_command_verifier``: let ``hearth.self_consistency`` run command verifiers (None: the
-    settings' ``allow_command_verifier``, off when absent)."""
+def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] = None, *, pool: Any = None,
+               default_model: Optional[str] = None, embedder: Any = None, allow_hosts: Iterable[str] = (),
+               catalog: Optional[ModelCatalog] = None, metrics: Optional[ServerMetrics] = None,
+               documents: Any = None, reasoning_defaults: Defaults = None,
+               allow_command_verifier: Optional[bool] = None, responses_store: Any = None) -> FastAPI:
+    """The ASGI app. ``engine_provider``: the current engine (a callable or the engine itself); or ``pool``:
+    a ``ModelPool`` serving every installed model by name, ``default_model`` the one an absent ``model``
+    means (None: the bundled model). ``settings``: host (for the Host check), api_key, cors_origins
+    (``max_queue`` belongs to the Engine). ``allow_hosts``: extra Host names to accept (e.g. a LAN name when
+    bound off-loopback). ``documents``: an ``app.assistant.DocumentSource`` for ``hearth.documents`` (None:
+    such requests get a 400 ``documents_unavailable``). ``reasoning_defaults``: the model layer of thinking
+    budgets (module docstring). ``allow_command_verifier``: let ``hearth.self_consistency`` run command
+    verifiers (None: the settings' ``allow_command_verifier``, off when absent). ``responses_store``: the
+    ``app.memory.Store`` that keeps /v1/responses chains (None: an in-memory store)."""
     settings = settings or ServerSettings()
     allow_command = (allow_command_verifier if allow_command_verifier is not None
                      else bool(getattr(settings, "allow_command_verifier", False)))
-    st = State(engine_provider, embedder, catalog or ModelCatalog(), metrics or ServerMetrics(), documents,
-               reasoning_defaults, allow_command)
+    catalog = catalog or ModelCatalog()
+    st = State(source_for(engine_provider, pool, catalog, default_model), embedder, catalog,
+               metrics or ServerMetrics(), documents, reasoning_defaults, allow_command,
+               responses.ResponseChains(responses_store))
     app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
                   redoc_url=None)
     app.state.hearth = st
     _error_handlers(app, st.metrics)
     _routes(app, st)
+    responses.routes(app, st)
+    messages.routes(app, st)
     hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
     security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
                      on_error=lambda e: st.metrics.error(e.type, e.code))
@@ -109,10 +141,16 @@ def _routes(app: FastAPI, st: State) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         eng = st.provider()
-        if eng is None:
+        pool = st.source.pool_status()
+        if eng is None and pool is None:
             return JSONResponse({"status": "no_model"}, status_code=503, headers={"Retry-After": "2"})
-        return JSONResponse({"status": "ok", "model": loaded_id(eng), "engine_alive": bool(eng.alive),
-                             "n_parallel": eng.n_parallel, "active": eng.active(), "queue_depth": eng.queue_depth()})
+        body: dict[str, Any] = {"status": "ok", "model": loaded_id(eng) if eng is not None else None}
+        if eng is not None:
+            body.update(engine_alive=bool(eng.alive), n_parallel=eng.n_parallel, active=eng.active(),
+                        queue_depth=eng.queue_depth())
+        if pool is not None:
+            body["pool"] = pool
+        return JSONResponse(body)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -120,12 +158,16 @@ def _routes(app: FastAPI, st: State) -> None:
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        data = await run_in_threadpool(st.catalog.listing, st.provider(), st.embedder)
-        return {"object": "list", "data": data}
+        data = await run_in_threadpool(st.source.listing, st.embedder)
+        out: dict[str, Any] = {"object": "list", "data": data}
+        pool = st.source.pool_status()
+        if pool is not None:
+            out["hearth"] = {"pool": pool}
+        return out
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict:
-        data = await run_in_threadpool(st.catalog.listing, st.provider(), st.embedder)
+        data = await run_in_threadpool(st.source.listing, st.embedder)
         for m in data:
             if model_id == m["id"] or model_id == m["hearth"]["file"]:
                 return m
@@ -133,16 +175,20 @@ def _routes(app: FastAPI, st: State) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        engine = st.engine()
-        model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
-        plan = await st.documents.ground(convert.chat_plan(body, model, st.options(model)), body.hearth, engine)
-        return await st.service.respond(plan, engine, request)
+        held = await st.hold(body)
+
+        async def plan():
+            return await st.documents.ground(convert.chat_plan(body, held.model, st.options(held.model)),
+                                             body.hearth, held.engine)
+        return await st.answer(held, plan, request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        engine = st.engine()
-        model = await run_in_threadpool(st.catalog.check_chat, body.model, engine, st.embedder)
-        return await st.service.respond(convert.completion_plan(body, model, st.options(model)), engine, request)
+        held = await st.hold(body)
+
+        async def plan():
+            return convert.completion_plan(body, held.model, st.options(held.model))
+        return await st.answer(held, plan, request)
 
     @app.post(STOP_THINKING)
     async def stop_thinking(request_id: str) -> dict:
@@ -160,25 +206,25 @@ def _routes(app: FastAPI, st: State) -> None:
 
 
 def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    def answer(err: ApiError) -> JSONResponse:
+    def answer(req: Request, err: ApiError) -> JSONResponse:
         metrics.error(err.type, err.code)
-        return err.response()
+        return err.response(shape_for(req.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        return answer(from_validation(exc))
+    async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(req, from_validation(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return answer(from_http(exc))
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(req, from_http(exc))
 
     @app.exception_handler(HearthError)
-    async def _known(_req: Request, exc: HearthError) -> JSONResponse:
-        return answer(from_exception(exc))
+    async def _known(req: Request, exc: HearthError) -> JSONResponse:
+        return answer(req, from_exception(exc))
 
     @app.exception_handler(Exception)  # a bug: logged with its traceback, answered without it
-    async def _any(_req: Request, exc: Exception) -> JSONResponse:
-        return answer(from_exception(exc))
+    async def _any(req: Request, exc: Exception) -> JSONResponse:
+        return answer(req, from_exception(exc))
 
 
 class JsonBodyByDefault:

@@ -3,6 +3,10 @@
 The mapping is by type (STYLE.md §6), never by message text. Client input never yields a 500 with a
 traceback: request-validation errors become 400 ``invalid_request_error`` naming the parameter; anything
 unexpected is logged with its traceback and answered with a short 500 that points at the log.
+
+Anthropic's Messages API (``/v1/messages``) answers the same errors in its own shape,
+``{"type": "error", "error": {"type", "message"}}`` with the same status; ``ApiError.anthropic()`` maps the
+status to Anthropic's error type (``ANTHROPIC_TYPES``). ``shape_for(path)`` says which shape a path answers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from app.errors import (
     ModelNotFound,
     QueueFull,
 )
+from app.engine.pool import ModelBusy
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,18 @@ class RequestNotFound(HearthError):
         return (self.__class__, (self.request_id,))
 
 
+class ResponseNotFound(HearthError):
+    """``previous_response_id`` names no stored response (unknown, or made with ``store: false``): 404."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"previous response {response_id!r} not found (unknown, or it was created with store: "
+                         "false, so nothing was kept)")
+        self.response_id = response_id
+
+    def __reduce__(self):
+        return (self.__class__, (self.response_id,))
+
+
 @dataclass(frozen=True)
 class ApiError:
     """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
@@ -80,12 +97,33 @@ class ApiError:
     headers: dict[str, str] | None = None
     extra: dict[str, Any] | None = None
 
-    def response(self) -> JSONResponse:
+    def response(self, shape: str = "openai") -> JSONResponse:
+        """The JSON answer in ``shape``: "openai" or "anthropic"."""
+        if shape == "anthropic":
+            return JSONResponse(self.anthropic(), status_code=self.status, headers=self.headers)
         body: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param,
                                 "code": self.code}
         if self.extra:
             body.update(self.extra)
         return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+
+    def anthropic(self) -> dict[str, Any]:
+        """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}`` (the type by status)."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        message = self.message if self.param is None else f"{self.message} (param: {self.param})"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# HTTP status -> Anthropic's error type (docs.anthropic.com "Errors"); 503 is their 529's meaning.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def shape_for(path: str) -> str:
+    """The error shape a request path answers: "anthropic" for the Messages API, else "openai"."""
+    return "anthropic" if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS) else "openai"
 
 
 def _retry(seconds: float) -> dict[str, str]:
@@ -111,6 +149,9 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(400, "invalid_request_error", exc.message, "hearth.documents", "documents_unavailable")
     if isinstance(exc, RequestNotFound):
         return ApiError(404, "invalid_request_error", exc.message, "id", "request_not_found")
+    if isinstance(exc, ResponseNotFound):
+        return ApiError(404, "invalid_request_error", exc.message, "previous_response_id",
+                        "previous_response_not_found")
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):
@@ -120,6 +161,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(503, "server_error", exc.message, None, "no_model_loaded", headers=_retry(2))
     if isinstance(exc, EngineCrashed):
         return ApiError(503, "server_error", exc.message, None, "engine_crashed", headers=_retry(1))
+    if isinstance(exc, ModelBusy):
+        return ApiError(503, "server_error", exc.message, "model", "model_busy", headers=_retry(5))
     if isinstance(exc, ModelLoadError):
         return ApiError(503, "server_error", exc.message, None, "model_load_error", headers=_retry(5))
     if isinstance(exc, Cancelled):

@@ -3,6 +3,18 @@
 Ids come from the registry (``app.engine.registry.list_models``: file name without ``.gguf``), plus the
 loaded model when it lives elsewhere and the embedding model when one is served.
 
+Each model of ``/v1/models`` says, under ``hearth``: ``loaded`` (the window's engine, or the pool's state),
+``memory_estimate_bytes`` (``memory_estimate.estimate_memory`` for the model's load settings: weights, KV cache
+for its n_ctx × n_parallel, compute buffers; None when the file cannot be read), ``capabilities`` (``chat``,
+``tools`` and ``thinking`` for a chat model, ``embeddings`` for the embedding model), ``tool_format`` (every
+chat model has one: its template's family, else Hearth's plain JSON format) and ``thinking`` (the markers'
+``family`` and ``native``: whether the model thinks by itself; a ``prefill`` model thinks only when a budget
+asks, by prefilling the start marker; ``thinking`` is in ``capabilities`` only for a native thinker). What a
+GGUF says is read once per file (size and mtime), not on every listing.
+
+With a model pool (``app.server.source.PoolSource``) the rule for the ``model`` field is the source's; the
+rest of this docstring is the single-engine rule.
+
 The ``model`` a request names is matched by plain string comparison (never looked up on disk, so a client
 cannot probe the file system): the loaded model's id, its file name or its full path are the loaded model;
 an absent ``model`` means the loaded one. Another installed model is a 400 ``model_not_loaded`` naming the
@@ -18,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from app.errors import InvalidRequest, ModelNotFound
+from app.errors import HearthError, InvalidRequest, ModelNotFound
 from app.server.errors import CannotEmbed, ModelNotLoaded
 
 log = logging.getLogger(__name__)
@@ -52,37 +64,106 @@ def _aliases(path: str, mid: str) -> set[str]:
 
 
 class ModelCatalog:
-    """``entries``: a callable listing ``(id, path, kind)`` (default: the registry)."""
+    """``entries``: a callable listing ``(id, path, kind)`` (default: the registry). ``load_for(model_id)``:
+    the ``LoadSettings`` a model would load with (default: ``LoadSettings()``), for its memory estimate."""
 
-    def __init__(self, entries: Optional[Callable[[], Iterable[Entry]]] = None) -> None:
+    def __init__(self, entries: Optional[Callable[[], Iterable[Entry]]] = None,
+                 load_for: Optional[Callable[[str], Any]] = None) -> None:
         self._entries = entries or _registry_entries
+        self._load_for = load_for
+        self._infos: dict[str, tuple[tuple, Any]] = {}  # path -> (file stamp, ModelInfo | None)
 
-    def entries(self, engine: Any, embedder: Any) -> list[Entry]:
+    def entries(self, engine: Any, embedder: Any, extra_paths: Iterable[str] = ()) -> list[Entry]:
+        """The models to list: the registry's, the loaded ``engine``'s and ``extra_paths`` when they live
+        elsewhere, and the served ``embedder``'s."""
         try:
             found = list(self._entries())
         except Exception:  # noqa: BLE001 - a broken models folder must not break /v1/models
             log.exception("listing models failed")
             found = []
-        if engine is not None and not any(Path(p) == Path(str(engine.model_path)) for _, p, _ in found):
-            found.insert(0, (loaded_id(engine), str(engine.model_path), "chat"))
+        paths = [str(engine.model_path)] if engine is not None else []
+        for path in [*paths, *extra_paths]:
+            if not any(Path(p) == Path(path) for _, p, _ in found):
+                from app.engine.registry import model_id
+
+                found.insert(0, (model_id(path), path, "chat"))
         if embedder is not None:
             found = [e for e in found if e[0] != _stem(embedder.model_id)]
             found.append((embedder.model_id, "", "embedding"))
         return found
 
-    def listing(self, engine: Any, embedder: Any) -> list[dict[str, Any]]:
+    def listing(self, engine: Any, embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,
+                extra_paths: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """``/v1/models``' ``data``. ``pool``: a ``ModelPool.status()`` (then ``loaded``, ``state`` and the
+        pool's figures come from it; ``engine`` is None)."""
         now = int(time.time())
         loaded = str(engine.model_path) if engine is not None else None
         out = []
-        for mid, path, kind in self.entries(engine, embedder):
+        for mid, path, kind in self.entries(engine, embedder, extra_paths):
             try:
                 created = int(Path(path).stat().st_mtime) if path else now
             except OSError:
                 created = now
-            is_loaded = (path == loaded) if kind == "chat" else embedder is not None
-            out.append({"id": mid, "object": "model", "created": created, "owned_by": "hearth",
-                        "hearth": {"kind": kind, "loaded": is_loaded, "file": Path(path).name if path else None}})
+            slot = (pool or {}).get(mid)
+            if kind == "embedding":
+                is_loaded = embedder is not None
+            else:
+                is_loaded = bool(slot and slot["loaded"]) if pool is not None else path == loaded
+            meta = {"kind": kind, "loaded": is_loaded, "file": Path(path).name if path else None,
+                    **self.describe(mid, path, kind)}
+            if pool is not None and kind == "chat":
+                meta["pool"] = slot or {"state": "unloaded", "loaded": False}
+            out.append({"id": mid, "object": "model", "created": created, "owned_by": "hearth", "hearth": meta})
         return out
+
+    def describe(self, mid: str, path: str, kind: str) -> dict[str, Any]:
+        """``memory_estimate_bytes``, ``capabilities``, ``tool_format`` and ``thinking`` of one model
+        (module docstring); a file that cannot be read gives what its kind alone says."""
+        info = self.info(path) if path else None
+        if kind == "embedding":
+            return {"memory_estimate_bytes": self._estimate(mid, info), "capabilities": ["embeddings"]}
+        out = {"memory_estimate_bytes": self._estimate(mid, info), **chat_capabilities(info)}
+        return out
+
+    def info(self, path: str) -> Any:
+        """The file's ``ModelInfo`` (None when it cannot be read), read once per size and mtime."""
+        from app.engine.gguf_info import inspect_model
+        from app.engine.pool import file_stamp
+
+        stamp = file_stamp(path)
+        got = self._infos.get(path)
+        if got is not None and got[0] == stamp:
+            return got[1]
+        try:
+            info = inspect_model(Path(path)) if stamp[0] is not None else None
+        except HearthError:
+            info = None
+        self._infos[path] = (stamp, info)
+        return info
+
+    def is_embedding(self, name: str) -> bool:
+        """Whether the installed model ``name`` names is an embedding model (False when unknown: the pool
+        answers that with its 404)."""
+        from app.engine.registry import resolve_model
+
+        try:
+            path = resolve_model(name)
+        except HearthError:
+            return False
+        info = self.info(str(path))
+        return bool(info is not None and info.is_embedding_model)
+
+    def _estimate(self, mid: str, info: Any) -> Optional[int]:
+        if info is None:
+            return None
+        from app.engine.memory_estimate import estimate_memory, resolve_parallel
+        from app.engine.types import LoadSettings
+
+        try:
+            settings = self._load_for(mid) if self._load_for is not None else LoadSettings()
+            return estimate_memory(info, resolve_parallel(info, settings), detect_ram=False).total_bytes
+        except HearthError:
+            return None
 
     def check_chat(self, requested: Optional[str], engine: Any, embedder: Any = None) -> str:
         """The id to answer with, or ``ModelNotLoaded`` / ``ModelNotFound``."""
@@ -110,6 +191,22 @@ class ModelCatalog:
         if engine is not None and requested in _aliases(str(engine.model_path), loaded_id(engine)):
             raise CannotEmbed(f"model {requested!r} is a chat model and cannot embed; use {mid!r}")
         raise ModelNotFound(requested, [mid])
+
+
+def chat_capabilities(info: Any) -> dict[str, Any]:
+    """``capabilities``, ``tool_format`` and ``thinking`` of a chat model from its ``ModelInfo`` (None: the
+    file could not be read; then only ``chat`` is claimed)."""
+    if info is None:
+        return {"capabilities": ["chat"], "tool_format": None, "thinking": None}
+    from app.engine.reasoning import markers_for
+    from app.engine.templates import choose_template_name, tool_format
+
+    template = choose_template_name(info)
+    markers = markers_for(template, info.chat_template, info.architecture)
+    native = not markers.prefill_start
+    caps = ["chat", "tools"] + (["thinking"] if native else [])
+    return {"capabilities": caps, "tool_format": tool_format(template, info.architecture, info.chat_template).name,
+            "thinking": {"family": markers.family, "native": native}}
 
 
 def _stem(model_id: str) -> str:

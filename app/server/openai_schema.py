@@ -83,6 +83,7 @@ class HearthOptions(BaseModel):
     answer_now: Any = Field(default=None, description="text inserted after a forced end of thinking")
     speculative: Any = Field(default=None, description='"prompt_lookup", "draft" or null')
     self_consistency: Any = Field(default=None, description="{n, extract, verifier}: sample n, vote")
+    keep_alive: Any = Field(default=None, description='how long the model stays loaded after: seconds or "5m"')
 
 
 class _Sampling(_Allow):
@@ -107,6 +108,7 @@ class _Sampling(_Allow):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # accepted, ignored
     reasoning_effort: Any = Field(default=None, description="none | low | medium | high (thinking budget)")
+    keep_alive: Any = Field(default=None, description='Ollama-style: seconds or "5m"; 0 unloads, -1 keeps')
     hearth: Optional[HearthOptions] = None
 
 
@@ -138,3 +140,28 @@ class EmbeddingRequest(_Allow):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
     user: Optional[str] = None
+
+
+class ResponsesRequest(_Allow):
+    """``POST /v1/responses`` (OpenAI's Responses API; ``app.server.responses`` maps it onto a chat request).
+    ``input``: a string or a list of items (messages, ``function_call``, ``function_call_output``,
+    ``reasoning``); checked item by item there, so errors name ``input[i]...``."""
+
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]] = Field(..., description="text, or a list of input items")
+    instructions: Optional[str] = None
+    previous_response_id: Optional[str] = None
+    store: StrictBool = True
+    stream: StrictBool = False
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[StrictBool] = None
+    text: Optional[dict[str, Any]] = None
+    reasoning: Optional[dict[str, Any]] = None
+    metadata: Optional[dict[str, Any]] = None
+    user: Optional[str] = None
+    keep_alive: Any = None
+    hearth: Optional[HearthOptions] = None

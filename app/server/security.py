@@ -9,7 +9,10 @@ configured) → ``ApiKeyGuard`` → the app. So:
   machine generate, even if it cannot read the answer).
 - CORS answers an allowed ``OPTIONS`` preflight itself (204, without needing the API key, as browsers never
   send credentials on a preflight) and decorates real answers, 401s included, so a page can read them.
-- ``ApiKeyGuard`` requires ``Authorization: Bearer <key>`` when a key is set, on everything but ``/health``.
+- ``ApiKeyGuard`` requires ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``, as Anthropic's clients
+  send it) when a key is set, on everything but ``/health``.
+
+Refusals are answered in the error shape of the path (``errors.shape_for``: Anthropic's on ``/v1/messages``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.errors import ApiError
+from app.server.errors import ApiError, shape_for
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
@@ -64,7 +67,7 @@ class HostGuard:
             err = self._check(scope)
             if err is not None:
                 self.on_error(err)
-                await err.response()(scope, receive, send)
+                await err.response(shape_for(scope["path"]))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -87,16 +90,19 @@ class ApiKeyGuard:
     def __init__(self, app: ASGIApp, api_key: str, on_error: OnError) -> None:
         self.app, self.on_error = app, on_error
         self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             got = (_header(scope, b"authorization") or "").strip().encode("latin-1")
-            if not hmac.compare_digest(got, self.expected):
+            alt = (_header(scope, b"x-api-key") or "").strip().encode("latin-1")
+            ok = hmac.compare_digest(got, self.expected) | hmac.compare_digest(alt, self.key)
+            if not ok:
                 err = ApiError(401, "invalid_request_error",
-                               "missing API key" if not got else "incorrect API key provided", None,
+                               "missing API key" if not (got or alt) else "incorrect API key provided", None,
                                "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 self.on_error(err)
-                await err.response()(scope, receive, send)
+                await err.response(shape_for(scope["path"]))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

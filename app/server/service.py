@@ -24,13 +24,20 @@
 - Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
   vocabulary lane: no turn in the queue, so it never waits for the generation it describes). A lookup may
   cross to the engine process, so logprob entries are formatted off the event loop.
+- One generation loop for every API shape: ``Service`` turns a plan's generations into neutral *pieces*
+  (``ChoiceStart``, ``Thought``, ``Entries``, ``TextPiece``, ``CallStart``, ``ArgsPiece``, then the choice's
+  ``fmt.Choice``) and an ``Answer`` writes them as its API's chunks (``CHAT``: OpenAI chat / text
+  completions; ``app.server.responses`` and ``app.server.messages`` write the Responses and Anthropic
+  Messages shapes). A whole answer is the same ``fmt.Choice`` list, formatted by ``Answer.whole``.
+- The model is held for the whole answer: ``release`` (a pool lease's) is called once when the answer has
+  been sent, failed, or its client has gone, after the stream's last byte.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Protocol
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -44,7 +51,7 @@ from app.engine.types import Delta, Done, GenerateRequest
 from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from app.server import format as fmt
 from app.server.convert import Plan
-from app.server.errors import from_exception
+from app.server.errors import ApiError, from_exception
 from app.server.metrics import ServerMetrics
 from app.server.pump import DisconnectWatcher, Pump
 from app.server.running import Entry, Running
@@ -60,6 +67,41 @@ class _Call:
     watcher: DisconnectWatcher
     entry: Entry
     tool_fmt: Any = None
+    pump: Any = None  # the generation streaming now (stopped when the answer ends early)
+
+
+@dataclass(frozen=True)
+class ChoiceStart:
+    """Piece: choice ``index`` begins."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Thought:
+    """Piece: thinking text (``Delta.reasoning``), apart from the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Entries:
+    """Piece: logprob entries that go out with the next answer text (``LogprobGate``)."""
+
+    entries: tuple
+
+
+class Answer(Protocol):
+    """How one API writes answers (``CHAT``, ``responses.ResponsesAnswer``, ``messages.MessagesAnswer``)."""
+
+    def frame(self, plan: Plan) -> fmt.Frame: ...
+
+    async def whole(self, frame: fmt.Frame, choices: list[fmt.Choice], piece: Optional[fmt.PieceFn]) -> dict: ...
+
+    def stream(self, frame: fmt.Frame, pieces: AsyncIterator[Any],
+               piece: Optional[fmt.PieceFn]) -> AsyncIterator[bytes]: ...
+
+    def error_event(self, err: ApiError) -> bytes: ...
 
 
 class Service:
@@ -69,36 +111,38 @@ class Service:
         self.metrics = metrics
         self.running = running or Running()
 
-    async def respond(self, plan: Plan, engine: Any, request: Request):
-        """The answer to ``plan``: a ``JSONResponse`` or an ``SSEResponse``."""
+    async def respond(self, plan: Plan, engine: Any, request: Request, answer: Optional[Answer] = None,
+                      release: Callable[[], None] = lambda: None):
+        """The answer to ``plan``: a ``JSONResponse`` or an ``SSEResponse``, written by ``answer`` (default
+        ``CHAT``). ``release`` is called once when the answer is over (the model's lease)."""
+        answer = answer or CHAT
         piece: fmt.PieceFn | None = engine.token_piece_bytes if plan.logprobs is not None else None
-        frame = fmt.Frame.new(plan)
+        frame = answer.frame(plan)
         call = _Call(engine, DisconnectWatcher(request.receive, self.metrics.cancelled_by_client),
                      self.running.open(frame.id))
+        done = _once(call, release)
+        handed_over = False  # a started stream releases when its connection ends (SSEResponse)
         try:
             call.tool_fmt = await run_in_threadpool(engine.tool_format) if plan.requests[0].tools else None
             if plan.stream:
                 first = await self._start(call, plan.requests[0])
-                return SSEResponse(self._events(frame, call, first, piece), call.watcher, call.entry.close)
+                handed_over = True
+                return SSEResponse(self._events(frame, call, first, answer, piece), call.watcher, done)
             if plan.consistency is not None:
                 choices = [await self._consistent(call, req, plan.consistency) for req in plan.requests]
             else:
                 choices = [await self._collect(call, req) for req in plan.requests]
-        except BaseException:
-            call.watcher.close()
-            call.entry.close()
-            raise
-        call.watcher.close()
-        call.entry.close()
-        if piece is None:
-            return JSONResponse(fmt.response(frame, choices, piece))
-        return JSONResponse(await run_in_threadpool(fmt.response, frame, choices, piece))
+            return JSONResponse(await answer.whole(frame, choices, piece))
+        finally:
+            if not handed_over:
+                done()
 
     async def _start(self, call: _Call, req: GenerateRequest):
         """Queue ``req``; return ``(pump, first_event, clamped_to)`` once the engine produced something."""
         clamped = None
         while True:
             pump = Pump(call.entry.add(call.engine.generate(req)))
+            call.pump = pump
             call.watcher.track(pump)
             try:
                 return pump, await pump.next(), clamped
@@ -138,41 +182,64 @@ class Service:
         return fmt.Choice(result.chosen, [], clamped, req.decoding.max_tokens, consistency=result.to_api(),
                           samples=result.dones)
 
-    async def _events(self, frame: fmt.Frame, call: _Call, first: tuple,
+    async def _pieces(self, call: _Call, plan: Plan, first: tuple) -> AsyncIterator[Any]:
+        """Every generation of ``plan`` in turn, as pieces (module docstring); the answer's registry entry is
+        closed after the last one, before the API writes its end."""
+        for i, req in enumerate(plan.requests):
+            pump, ev, clamped = first if i == 0 else await self._start(call, req)
+            yield ChoiceStart(i)
+            reader = ToolStream.for_request(req, call.tool_fmt) if req.tools else None
+            gate = LogprobGate()
+            while isinstance(ev, Delta):
+                if ev.reasoning:
+                    yield Thought(ev.reasoning)
+                entries = gate.feed(ev)
+                if entries:
+                    yield Entries(tuple(entries))
+                for p in (reader.feed(ev.text) if reader is not None else [TextPiece(ev.text)] if ev.text else []):
+                    yield p
+                ev = await pump.next()
+            choice = fmt.Choice(ev, [], clamped, req.decoding.max_tokens)
+            if reader is not None:
+                tail, choice.tools = reader.finish(ev.finish_reason)
+                for p in tail:
+                    yield p
+            self.metrics.generation(ev)
+            yield choice
+        call.entry.close()  # before the end: a client that read the end finds the id gone (404)
+
+    async def _events(self, frame: fmt.Frame, call: _Call, first: tuple, answer: Answer,
                       piece: fmt.PieceFn | None) -> AsyncIterator[bytes]:
-        plan = frame.plan
-        choices: list[fmt.Choice] = []
-        pump = first[0]
+        pieces = self._pieces(call, frame.plan, first)
         try:
-            for i, req in enumerate(plan.requests):
-                pump, ev, clamped = first if i == 0 else await self._start(call, req)
-                if plan.kind == "chat":
-                    yield fmt.chunk(frame, i, role=True)
-                reader = ToolStream.for_request(req, call.tool_fmt) if req.tools else None
-                out = _ChoiceStream(frame, i, piece, reader)
-                while isinstance(ev, Delta):
-                    for data in await out.delta(ev):
-                        yield data
-                    ev = await pump.next()
-                choice = fmt.Choice(ev, [], clamped, req.decoding.max_tokens)
-                for data in await out.done(choice):
-                    yield data
-                choices.append(choice)
-                self.metrics.generation(ev)
-            call.entry.close()  # before [DONE]: a client that read the end finds the id gone (404)
-            if plan.include_usage:
-                yield fmt.usage_chunk(frame, choices)
-            yield fmt.DONE_EVENT
+            async for data in answer.stream(frame, pieces, piece):
+                yield data
         except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
             if call.watcher.gone and isinstance(exc, Cancelled):
                 return
             err = from_exception(exc)
             self.metrics.error(err.type, err.code)
-            yield fmt.error_event({"message": err.message, "type": err.type, "param": err.param,
-                                   "code": err.code})
+            yield answer.error_event(err)
         finally:
-            pump.stop()  # no-op for a finished generation; cancels one left behind by a closed stream
+            await pieces.aclose()  # type: ignore[attr-defined]
+            if call.pump is not None:
+                call.pump.stop()  # no-op for a finished generation; cancels one left behind by a closed stream
             call.entry.close()
+
+
+def _once(call: _Call, release: Callable[[], None]) -> Callable[[], None]:
+    """The end of an answer, run once however many paths reach it: the disconnect watcher stops, the
+    registry entry closes and the model is released."""
+    state = {"done": False}
+
+    def done() -> None:
+        if state["done"]:
+            return
+        state["done"] = True
+        call.watcher.close()
+        call.entry.close()
+        release()
+    return done
 
 
 def _clamped(exc: ContextLengthExceeded, req: GenerateRequest, clamped: Optional[int]):
@@ -227,51 +294,84 @@ class _RunStopper:
             self.run.cancel()
 
 
-class _ChoiceStream:
-    """The chunks of one streamed choice: each ``Delta``'s text (read for tool calls when ``reader`` is
-    given), its logprob entries, and the last chunk with the finish reason and the ``hearth`` object."""
+class ChatAnswer:
+    """OpenAI's chat and text completions (``chat.completion`` / ``text_completion``, their chunks, ``[DONE]``)."""
 
-    def __init__(self, frame: fmt.Frame, index: int, piece: fmt.PieceFn | None, reader: ToolStream | None) -> None:
-        self.frame, self.index, self.piece, self.reader = frame, index, piece, reader
-        self.gate = LogprobGate()
+    def frame(self, plan: Plan) -> fmt.Frame:
+        """A ``chatcmpl-`` / ``cmpl-`` id."""
+        return fmt.Frame.new(plan)
+
+    async def whole(self, frame: fmt.Frame, choices: list[fmt.Choice], piece: Optional[fmt.PieceFn]) -> dict:
+        """The whole answer (logprob tokens looked up off the event loop)."""
+        if piece is None:
+            return fmt.response(frame, choices, piece)
+        return await run_in_threadpool(fmt.response, frame, choices, piece)
+
+    async def stream(self, frame: fmt.Frame, pieces: AsyncIterator[Any],
+                     piece: Optional[fmt.PieceFn]) -> AsyncIterator[bytes]:
+        """Chunks per choice (the role first, text, calls, the last with its finish reason and ``hearth``),
+        the usage chunk when asked for, then ``[DONE]``."""
+        choices: list[fmt.Choice] = []
+        out: Optional[_ChoiceStream] = None
+        async for p in pieces:
+            if isinstance(p, ChoiceStart):
+                out = _ChoiceStream(frame, p.index, piece)
+                if frame.plan.kind == "chat":
+                    yield fmt.chunk(frame, p.index, role=True)
+                continue
+            assert out is not None
+            if isinstance(p, fmt.Choice):
+                choices.append(p)
+            for data in await (out.done(p) if isinstance(p, fmt.Choice) else out.piece(p)):
+                yield data
+        if frame.plan.include_usage:
+            yield fmt.usage_chunk(frame, choices)
+        yield fmt.DONE_EVENT
+
+    def error_event(self, err: ApiError) -> bytes:
+        """``data: {"error": ...}``: the ``openai`` client raises ``APIError`` on it."""
+        return fmt.error_event({"message": err.message, "type": err.type, "param": err.param, "code": err.code})
+
+
+class _ChoiceStream:
+    """The chunks of one streamed chat / text choice: each piece's text, its logprob entries, and the last
+    chunk with the finish reason and the ``hearth`` object."""
+
+    def __init__(self, frame: fmt.Frame, index: int, piece: fmt.PieceFn | None) -> None:
+        self.frame, self.index, self.piece_fn = frame, index, piece
         self.entries: list[Any] = []  # logprob entries waiting for the text they go out with
         self.offset = 0
 
-    async def delta(self, ev: Delta) -> list[bytes]:
-        """The chunks of one event: its thinking text, then its answer text (read for calls)."""
-        out = [fmt.chunk(self.frame, self.index, reasoning=ev.reasoning)] if ev.reasoning else []
-        self.entries.extend(self.gate.feed(ev))
-        if self.reader is None:
-            return out + await self._pieces([TextPiece(ev.text)] if ev.text else [])
-        return out + await self._pieces(self.reader.feed(ev.text))
+    async def piece(self, p: Any) -> list[bytes]:
+        """The chunks of one piece: thinking, answer text (with the entries waiting), a call's start or
+        arguments; entries wait for the next text."""
+        if isinstance(p, Thought):
+            return [fmt.chunk(self.frame, self.index, reasoning=p.text)]
+        if isinstance(p, Entries):
+            self.entries.extend(p.entries)
+            return []
+        if isinstance(p, TextPiece):
+            lp = await self._logprobs()
+            self.offset += len(p.text)
+            return [fmt.chunk(self.frame, self.index, text=p.text, lp=lp)]
+        if isinstance(p, (CallStart, ArgsPiece)):
+            return [fmt.chunk(self.frame, self.index, tool_calls=[fmt.tool_call_delta(p)])]
+        return []
 
     async def done(self, choice: fmt.Choice) -> list[bytes]:
-        out: list[bytes] = []
-        if self.reader is not None:
-            pieces, choice.tools = self.reader.finish(choice.done.finish_reason)
-            out = await self._pieces(pieces)
+        """The choice's last chunk."""
         lp = await self._logprobs()
-        plan = self.frame.plan
-        out.append(fmt.chunk(self.frame, self.index, finish=choice.finish_reason, lp=lp,
-                             hearth=fmt.choice_hearth(plan, choice)))
-        return out
-
-    async def _pieces(self, pieces: list) -> list[bytes]:
-        out = []
-        for p in pieces:
-            if isinstance(p, TextPiece):
-                lp = await self._logprobs()
-                out.append(fmt.chunk(self.frame, self.index, text=p.text, lp=lp))
-                self.offset += len(p.text)
-            elif isinstance(p, (CallStart, ArgsPiece)):
-                out.append(fmt.chunk(self.frame, self.index, tool_calls=[fmt.tool_call_delta(p)]))
-        return out
+        return [fmt.chunk(self.frame, self.index, finish=choice.finish_reason, lp=lp,
+                          hearth=fmt.choice_hearth(self.frame.plan, choice))]
 
     async def _logprobs(self) -> dict | None:
-        if self.piece is None or not self.entries:
+        if self.piece_fn is None or not self.entries:
             return None
         entries, self.entries = self.entries, []
-        return await run_in_threadpool(fmt.logprobs, self.frame.plan, entries, self.piece, self.offset)
+        return await run_in_threadpool(fmt.logprobs, self.frame.plan, entries, self.piece_fn, self.offset)
+
+
+CHAT = ChatAnswer()
 
 
 class LogprobGate:

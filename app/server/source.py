@@ -1,0 +1,167 @@
+"""Where a request's model comes from: one engine (the desktop window's) or a pool of many (``hearth serve``).
+
+Every handler asks its ``ModelSource`` for the model the request's ``model`` field names and gets a ``Held``:
+the engine, the id to answer with, and ``release()``, called once when the answer has been sent (a stream
+included) or its client has gone. Two sources:
+
+- ``EngineSource``: the engine a provider returns now (``create_app(engine_provider)``, the window's current
+  engine). The rule of ``ModelCatalog.check_chat``: the loaded model's id, file name or no ``model`` mean it;
+  another installed model is a 400 ``model_not_loaded`` (the window owns which model is loaded), anything
+  else a 404 ``model_not_found``. ``keep_alive`` is accepted and has nothing to do (the window keeps its model).
+- ``PoolSource``: ``app.engine.pool.ModelPool`` (``create_app(pool=...)``). The name picks among the installed
+  models (id, file name, case-insensitively, ``registry.resolve_model``), loaded on demand within the memory
+  budget and held by a ``Lease`` for the whole answer. No ``model``: the default model (``hearth serve
+  --model X``'s, else the bundled one). A name with a path separator is never looked up on disk (a client must
+  not load or probe arbitrary files): only the default model's own path is accepted. An embedding model is a
+  400 naming ``model``; a model that fails to load answers with its load error (503 ``model_load_error``) while
+  other models keep serving; a load or a wait for room past the pool's bound is a 503 ``model_busy``.
+
+``keep_alive`` (Ollama's): seconds as a number, or a duration string (``"300"``, ``"90s"``, ``"5m"``,
+``"1h"``); 0 unloads the model right after the request, a negative value keeps it loaded until the pool needs
+the room. ``parse_keep_alive`` checks it and names the field it came from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from app.errors import InvalidRequest, ModelNotFound
+from app.server.errors import NoModelLoaded
+from app.server.models import ModelCatalog, loaded_id
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.I)
+_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_KEEP_ALIVE_S = 10 * 365 * 86400.0
+
+
+def parse_keep_alive(value: Any, param: str = "keep_alive") -> Optional[float]:
+    """Seconds (None: not given; 0: unload right after; negative: -1, never unload idle). Raises
+    ``InvalidRequest`` naming ``param`` for anything but a finite number or a duration string."""
+    if value is None:
+        return None
+    seconds: Optional[float] = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            seconds = float(m.group(1)) * _UNIT_S[(m.group(2) or "").lower() or None]
+    if seconds is None or seconds > MAX_KEEP_ALIVE_S:
+        raise InvalidRequest(f'{param} must be seconds (a number, or a duration such as "5m", "90s", "1h"; 0 '
+                             f"unloads after the request, -1 keeps the model loaded), got {value!r:.80}", param=param)
+    return -1.0 if seconds < 0 else seconds
+
+
+def keep_alive_of(body: Any) -> Optional[float]:
+    """A request's ``keep_alive``: the top-level field, else ``hearth.keep_alive`` (both checked)."""
+    top = parse_keep_alive(getattr(body, "keep_alive", None))
+    h = getattr(body, "hearth", None)
+    inner = parse_keep_alive(getattr(h, "keep_alive", None), "hearth.keep_alive") if h is not None else None
+    return top if top is not None else inner
+
+
+@dataclass
+class Held:
+    """A model held for one answer: its ``engine``, the ``model`` id the answer names, and ``release``."""
+
+    engine: Any
+    model: str
+    release: Callable[[], None] = lambda: None
+
+
+class EngineSource:
+    """The engine ``provider()`` returns now (None while none is loaded: 503 ``no_model_loaded``)."""
+
+    def __init__(self, provider: Callable[[], Any], catalog: ModelCatalog) -> None:
+        self.provider, self.catalog = provider, catalog
+
+    def current(self) -> Any:
+        """The engine now (None: none loaded); for /health and /metrics."""
+        return self.provider()
+
+    def acquire(self, requested: Optional[str], keep_alive_s: Optional[float], embedder: Any = None) -> Held:
+        """Blocking (the catalog may list the models folder): the engine for ``requested``."""
+        eng = self.provider()
+        if eng is None:
+            raise NoModelLoaded("no chat model is loaded yet; try again in a moment")
+        return Held(eng, self.catalog.check_chat(requested, eng, embedder))
+
+    def listing(self, embedder: Any) -> list[dict[str, Any]]:
+        """``/v1/models``' ``data``."""
+        return self.catalog.listing(self.provider(), embedder)
+
+    def pool_status(self) -> Optional[dict[str, Any]]:
+        """None: there is no pool."""
+        return None
+
+
+class PoolSource:
+    """Models from ``pool`` (``ModelPool``) by name; ``default``: the model an absent ``model`` means (a name
+    or path the pool resolves; None: the bundled model)."""
+
+    def __init__(self, pool: Any, catalog: ModelCatalog, default: Optional[str] = None) -> None:
+        self.pool, self.catalog, self.default = pool, catalog, default
+
+    def current(self) -> Any:
+        """The default model's engine when it is loaded (for /health and /metrics), else None."""
+        try:
+            return self.pool.engine_if_loaded(self.default)
+        except Exception:  # noqa: BLE001 - /health must answer whatever the models folder holds
+            return None
+
+    def acquire(self, requested: Optional[str], keep_alive_s: Optional[float], embedder: Any = None) -> Held:
+        """Blocking (a load takes seconds): the lease of the model ``requested`` names (module docstring)."""
+        name = self._name(requested)
+        self._refuse_embedding(requested, name, embedder)
+        lease = self.pool.acquire(name, keep_alive_s=keep_alive_s)
+        return Held(lease.engine, lease.model_id, lease.release)
+
+    def _name(self, requested: Optional[str]) -> Optional[str]:
+        if not requested:
+            return self.default
+        if self.default and requested in _aliases(self.default):
+            return self.default
+        if "/" in requested or "\\" in requested:  # a path: never looked up on disk for a client
+            raise ModelNotFound(requested, self._ids())
+        return requested
+
+    def _refuse_embedding(self, requested: Optional[str], name: Optional[str], embedder: Any) -> None:
+        if embedder is not None and requested and requested in (embedder.model_id, embedder.model_id.split("@")[0]):
+            raise InvalidRequest(f"model {requested!r} is an embedding model; use /v1/embeddings", param="model")
+        if name and self.catalog.is_embedding(name):
+            raise InvalidRequest(f"model {requested!r} is an embedding model; use /v1/embeddings (or a chat "
+                                 "model here)", param="model")
+
+    def _ids(self) -> list[str]:
+        return [m[0] for m in self.catalog.entries(None, None) if m[2] == "chat"]
+
+    def listing(self, embedder: Any) -> list[dict[str, Any]]:
+        """``/v1/models``' ``data``: every installed model, ``loaded`` from the pool."""
+        return self.catalog.listing(None, embedder, self.pool.status())
+
+    def pool_status(self) -> Optional[dict[str, Any]]:
+        """The pool's ``status()``, its budget and what it uses."""
+        return {"budget_bytes": self.pool.budget_bytes, "used_bytes": self.pool.used_bytes(),
+                "ttl_s": self.pool.ttl_s, "models": self.pool.status()}
+
+
+def _aliases(default: str) -> set[str]:
+    """The names that mean the default model: its path, file name and id."""
+    p = Path(default)
+    return {default, p.name, p.stem} if p.suffix.lower() == ".gguf" else {default}
+
+
+def source_for(engine_provider: Any, pool: Any, catalog: ModelCatalog, default_model: Optional[str]) -> Any:
+    """The source ``create_app`` serves from: the pool when one is given, else the engine provider (a
+    callable, or an ``Engine``-like object served as is)."""
+    if pool is not None:
+        return PoolSource(pool, catalog, default_model)
+    provider = engine_provider if callable(engine_provider) else (lambda: engine_provider)
+    return EngineSource(provider, catalog)
+
+
+__all__ = ["EngineSource", "Held", "PoolSource", "keep_alive_of", "loaded_id", "parse_keep_alive", "source_for"]
