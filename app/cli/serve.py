@@ -97,15 +97,16 @@ def _budget_bytes(gb: float | None) -> int | None:
 
 
 def _pool(args: argparse.Namespace, user, settings, budget: int | None):
-    """The model pool, with ``--model`` (when given) loaded and kept; returns ``(pool, default model)``."""
+    """The model pool, with ``--model`` (when given) loaded and kept; returns ``(pool, the default model's
+    path)``."""
     from app.engine.pool import local_pool
     from app.engine.registry import resolve_model
 
     cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None)) if args.prefix_cache else None
     pool = local_pool(user, budget_bytes=budget, ttl_s=args.ttl if args.ttl >= 0 else None,
                       engine_kwargs={"prefix_cache": cache, "max_queue": settings.max_queue})
-    default = str(resolve_model(args.model)) if args.model else None
-    if default is not None:
+    default = str(resolve_model(args.model))  # None: the bundled model, named here so /health can report it
+    if args.model:
         try:
             pool.acquire(default, keep_alive_s=-1).release()  # preloaded, kept until the budget needs the room
         except BaseException:
@@ -114,7 +115,7 @@ def _pool(args: argparse.Namespace, user, settings, budget: int | None):
     return pool, default
 
 
-def _serve(args: argparse.Namespace, user, settings, pool, default: str | None) -> int:
+def _serve(args: argparse.Namespace, user, settings, pool, default: str) -> int:
     from app.server import create_app, serve
     from app.server.app import settings_reasoning_defaults
     from app.server.models import ModelCatalog
@@ -126,9 +127,9 @@ def _serve(args: argparse.Namespace, user, settings, pool, default: str | None) 
                      reasoning_defaults=settings_reasoning_defaults(user),
                      allow_command_verifier=settings.allow_command_verifier, responses_store=_responses_store())
     budget = "no limit" if pool.budget_bytes is None else f"{pool.budget_bytes / (1 << 30):.1f} GiB"
+    ttl = f"after {pool.ttl_s:g} s" if pool.ttl_s is not None else "never"
     print(f"hearth: serving every installed model on http://{settings.host}:{settings.port}/v1 (default "
-          f"{Path(default).stem if default else 'the bundled model'}; models' budget {budget}, idle models unload "
-          f"after {pool.ttl_s if pool.ttl_s is not None else 'never'} s; Ctrl+C stops)", file=sys.stderr)
+          f"{Path(default).stem}; models' budget {budget}; idle models unload {ttl}; Ctrl+C stops)", file=sys.stderr)
     import signal
 
     # uvicorn shuts down on SIGTERM, then re-raises it; ending through SystemExit instead lets the engine
