@@ -32,7 +32,7 @@ def docs(tmp_path: Path, doc_store):
     source.close()
 
 
-def chat(engine, docs, questions, k=1, system="Answer briefly."):
+def chat(engine, docs, questions, k=1, system="Answer briefly.", answer=""):
     """Run a stateless chat as an API client would: the client's own messages, grounded on each request."""
     history = [ChatMessage("system", system)]
     prompts, groundings = [], []
@@ -41,7 +41,7 @@ def chat(engine, docs, questions, k=1, system="Answer briefly."):
         messages, g = ground(engine, docs, tuple(history), k=k, max_tokens=32)
         prompts.append(render_text(GenerateRequest(messages=messages)))
         groundings.append(g)
-        history.append(ChatMessage("assistant", f"answer {len(prompts)}"))
+        history.append(ChatMessage("assistant", f"answer {len(prompts)}{answer}"))
     return prompts, groundings
 
 
@@ -68,12 +68,11 @@ def test_a_single_question_gets_the_stored_turns_text(docs):
 
 
 def test_the_oldest_turns_lose_their_evidence_first_when_it_does_not_fit(docs):
-    engine = FakeEngine(n_ctx=1200)  # one character per token: room for two evidence blocks, not three
-    prompts, groundings = chat(engine, docs, QUESTIONS[:3])
-    last = groundings[-1]
-    assert any("citric acid" in e.text for e in last.evidence)  # the last question keeps its evidence
-    assert "30 minutes" not in prompts[-1]  # the first question's evidence was left out
-    assert len(prompts[-1]) <= 1200 - 32 and prompts[-1].count("Answer from the evidence below") == 2
+    engine = FakeEngine(n_ctx=1500)  # one character per token; long answers leave room for two turns' evidence
+    prompts, groundings = chat(engine, docs, QUESTIONS[:3], answer=" blah" * 60)
+    assert [e.text.split()[0] for e in groundings[-1].evidence] == ["Error", "Descale"]
+    assert "30 minutes" not in prompts[-1]  # the first question's evidence was left out, the second's kept
+    assert len(prompts[-1]) <= 1500 - 32 and prompts[-1].count("Answer from the evidence below") == 1
 
 
 def test_searches_are_remembered_while_the_index_is_unchanged(docs, tmp_path: Path):

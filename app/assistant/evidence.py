@@ -155,17 +155,24 @@ def join_notices(*notices: str | None) -> str | None:
     return "; ".join(kept) if kept else None
 
 
-def evidence_text(evidence: Sequence[Evidence], repeated: Sequence[Evidence] = ()) -> EvidenceText | None:
+LATER_HEADER = "More evidence (cite it the same way):"  # a later turn's header: the instructions are above
+
+
+def evidence_text(evidence: Sequence[Evidence], repeated: Sequence[Evidence] = (), *,
+                  instructions: bool = True) -> EvidenceText | None:
     """``evidence`` as prompt text (None for none): the citation instructions once, then each passage.
     ``repeated``: passages that also match but are already in the prompt from an earlier turn; they are
-    named in one last line (``[E:<id>] <path>, ... (given above)``) instead of being given again."""
+    named in one last line (``Also relevant, given above: [E:<id>] <path>, ...``) instead of being given
+    again. ``instructions`` False: a short ``LATER_HEADER`` instead of the instructions, for a turn whose
+    prompt already holds them (~70 tokens a turn saved)."""
     if not evidence and not repeated:
         return None
     passages = [format_passage(e) for e in evidence]
     if repeated:
         passages.append("Also relevant, given above: " + ", ".join(f"[E:{e.evidence_id}] {e.path}"
                                                                   for e in repeated))
-    return EvidenceText(evidence_header(list(evidence) or list(repeated)), tuple(passages))
+    header = evidence_header(list(evidence) or list(repeated)) if instructions else LATER_HEADER
+    return EvidenceText(header, tuple(passages))
 
 
 def citations(answer: str, evidence: Sequence[Evidence]) -> list[dict]:

@@ -4,14 +4,14 @@
 **Each question keeps its own evidence, in its own turn.** Every user message of the request is grounded, not
 only the last: its passages go into that user turn before its text (``app.memory.context.with_evidence``),
 after everything before it. A passage that an earlier turn already holds is not given again; the later turn
-names it in one line ("also relevant, given above"). An elliptical follow-up ("and the least I can put in?")
-is searched together with the question before it (``search_query``). The search is deterministic (and
-remembered by ``DocumentSource`` while the index is unchanged), so the evidence of turn *i* is the same text
-in every later request of the chat: the prompt only grows at its end, and the engine's prefix cache reuses the
-previous request's prompt in whole n_batch chunks (docs/retrieval.md, "Evidence placement": measured as
-cached/prompt tokens per turn by tests/test_rag_cache_real.py). Before this, only the last question had
-evidence, so the previous turn's passages vanished from the next prompt and the cache stopped at that turn's
-user message.
+names it in one line ("also relevant, given above"), and the citation instructions are given once, with the
+first evidence. An elliptical follow-up ("and the least I can put in?") is searched together with the question
+before it (``search_query``). The search is deterministic (and remembered by ``DocumentSource`` while the
+index is unchanged), so the evidence of turn *i* is the same text in every later request of the chat: the
+prompt only grows at its end, and the engine's prefix cache reuses the previous request's prompt in whole
+n_batch chunks (docs/retrieval.md, "Evidence placement": measured as cached/prompt tokens per turn by
+tests/test_rag_cache_real.py). Before this, only the last question had evidence, so the previous turn's
+passages vanished from the next prompt and the cache stopped at that turn's user message.
 
 Budget (tokens): each earlier turn's evidence is trimmed passage by passage to the builder's
 ``evidence_fraction`` of the prompt budget (a room that does not depend on later turns, so the text stays the
@@ -159,7 +159,8 @@ def _plan(documents: ev.DocumentSource, messages: tuple[ChatMessage, ...], quest
     for i in questions:
         found = documents.search(search_query(messages, i), k)
         new = [e for e in found.evidence if e.evidence_id not in seen]
-        text = ev.evidence_text(new, [seen[e.evidence_id] for e in found.evidence if e.evidence_id in seen])
+        text = ev.evidence_text(new, [seen[e.evidence_id] for e in found.evidence if e.evidence_id in seen],
+                                instructions=not turns)
         if i == last:
             notices.append(found.notice)
         if text is None:

@@ -69,7 +69,7 @@ class FusionConfig:
 
 # Chosen on the dev splits of both benchmark question sets (docs/retrieval.md, "Fusion"; re-run with
 # ``python -m benchmarks.retrieval_quality --tune``).
-DEFAULT_FUSION = FusionConfig("score", 0.5, 0.5)
+DEFAULT_FUSION = FusionConfig("score", 0.2, 0.8)
 
 
 def weighted_rrf(rankings: Sequence[Sequence[int]], weights: Sequence[float] | None = None,
