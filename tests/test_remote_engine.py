@@ -704,3 +704,16 @@ def test_self_consistency_samples_run_as_concurrent_remote_requests(remote):
     result = SelfConsistencyRun(engine(remote), req, parse_self_consistency({"n": 3})).run()
     assert "42" in result.chosen.text and len(result.dones) == 3
     assert sorted(b["seed"] for b in remote.bodies()) == [1, 2, 3]
+
+
+def test_another_hearth_is_recognised_by_its_listing():
+    listing = {"object": "list", "data": [], "hearth": {"pool": {"models": {"gemma": {"loaded": True}}}}}
+    fake = FakeRemote()
+    fake.routes[("GET", "/v1/models")] = lambda h, b: h.send_json(200, listing)
+    try:
+        eng = RemoteEngine("peer", fake.url)
+        assert eng.load()["remote"]["model"] == "gemma" and eng.kind == "hearth"
+        listing.update(data=[{"id": "a", "hearth": {"loaded": False}}, {"id": "b", "hearth": {"loaded": True}}])
+        assert RemoteEngine("peer", fake.url).load()["remote"]["model"] == "b"  # the one it has loaded
+    finally:
+        fake.close()

@@ -670,12 +670,12 @@ class RemoteEngine:
         if self._closed:
             raise ModelLoadError(f"the remote engine {self.label} was closed", path=self.url)
         listing = self._get_json("/models")
-        models = [m for m in (listing.get("data") or []) if isinstance(m, dict) and m.get("id")]
+        models = _model_cards(listing)
         ids = [str(m["id"]) for m in models]
-        chosen = self._choose(ids)
+        chosen = self._choose(ids, models)
         card = next(m for m in models if m["id"] == chosen)
         self.model = chosen
-        self.kind = _kind(card)
+        self.kind = "hearth" if isinstance(listing.get("hearth"), dict) else _kind(card)
         n_ctx = self._n_ctx or _card_ctx(card) or self._props_ctx() or DEFAULT_N_CTX
         self._tokenizer = self._probe_tokenizer()
         self.info = {"model": self.name, "model_path": self.name, "template": "remote", "n_ctx": int(n_ctx),
@@ -685,7 +685,7 @@ class RemoteEngine:
         self._loaded, self._down = True, False
         return self.info
 
-    def _choose(self, ids: list[str]) -> str:
+    def _choose(self, ids: list[str], models: list[dict]) -> str:
         if self.model:
             if self.model in ids:
                 return self.model
@@ -693,6 +693,9 @@ class RemoteEngine:
                                  f"{', '.join(ids) or '(none)'}", path=self.url)
         if len(ids) == 1:
             return ids[0]
+        loaded = [m["id"] for m in models if isinstance(m.get("hearth"), dict) and m["hearth"].get("loaded")]
+        if len(loaded) == 1:  # another Hearth lists every installed model; the one it has loaded answers soonest
+            return str(loaded[0])
         raise ModelLoadError(f"the remote {self.label} serves {len(ids)} models ({', '.join(ids) or 'none'}); "
                              "name one with --model", path=self.url)
 
@@ -1059,6 +1062,17 @@ class RemoteEngine:
             s.prompt_tokens += m.prompt_tokens
             s.cached_tokens += m.cached_tokens
             s.completion_tokens += m.completion_tokens
+
+
+def _model_cards(listing: dict) -> list[dict]:
+    """The entries of a ``/v1/models`` answer that have an id. Another Hearth whose loaded model lives outside
+    its models folder lists ``data: []`` and names its loaded models in ``hearth.pool.models``: those."""
+    cards = [m for m in (listing.get("data") or []) if isinstance(m, dict) and m.get("id")]
+    hearth = listing.get("hearth")
+    if not cards and isinstance(hearth, dict):
+        pool = (hearth.get("pool") or {}).get("models") or {}
+        cards = [{"id": str(k), "owned_by": "hearth", "hearth": {"loaded": True}} for k in pool]
+    return cards
 
 
 def _kind(card: dict) -> str:
