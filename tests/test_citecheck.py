@@ -114,3 +114,11 @@ def test_the_whole_check_with_embeddings_on_hand_made_sentences(embedding_model)
     assert all(c.threshold == DEFAULT_THRESHOLD for c in ok)
     meaning = bad[len(UNSUPPORTED_FACTS):]
     assert all(not c.missing and c.similarity < DEFAULT_THRESHOLD for c in meaning)  # caught by similarity
+
+
+def test_adjacent_markers_cite_the_same_sentence():
+    a, b = _evidence(STORAGE, "aaaaaaaaaaaa"), _evidence(RENT, "bbbbbbbbbbbb")
+    answer = "Intro. Store below 25 °C [E:aaaaaaaaaaaa] [E:bbbbbbbbbbbb]."
+    cites = check_citations(answer, parse_citations(answer, [a, b]), [a, b])
+    spans = {answer[c.sentence_start:c.sentence_end].split("[")[0].strip() for c in cites}
+    assert spans == {"Store below 25 °C"} and [c.supported for c in cites] == [True, False]

@@ -159,6 +159,9 @@ def _sentence_start(answer: str, pos: int) -> int:
     start = max(cut, prev_marker)
     while start < pos and answer[start] in " \t\n.!?":
         start += 1
+    if start == pos and prev_marker and prev_marker > cut:  # "claim [E:a] [E:b]": b cites the same claim
+        before = max(m.start() for m in _MARKER.finditer(head) if m.end() == prev_marker)
+        return _sentence_start(answer, before)
     return start
 
 
