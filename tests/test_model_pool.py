@@ -3,8 +3,10 @@ keep_alive, a model that fails to load while others serve, waits for a loading m
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,10 +62,15 @@ class Maker:
         return E(path, reply=lambda r: f"I am {key}")
 
 
+MODELS = Path(tempfile.mkdtemp(prefix="hearth-pool-test-"))
+for _name in SIZES:  # the files exist: a failed load is remembered by the file's size and mtime
+    (MODELS / f"{_name}.gguf").write_bytes(b"GGUF")
+
+
 def resolve(name):
     if name not in SIZES:
         raise ModelNotFound(name or "", sorted(SIZES))
-    return name, f"/models/{name}.gguf"
+    return name, str(MODELS / f"{name}.gguf")
 
 
 def pool(maker, clock=None, **kw) -> ModelPool:
@@ -166,5 +173,28 @@ def test_requests_for_a_loading_model_wait_for_that_one_load():
         for t in threads:
             t.join(10)
         assert out == ["I am a"] * 4 and m.made == ["a"]
+    finally:
+        p.close()
+
+
+def test_a_remote_in_the_settings_is_a_pool_entry_whose_failure_is_tried_again():
+    import socket
+
+    from app.engine.pool import local_pool
+    from app.errors import EngineCrashed
+    from app.settings import RemoteSettings, UserSettings
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    settings = UserSettings(remotes={"far": RemoteSettings(url=url, connect_timeout_s=1.0).validate("far")})
+    p = local_pool(settings, budget_bytes=GIB, ttl_s=60)
+    try:
+        for _ in range(2):  # unreachable: an error naming it, and the next request tries again
+            with pytest.raises(EngineCrashed, match="far"):
+                p.acquire("far")
+            assert p.status()["far"]["state"] == "unloaded"
+        assert p.used_bytes() == 0
     finally:
         p.close()

@@ -115,8 +115,15 @@ def make_engine(args: argparse.Namespace):
     from app.engine.registry import resolve_model
     from app.settings import load_user_settings
 
-    path = resolve_model(getattr(args, "model", None))
     user = load_user_settings()
+    name = getattr(args, "model", None)
+    if name and name in user.remotes:  # a remote engine (hearth remote add; docs/remote.md)
+        from app.cli.remote import open_remote
+
+        eng = open_remote(name, user)
+        eng.load()
+        return eng
+    path = resolve_model(name)
     settings = load_settings(args, user)
     cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None))
     if not getattr(args, "prefix_cache", True):

@@ -41,6 +41,7 @@ from app.errors import HearthError, ModelLoadError
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
+REMOTE_PREFIX = "remote:"  # the "path" of a remote engine (settings.remotes) in the pool
 
 
 class ModelBusy(HearthError):
@@ -155,8 +156,9 @@ class ModelPool:
             engine, need = self._load(slot, deadline)
         except BaseException as exc:
             with self._cond:
-                if isinstance(exc, ModelLoadError):
-                    slot.state, slot.error, slot.error_stamp = "failed", exc, file_stamp(slot.path)
+                stamp = file_stamp(slot.path)
+                if isinstance(exc, ModelLoadError) and stamp != (None, None):  # a remote's failure is retried
+                    slot.state, slot.error, slot.error_stamp = "failed", exc, stamp
                 else:
                     slot.state = "unloaded"
                 self._cond.notify_all()
@@ -353,14 +355,27 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     from app.engine.memory_estimate import detect_available_ram, estimate_memory, resolve_parallel
     from app.engine.registry import model_id, resolve_model
 
+    remotes = getattr(settings, "remotes", {}) or {}
+
     def resolve(name: Optional[str]) -> tuple[str, str]:
+        if name and name in remotes:
+            return name, REMOTE_PREFIX + name
         path = resolve_model(name)
         return model_id(path), str(path)
 
     def make(key: str, path: str) -> Any:
+        if path.startswith(REMOTE_PREFIX):
+            from app import secrets
+            from app.engine.remote import RemoteEngine
+
+            r = remotes[key]
+            return RemoteEngine.from_settings(key, r, api_key=secrets.api_key_for(key, r),
+                                              key_hint=secrets.key_source(key, r))
         return Engine(path, settings.load_for(key), **{**settings.engine_options(key), **(engine_kwargs or {})})
 
     def estimate(key: str, path: str) -> int:
+        if path.startswith(REMOTE_PREFIX):
+            return 0  # it runs on the remote machine
         try:
             info = inspect_model(Path(path))
         except HearthError as exc:
