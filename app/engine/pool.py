@@ -156,9 +156,8 @@ class ModelPool:
             engine, need = self._load(slot, deadline)
         except BaseException as exc:
             with self._cond:
-                stamp = file_stamp(slot.path)
-                if isinstance(exc, ModelLoadError) and stamp != (None, None):  # a remote's failure is retried
-                    slot.state, slot.error, slot.error_stamp = "failed", exc, stamp
+                if isinstance(exc, ModelLoadError) and not slot.path.startswith(REMOTE_PREFIX):  # a remote: again
+                    slot.state, slot.error, slot.error_stamp = "failed", exc, file_stamp(slot.path)
                 else:
                     slot.state = "unloaded"
                 self._cond.notify_all()
