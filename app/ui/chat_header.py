@@ -47,9 +47,8 @@ class ChatHeader(QFrame):
         self.toggle = QToolButton(text="System prompt ▸", checkable=True)
         self.toggle.setObjectName("systemPromptToggle")
         self.toggle.toggled.connect(self._toggle)
-        for w in (self.title, self.project):
-            row.addWidget(w)
-        row.addStretch(1)
+        row.addWidget(self.project)
+        row.insertWidget(0, self.title, 1)  # the title takes the free width (cut with its project note kept)
         for w in (QLabel("Preset:"), self.preset, self.toggle):
             row.addWidget(w)
         outer.addLayout(row)

@@ -121,7 +121,7 @@ class ModelPanel(QWidget):
         box = QGroupBox("Hugging Face")
         lay = QVBoxLayout(box)
         row = QHBoxLayout()
-        self.query = QLineEdit(placeholderText="Search GGUF models, e.g. qwen2.5 instruct")
+        self.query = QLineEdit(placeholderText="Search GGUF models, e.g. qwen3 instruct gguf")
         self.search_btn = QPushButton("Search")
         row.addWidget(self.query, 1)
         row.addWidget(self.search_btn)
@@ -239,7 +239,7 @@ class ModelPanel(QWidget):
     def show_recommendations(self, ram: int | None, vram: int | None) -> None:
         self.recommended.clear()
         for r in recommend(load_catalog(), ram, vram):
-            item = QListWidgetItem(f"{r.name} · {human_bytes(r.size_bytes)} · {r.verdict} — {r.blurb}")
+            item = QListWidgetItem(r.label())  # quantization and size say "unknown" rather than guess
             item.setData(Qt.ItemDataRole.UserRole, r)
             self.recommended.addItem(item)
         if self.recommended.count():
