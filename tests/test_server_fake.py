@@ -381,8 +381,13 @@ def test_documents_unavailable_is_400_and_off_by_default(c):
 def test_documents_evidence_before_last_user_message_and_citations():
     eng, docs, c = rag()
     j = ask(c, k=1).json()
+    first = list(docs.queries)
     ask(c)
-    assert docs.queries == [(QUESTION, 1), (QUESTION, 4)]  # the request's k, then the default
+    second = docs.queries[len(first):]
+    # Every user message of the request is searched for its own evidence (app/assistant/grounding.py), with
+    # the request's k, then the default.
+    assert {q for q, _ in first} == {q for q, _ in second} == {QUESTION, "Hello"}
+    assert {k for _, k in first} == {1} and {k for _, k in second} == {4}
     msgs = [(m.role, m.content) for m in eng.seen[-2].messages]
     assert msgs[:3] == [(m["role"], m["content"]) for m in HISTORY]  # system and history untouched: cacheable
     block = evidence_text([PELICAN]).block()  # the stored chat's placement: the evidence, then the question
