@@ -245,14 +245,18 @@ def print_tables(summary: dict) -> None:
     for name, info in summary["corpora"].items():
         print(f"\n{name}: {info.get('documents', '?')} documents, {info['chunks']} chunks, {info['questions']} "
               f"questions; ingest {info['ingest_s']} s")
-        print(f"{'mode':<16} {'R@5 all':>8} {'MRR all':>8} {'R@5 dev':>8} {'MRR dev':>8} {'R@5 test':>9} "
-              f"{'MRR test':>9}")
+        print(f"{'mode':<16} " + " ".join(f"{h:>8}" for h in ("R@5 all", "MRR all", "R@5 dev", "MRR dev",
+                                                               "R@5 test", "MRR test")))
         for mode, m in summary["sets"][name].items():
             if mode.startswith("_"):
                 continue
             extra = f"  {m['seconds_per_query']} s/query" if "seconds_per_query" in m else ""
-            print(f"{mode:<16} {m['all']['recall@5']:>8.3f} {m['all']['mrr@10']:>8.3f} {m['dev']['recall@5']:>8.3f} "
-                  f"{m['dev']['mrr@10']:>8.3f} {m['test']['recall@5']:>9.3f} {m['test']['mrr@10']:>9.3f}{extra}")
+            only = m.get("split", "all")  # the reranker may have run on one half only
+            cells = [f"{m[p][x]:.3f}" if only in ("all", p) else "-" for p in ("all", "dev", "test")
+                     for x in ("recall@5", "mrr@10")]
+            if only != "all":
+                cells[0:2] = ["-", "-"]
+            print(f"{mode:<16} " + " ".join(f"{c:>8}" for c in cells) + extra)
     if "tuning" in summary:
         print(f"\ntuned on dev: {summary['tuning']['chosen']}")
         for row in summary["tuning"]["candidates"]:
