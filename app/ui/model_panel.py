@@ -21,10 +21,27 @@ log = logging.getLogger(__name__)
 VERDICT_COLOURS = {"fits": "#2e7d32", "tight": "#ef6c00", "won't fit": "#c62828", "unknown": "#777777"}
 
 
-def list_models_job() -> list:
-    from app.engine.registry import list_models
+REMOTE = "remote:"  # the path of a remote engine's row (the pool's name for it too: app.engine.pool)
 
-    return list_models()
+
+def list_models_job(remotes: dict | None = None) -> list:
+    """The installed GGUF files (``registry.list_models``), then one row per remote engine of the settings
+    (``remotes``: name → ``RemoteSettings``; docs/remote.md), whose path is ``remote:<name>``."""
+    from app.engine.registry import ModelEntry, list_models
+
+    rows = list_models()
+    for name, r in sorted((remotes or {}).items()):
+        rows.append(ModelEntry(name, REMOTE + name, 0, architecture="remote", has_chat_template=True,
+                               quantization=r.model or None))
+    return rows
+
+
+def remote_html(name: str, r: Any) -> str:
+    """The details of a remote engine's row."""
+    model = f" (model {_esc(r.model)})" if r.model else ""
+    return (f"<b>{_esc(name)}</b> — remote engine at {_esc(r.url)}{model}<br>It runs on that machine: its "
+            "memory, its prefix cache. Conversations, documents and citations stay here. TTFT and ITL are "
+            "measured at Hearth's side of the connection (docs/remote.md).")
 
 
 def estimate_job(entry: Any, settings: Any) -> Any:
@@ -165,16 +182,21 @@ class ModelPanel(QWidget):
 
     # -- installed models ---------------------------------------------------------------------------------
     def refresh(self) -> None:
-        self.ctx.pool.run(list_models_job, on_return=self._entries)
+        self.ctx.pool.run(list_models_job, dict(getattr(self.ctx.settings, "remotes", {}) or {}),
+                          on_return=self._entries)
 
     def _entries(self, entries: list) -> None:
         self.model.set_entries(entries)
         job = self.ctx.engine.job
-        self.model.set_loaded(job.path if job else None)
+        self.model.set_loaded((REMOTE + job.path if job.remote else job.path) if job else None)
 
     def _selected(self, row: int) -> None:
         entry = self.model.item(row)
         if entry is None:
+            return
+        remote = self._remote(entry)
+        if remote is not None:
+            self.details.setText(remote_html(entry.id, remote))
             return
         self.details.setText(details_html(entry))
         if entry.info is not None:
@@ -194,9 +216,28 @@ class ModelPanel(QWidget):
 
     def load_selected(self) -> None:
         entry = self.view.currentIndex().data(ItemRole)
-        if entry is not None:
-            self.error.setVisible(False)
+        if entry is None:
+            return
+        self.error.setVisible(False)
+        remote = self._remote(entry)
+        if remote is None:
             self.ctx.load_model(entry.path, entry.id)
+            return
+        from app import secrets
+        from app.errors import HearthError
+
+        try:
+            key = secrets.api_key_for(entry.id, remote)
+        except HearthError as exc:  # the key's variable is unset, the keyring has none: say which
+            self.show_error(exc)
+            return
+        self.ctx.engine.connect_remote(entry.id, remote.url, model=remote.model, api_key=key)
+
+    def _remote(self, entry: Any) -> Any:
+        """The ``RemoteSettings`` of a remote engine's row, else None."""
+        if not str(entry.path).startswith(REMOTE):
+            return None
+        return (getattr(self.ctx.settings, "remotes", {}) or {}).get(entry.id)
 
     def show_error(self, exc: BaseException) -> None:
         self.error.setText(f"Could not load the model: {exc}")

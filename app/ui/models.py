@@ -161,6 +161,8 @@ class ModelListModel(_ListModel):
             return None
         if role == Qt.ItemDataRole.DisplayRole:
             loaded = "● " if self.loaded_path and e.path == self.loaded_path else ""
+            if str(e.path).startswith("remote:"):  # a remote engine (model_panel.list_models_job)
+                return f"{loaded}{e.id}  (remote engine{' · ' + e.quantization if e.quantization else ''})"
             return f"{loaded}{model_label(e)} · {human_bytes(e.size_bytes)}"
         if role == Qt.ItemDataRole.ToolTipRole:
             return e.error or e.path

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QWidget)
 
 from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
-from app.errors import InvalidRequest
+from app.errors import HearthError, InvalidRequest
 from app.settings import UserSettings
 
 
@@ -66,6 +66,10 @@ class SettingsDialog(QDialog):
             tools.status_changed.connect(self.mcp.update_status)
             self.pages.addTab(self.mcp, "MCP servers")
         self.tools = tools
+        from app.ui.remotes_page import RemotesPage
+
+        self.remotes = RemotesPage(getattr(settings, "remotes", {}) or {})
+        self.pages.addTab(self.remotes, "Remote engines")
         outer = QVBoxLayout(self)
         outer.addWidget(self.pages)
         self.error = QLabel(wordWrap=True, objectName="errorText")
@@ -185,7 +189,7 @@ class SettingsDialog(QDialog):
             s = replace(s, tools=self.mcp.result_limits())
         return replace(s, decoding=self._decoding(), system_prompt=self.system_prompt.toPlainText(),
                        prefix_cache=self.prefix_cache.isChecked(), cache_budget_mb=float(self.cache_budget.value()),
-                       per_model=per_model)
+                       per_model=per_model, remotes=self.remotes.result_remotes())
 
     def accept(self) -> None:
         self.new_theme = str(self.theme.currentData())
@@ -204,6 +208,12 @@ class SettingsDialog(QDialog):
                 return
             tools = self.tools
             self.new_mcp = None if tools is not None and cfg == tools.config and not tools.config_error else cfg
+        try:
+            self.remotes.store_keys()
+        except HearthError as exc:  # the keyring refused: say so, keep the dialog open
+            self.pages.setCurrentWidget(self.remotes)
+            self.error.setText(f"Remote engines: {exc}")
+            return
         super().accept()
 
     def done(self, result: int) -> None:
