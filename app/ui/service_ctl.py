@@ -16,9 +16,6 @@ not depend on the service installer being part of the build; both read the same 
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -29,20 +26,11 @@ POLL_MS = 5000
 
 
 def probe(host: str, port: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
-    """The ``/health`` JSON of a Hearth server at ``host:port`` (a 503 ``no_model`` counts), else None."""
-    h = f"[{host}]" if ":" in host else host
-    try:
-        with urllib.request.urlopen(f"http://{h}:{port}/health", timeout=timeout_s) as r:  # noqa: S310 - loopback
-            body = r.read()
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-    except (OSError, ValueError):
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) and "status" in data else None
+    """The ``/health`` JSON of a Hearth server at ``host:port`` (a 503 ``no_model`` counts), else None
+    (``app.service_unit.probe_health``)."""
+    from app.service_unit import probe_health
+
+    return probe_health(host, port, timeout_s)
 
 
 def service_text(health: dict[str, Any] | None, port: int, connected: bool) -> str:
