@@ -226,3 +226,28 @@ def test_capabilities_of_the_bundled_gguf(bundled_model):
     assert h["capabilities"] == ["chat", "tools"] and h["tool_format"] == "json"
     assert h["thinking"] == {"family": "prefill", "native": False}  # thinks only when a budget asks
     assert 100 * 2**20 < h["memory_estimate_bytes"] < 4 * GIB and h["loaded"] is False
+
+
+def test_the_desktop_port_serves_the_windows_model_and_loads_the_others_from_its_pool():
+    """``create_app(engine_provider, pool=...)`` (the desktop app): the window's engine answers for its own
+    model and for no ``model``; another installed model is loaded by the pool, never a second copy of the
+    window's; an unknown name is still a 404."""
+    window = FakeEngine("/m/alpha.gguf", reply=lambda req: "window: " + req.messages[-1].content)
+    pool, made = make_pool()
+    app = create_app(lambda: window, ServerSettings(), pool=pool, catalog=CATALOG)
+    c = TestClient(app, base_url="http://127.0.0.1:8765", raise_server_exceptions=False)
+    try:
+        for model in (None, "alpha", "alpha.gguf"):
+            body = {"messages": HI, **({"model": model} if model else {})}
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "window: hi"
+        r = c.post("/v1/chat/completions", json={"messages": HI, "model": "beta"})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "beta: hi"
+        assert r.json()["model"] == "beta" and list(made.engines) == ["beta"]  # alpha never loaded twice
+        listing = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+        assert listing["alpha"]["hearth"]["loaded"] and listing["beta"]["hearth"]["loaded"]
+        r = c.post("/v1/chat/completions", json={"messages": HI, "model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    finally:
+        pool.close()
+        window.close()

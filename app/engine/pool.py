@@ -123,6 +123,7 @@ class ModelPool:
         self._cond = threading.Condition()
         self._closed = False
         self.unloads: list[tuple[str, str]] = []  # (model_id, why), oldest first (the last 100)
+        self.remote_names: tuple[str, ...] = ()  # names resolved to remote engines (local_pool)
         self._reaper: Optional[threading.Thread] = None
         if reaper_interval_s > 0:
             self._reaper = threading.Thread(target=self._reap_loop, args=(reaper_interval_s,),
@@ -388,5 +389,7 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     if budget_bytes is None:
         ram = detect_available_ram()
         budget_bytes = int(ram * 0.8) if ram else None
-    return ModelPool(resolve, make, estimate, budget_bytes=budget_bytes, ttl_s=ttl_s, ttl_for=ttl_for,
+    pool = ModelPool(resolve, make, estimate, budget_bytes=budget_bytes, ttl_s=ttl_s, ttl_for=ttl_for,
                      load_timeout_s=load_timeout_s)
+    pool.remote_names = tuple(remotes)  # names that are remote engines, not files (for the port's listing)
+    return pool

@@ -95,7 +95,7 @@ class ModelCatalog:
     def listing(self, engine: Any, embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,
                 extra_paths: Iterable[str] = ()) -> list[dict[str, Any]]:
         """``/v1/models``' ``data``. ``pool``: a ``ModelPool.status()`` (then ``loaded``, ``state`` and the
-        pool's figures come from it; ``engine`` is None)."""
+        pool's figures come from it); ``engine``: the window's engine (its model is loaded too), or None."""
         now = int(time.time())
         loaded = str(engine.model_path) if engine is not None else None
         out = []
@@ -108,7 +108,7 @@ class ModelCatalog:
             if kind == "embedding":
                 is_loaded = embedder is not None
             else:
-                is_loaded = bool(slot and slot["loaded"]) if pool is not None else path == loaded
+                is_loaded = bool(slot and slot["loaded"]) or (loaded is not None and path == loaded)
             meta = {"kind": kind, "loaded": is_loaded, "file": Path(path).name if path else None,
                     **self.describe(mid, path, kind)}
             if pool is not None and kind == "chat":

@@ -8,6 +8,7 @@ included) or its client has gone. Two sources:
   engine). The rule of ``ModelCatalog.check_chat``: the loaded model's id, file name or no ``model`` mean it;
   another installed model is a 400 ``model_not_loaded`` (the window owns which model is loaded), anything
   else a 404 ``model_not_found``. ``keep_alive`` is accepted and has nothing to do (the window keeps its model).
+- ``WindowSource``: both (the desktop app's port): the window's engine for its model, the pool for the others.
 - ``PoolSource``: ``app.engine.pool.ModelPool`` (``create_app(pool=...)``). The name picks among the installed
   models (id, file name, case-insensitively, ``registry.resolve_model``), loaded on demand within the memory
   budget and held by a ``Lease`` for the whole answer. No ``model``: the default model (``hearth serve
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from app.errors import InvalidRequest, ModelNotFound
-from app.server.errors import NoModelLoaded
+from app.server.errors import ModelNotLoaded, NoModelLoaded
 from app.server.models import ModelCatalog, loaded_id
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.I)
@@ -149,6 +150,40 @@ class PoolSource:
                 "ttl_s": self.pool.ttl_s, "models": self.pool.status()}
 
 
+class WindowSource(EngineSource):
+    """The desktop app's port: the window's engine for its own model (or no ``model``), and ``pool`` for every
+    other installed model or remote engine, loaded on demand within the pool's budget, as ``hearth serve``
+    does (``PoolSource``). The pool never loads a second copy of the window's model, and the window's engine
+    is never unloaded by the pool. The pool's budget is taken from the RAM available when the port starts,
+    which the window's model already uses."""
+
+    def __init__(self, provider: Callable[[], Any], pool: Any, catalog: ModelCatalog) -> None:
+        super().__init__(provider, catalog)
+        self.pooled = PoolSource(pool, catalog, None)
+
+    def acquire(self, requested: Optional[str], keep_alive_s: Optional[float], embedder: Any = None) -> Held:
+        """Blocking: the window's engine for its model, else a lease from the pool."""
+        eng = self.provider()
+        if eng is None and not requested:
+            raise NoModelLoaded("no chat model is loaded yet; try again in a moment")
+        if eng is not None:
+            try:
+                return Held(eng, self.catalog.check_chat(requested, eng, embedder))
+            except ModelNotLoaded:
+                pass  # another installed model: the pool loads it
+            except ModelNotFound:
+                if not (requested and requested in getattr(self.pooled.pool, "remote_names", ())):
+                    raise
+        return self.pooled.acquire(requested, keep_alive_s, embedder)
+
+    def listing(self, embedder: Any) -> list[dict[str, Any]]:
+        """``/v1/models``: every installed model; ``loaded`` for the window's and the pool's."""
+        return self.catalog.listing(self.provider(), embedder, self.pooled.pool.status())
+
+    def pool_status(self) -> Optional[dict[str, Any]]:
+        return self.pooled.pool_status()
+
+
 def _aliases(default: str) -> set[str]:
     """The names that mean the default model: its path, file name and id."""
     p = Path(default)
@@ -156,12 +191,16 @@ def _aliases(default: str) -> set[str]:
 
 
 def source_for(engine_provider: Any, pool: Any, catalog: ModelCatalog, default_model: Optional[str]) -> Any:
-    """The source ``create_app`` serves from: the pool when one is given, else the engine provider (a
-    callable, or an ``Engine``-like object served as is)."""
+    """The source ``create_app`` serves from: both an engine provider and a pool → ``WindowSource`` (the
+    desktop app); the pool alone → ``PoolSource`` (``hearth serve``); else the engine provider (a callable, or
+    an ``Engine``-like object served as is)."""
+    provider = engine_provider if callable(engine_provider) else (lambda: engine_provider)
+    if pool is not None and engine_provider is not None:
+        return WindowSource(provider, pool, catalog)
     if pool is not None:
         return PoolSource(pool, catalog, default_model)
-    provider = engine_provider if callable(engine_provider) else (lambda: engine_provider)
     return EngineSource(provider, catalog)
 
 
-__all__ = ["EngineSource", "Held", "PoolSource", "keep_alive_of", "loaded_id", "parse_keep_alive", "source_for"]
+__all__ = ["EngineSource", "Held", "PoolSource", "WindowSource", "keep_alive_of", "loaded_id", "parse_keep_alive",
+           "source_for"]

@@ -66,6 +66,7 @@ class ServerController(QObject):
         self.available = server_available()
         self.thread: Any = None
         self.metrics: Any = None
+        self._models: Any = None  # the ModelPool of the other models the port serves
         self._busy = False
 
     @property
@@ -91,6 +92,7 @@ class ServerController(QObject):
     def _restart(self, old: Any, s: ServerSettings | None) -> Any:
         if old is not None:
             old.stop()
+        self._close_models()
         if s is None:
             return None
         from app.server import create_app
@@ -103,8 +105,14 @@ class ServerController(QObject):
         from app.server.app import settings_reasoning_defaults
         from app.settings import load_user_settings
 
-        defaults = settings_reasoning_defaults(load_user_settings())  # each model's thinking default
-        app = create_app(self.provider, s, metrics=metrics, documents=docs, embedder=embedder,
+        from app.engine.pool import local_pool
+
+        user = load_user_settings()
+        defaults = settings_reasoning_defaults(user)  # each model's thinking default
+        # Other installed models (and remote engines) load on demand for the port, within the RAM available
+        # now (the window's model is already in it); the window's own model is served by its engine.
+        self._models = local_pool(user)
+        app = create_app(self.provider, s, pool=self._models, metrics=metrics, documents=docs, embedder=embedder,
                          reasoning_defaults=defaults)
         return ServerThread(app, s.host, s.port).start(), metrics
 
@@ -126,3 +134,10 @@ class ServerController(QObject):
         thread, self.thread = self.thread, None
         if thread is not None:
             thread.stop()
+        self._close_models()
+
+    def _close_models(self) -> None:
+        """Unload the models the port loaded on demand (their engine processes end)."""
+        models, self._models = self._models, None
+        if models is not None:
+            models.close()
