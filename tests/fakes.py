@@ -238,7 +238,11 @@ class FakeEmbedder:
         self.model_id = model_id
         self.name = f"fake:{model_id}"
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], progress=None) -> np.ndarray:
+        """``progress(texts_done, tokens_done)`` once at the end, tokens counted as words + 2 (like
+        ``Embedder.embed``'s special tokens)."""
+        if progress is not None and texts:
+            progress(len(texts), sum(len(t.split()) + 2 for t in texts))
         return np.array([[1.0, float(len(t)), 0.5] for t in texts], dtype=np.float32).reshape(-1, self.dim)
 
     def count_tokens(self, texts: list[str]) -> list[int]:

@@ -104,16 +104,16 @@ def _texts(results) -> list[str]:
 
 def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(corpus: Path, doc_store):
     seen = []
-    report = Ingester(doc_store).ingest([corpus], progress=lambda p: seen.append((p.files_done, p.files_total,
-                                                                                  p.chunks)))
+    report = Ingester(doc_store).ingest([corpus], progress=lambda p: p.event == "file" and seen.append(
+        (p.files_done, p.files_total, p.chunks)))
     status = {Path(f.path).name: f for f in report.files}
     assert {n: s.status for n, s in status.items()} == {
         "report.pdf": "indexed", "locked.pdf": "failed", "scan.pdf": "failed", "census.docx": "indexed",
         "broken.docx": "failed", "legacy.txt": "indexed", "utf16.txt": "indexed", "bom.md": "indexed",
         "binary.txt": "failed", "empty.txt": "failed", "page.html": "indexed", "tool.py": "indexed",
         "photo.png": "skipped"}  # found in a folder: an unsupported type is skipped, not a failure
-    assert status["locked.pdf"].reason == "password-protected"
-    assert status["scan.pdf"].reason == "no extractable text — scanned PDF?"
+    assert status["locked.pdf"].reason == "encrypted"
+    assert status["scan.pdf"].reason == "no text layer (scanned?)"
     assert "corrupt" in status["broken.docx"].reason and "DOCX" in status["broken.docx"].reason
     assert status["binary.txt"].reason == "not text (binary content)"
     assert status["empty.txt"].reason == "empty file (0 bytes)"
@@ -121,14 +121,14 @@ def test_must_show_files_each_get_a_status_and_the_rest_of_the_batch_is_indexed(
     named = Ingester(doc_store).ingest([corpus / "photo.png"]).files[0]  # named explicitly: a failure with a reason
     assert (named.status, named.reason) == ("failed", "unsupported type (.png)")
     assert status["report.pdf"].pages == 2
-    # progress: one call per file, done/total and a growing chunk count
+    # progress: one file event per file, done/total and a growing chunk count
     assert [s[0] for s in seen] == list(range(1, 14)) and {s[1] for s in seen} == {13}
     assert seen[-1][2] == report.chunks > 0
     # only successes are indexed; failures are recorded with their reason
     stats = doc_store.stats()
     assert stats["documents"] == 7 and stats["failed"] == 6
     failed = {Path(d.path).name: d.error for d in doc_store.documents("status = 'failed'")}
-    assert failed["locked.pdf"] == "password-protected"
+    assert failed["locked.pdf"] == "encrypted"
 
 
 def test_content_of_every_format_is_searchable_with_its_page(corpus: Path, doc_store):
@@ -355,7 +355,7 @@ def test_store_migrations_are_named_applied_once_and_wal(tmp_path: Path):
     s = DocumentStore(path)  # reopening applies nothing twice
     names = [m.name for m in migrations.applied(s.db)]
     assert names == ["m001_create_documents", "m002_create_chunks", "m003_create_chunks_fts",
-                     "m004_create_embeddings", "m005_create_meta", "m006_create_roots"]
+                     "m004_create_embeddings", "m005_create_meta", "m006_create_roots", "m007_chunk_heading_path"]
     assert migrations.pending(s.db) == []
     assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     s.close()
@@ -418,7 +418,7 @@ def test_cli_ingest_and_search_json(corpus: Path, capsys):
     rc = main(["ingest", str(corpus)])
     out, err = capsys.readouterr()
     assert rc == 1  # some files failed; the others were indexed
-    assert "failed    " + str(corpus / "locked.pdf") + "  (password-protected)" in out
+    assert "failed    " + str(corpus / "locked.pdf") + "  (encrypted)" in out
     assert "7 indexed" in out and "5 failed" in out and "1 skipped" in out and "keyword search (BM25) only" in out
     assert main(["search", "Grüße aus München", "--k", "2", "--json"]) == 0
     out, err = capsys.readouterr()

@@ -1,7 +1,9 @@
 """``hearth ingest PATH...``: index files and folders into the default collection (documents.db).
 
-Per-file status lines go to stdout, a progress bar to stderr (when it is a terminal), then a summary. Exit
-status: 0 when every file was indexed or skipped, 1 when some failed (the others are indexed anyway).
+Per-file status lines go to stdout, a progress bar to stderr (when it is a terminal: percentage by bytes,
+files, chunks embedded, embedding tokens/s, ETA, the file being read), then a summary. Every failed file is
+listed with its reason (e.g. ``encrypted``, ``no text layer (scanned?)``), also with ``-q``. Exit status: 0
+when every file was indexed or skipped, 1 when some failed (the others are indexed anyway).
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InvalidRequest
-    from app.retrieval.ingest import Ingester, open_default
+    from app.retrieval.ingest import Ingester, ingest_workers, open_default
 
     if not args.paths and not args.rescan:
         raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
     if args.watch and not args.interval > 0:
         raise InvalidRequest(f"--interval needs a positive number of seconds, got {args.interval:g}",
                              param="interval")
-    store, embedder = open_default(with_embedder=not args.no_embed)
+    store, embedder = open_default(with_embedder=not args.no_embed, workers=ingest_workers())
     bar = _ProgressBar(enabled=not args.quiet and sys.stderr.isatty())
     try:
         ingester = Ingester(store, embedder)
@@ -121,8 +123,8 @@ def _line(s: FileStatus) -> str:
 
 
 def _summary(report: IngestReport, embedded: bool) -> str:
-    counts = ", ".join(f"{report.count(k)} {k}" for k in
-                       ("indexed", "unchanged", "renamed", "duplicate", "removed", "skipped", "failed") if report.count(k))
+    kinds = ("indexed", "unchanged", "renamed", "duplicate", "removed", "skipped", "failed")
+    counts = ", ".join(f"{report.count(k)} {k}" for k in kinds if report.count(k))
     secs = max(report.elapsed_s, 1e-9)
     text = (f"{counts or 'nothing to do'}; {report.chunks} new chunks in {report.elapsed_s:.1f} s "
             f"({report.chunks / secs:.1f} chunks/s)")
@@ -132,19 +134,26 @@ def _summary(report: IngestReport, embedded: bool) -> str:
 
 
 class _ProgressBar:
-    """One line on stderr, redrawn after each file: bar, files done/total, chunks, throughput."""
+    """One line on stderr, redrawn as files finish and as embeddings come back (at most every 0.1 s): bar and
+    percentage by bytes of finished files, files done/total, chunks embedded, embedding tokens/s, ETA, and
+    the file being read."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, width: int = 100) -> None:
         self.enabled = enabled
         self.drawn = False
+        self.width = width
+        self._last = 0.0
 
     def update(self, p: Progress) -> None:
         if not self.enabled:
             return
-        filled = int(_BAR_WIDTH * p.files_done / max(p.files_total, 1))
-        line = (f"\r[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {p.files_done}/{p.files_total} files  "
-                f"{p.chunks} chunks  {p.files_per_s:.1f} files/s  {p.chunks_per_s:.1f} chunks/s")
-        sys.stderr.write(line[:200])
+        import time
+
+        now = time.monotonic()
+        if p.files_done < p.files_total and now - self._last < 0.1:
+            return
+        self._last = now
+        sys.stderr.write("\r" + render_bar(p, self.width) + "\x1b[K")
         sys.stderr.flush()
         self.drawn = True
 
@@ -152,3 +161,33 @@ class _ProgressBar:
         if self.drawn:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def render_bar(p: Progress, width: int = 100) -> str:
+    """The progress line for ``p``, at most ``width`` characters (the current file's name is cut first)."""
+    filled = int(_BAR_WIDTH * p.fraction)
+    eta = p.eta_s
+    parts = [f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {p.fraction * 100:3.0f}%",
+             f"{p.files_done}/{p.files_total} files", f"{p.chunks_embedded or p.chunks} chunks"]
+    if p.tokens_embedded:
+        parts.append(f"{p.tokens_per_s:,.0f} tok/s")
+    if eta is not None and p.files_done < p.files_total:
+        parts.append(f"ETA {_duration(eta)}")
+    line = "  ".join(parts)
+    if p.current and p.files_done < p.files_total:
+        from pathlib import Path
+
+        room = width - len(line) - 2
+        name = Path(p.current).name
+        if room >= 8:
+            line += "  " + (name if len(name) <= room else name[:room - 1] + "…")
+    return line[:width]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"

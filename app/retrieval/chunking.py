@@ -17,12 +17,34 @@ Rules, in order:
    when words were cut), so every chunk fits: ``token_count + special tokens <= max_tokens``.
 
 Offsets are ``str`` indices in the page text; the caller adds the page's offset in the whole document.
+
+Structure (``chunk_document``, used by the ingester since issue 16): a document is first cut into *sections*
+at its headings and at hard breaks (PDF page starts), and ``chunk_text``'s rules apply inside each section, so
+a chunk never spans two sections and carries the ``heading_path`` of its section (the titles of the enclosing
+headings, outermost first). Headings come from the format:
+
+- Markdown: ATX (``## Title``) and setext (``Title`` over ``===`` / ``---``) headings, not inside ``` / ~~~
+  fences; reStructuredText: a title line over (and optionally under) a line of one punctuation character,
+  levels in order of first use, as docutils assigns them;
+- source code: definitions (Python ``def``/``class`` nested by indentation; ``function``/``class``/``fn``/
+  ``func``/``struct``/``impl``/``interface``... in other languages), each a section titled by its name;
+- HTML ``<h1>``-``<h6>`` and DOCX "Heading N"/"Title" paragraphs: found by ``extract`` in the markup;
+- PDF: no markup survives text extraction, so a heuristic: a short line without final punctuation that is
+  numbered (``2.1 Methods``: level = number of parts) or in capitals (level 1). PDF paragraphs are not
+  separated by blank lines either: a paragraph ends at a line shorter than 3/4 of the page's long lines that
+  ends a sentence, and large PDF paragraphs are split by sentences before lines (lines are layout, not
+  meaning).
+
+A section that holds nothing but its heading joins the next one (a title right above a subtitle). Offsets stay
+exact: sections, paragraphs and pieces are spans of the original text, never rewritten.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,12 +88,26 @@ class ApproxTokenCounter:
 
 @dataclass(frozen=True)
 class Chunk:
-    """A passage of one page: ``text == page_text[start:end]``; ``token_count`` without special tokens."""
+    """A passage: ``text == source[start:end]`` (``source`` being the text given to ``chunk_text`` /
+    ``chunk_document``); ``token_count`` without special tokens; ``heading_path``: titles of the headings
+    that enclose it, outermost first (empty when the text has none, and always from ``chunk_text``)."""
 
     text: str
     start: int
     end: int
     token_count: int
+    heading_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Heading:
+    """A heading in a document's text: ``text[start:end]`` is the whole heading line (or block), ``level``
+    1 (outermost) to 6+, ``title`` the heading's words for display (markup stripped)."""
+
+    start: int
+    end: int
+    level: int
+    title: str
 
 
 @dataclass(frozen=True)
@@ -92,16 +128,70 @@ _SPLITTERS = (
 )
 
 
+_PROSE_SPLITTERS = (_SPLITTERS[1], _SPLITTERS[0], _SPLITTERS[2])  # PDF: sentences before layout lines
+
+
 def chunk_text(text: str, counter: TokenCounter, max_tokens: int = DEFAULT_MAX_TOKENS,
                overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
-    """Chunks of one page of text (see the module docstring). ``max_tokens`` includes the special tokens."""
+    """Chunks of one page of text (see the module docstring). ``max_tokens`` includes the special tokens.
+    Raises ``ValueError`` when ``max_tokens`` < 10."""
+    return _chunk_span(text, 0, len(text), counter, _budget(max_tokens), overlap_tokens, "text", ())
+
+
+def _budget(max_tokens: int) -> int:
     budget = max_tokens - SPECIAL_TOKENS
     if budget < 8:
         raise ValueError(f"max_tokens must be >= {8 + SPECIAL_TOKENS}, got {max_tokens}")
-    paragraphs = _spans(text, 0, len(text), _PARA_BREAK)
-    pieces = _fit(text, paragraphs, counter, budget)
+    return budget
+
+
+def _chunk_span(text: str, a: int, b: int, counter: TokenCounter, budget: int, overlap_tokens: int, fmt: str,
+                path: tuple[str, ...]) -> list[Chunk]:
+    paragraphs = pdf_paragraphs(text, a, b) if fmt == "pdf" else _spans(text, a, b, _PARA_BREAK)
+    splitters = _PROSE_SPLITTERS if fmt == "pdf" else _SPLITTERS
+    pieces = _fit(text, paragraphs, counter, budget, splitters)
     chunks = _pack(text, pieces, budget, min(overlap_tokens, budget // 2))
-    return _verify(text, chunks, counter, budget)
+    out = _verify(text, chunks, counter, budget)
+    return [Chunk(c.text, c.start, c.end, c.token_count, path) for c in out] if path else out
+
+
+def chunk_document(text: str, counter: TokenCounter, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, *, headings: Sequence[Heading] = (),
+                   breaks: Sequence[int] = (), fmt: str = "text") -> list[Chunk]:
+    """Chunks of a whole document by structure (see the module docstring): cut at ``headings`` (spans of
+    ``text``, any order) and at ``breaks`` (offsets no chunk may cross, e.g. page starts), then chunked like
+    ``chunk_text`` inside each section. ``fmt``: ``"pdf"`` for PDF paragraph and sentence rules, else
+    anything. Offsets are into ``text``. Raises ``ValueError`` when ``max_tokens`` < 10."""
+    budget = _budget(max_tokens)
+    out: list[Chunk] = []
+    for a, b, path in sections(text, headings, breaks):
+        out.extend(_chunk_span(text, a, b, counter, budget, overlap_tokens, fmt, path))
+    return out
+
+
+def sections(text: str, headings: Sequence[Heading] = (), breaks: Sequence[int] = ()
+             ) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(start, end, heading_path)`` spans covering ``text`` in order, cut at each heading's start and at each
+    break; a section that holds only its heading is merged into the next one (their path is the next one's)."""
+    hs = sorted((h for h in headings if 0 <= h.start < h.end <= len(text)), key=lambda h: h.start)
+    cuts = sorted({0, len(text), *(h.start for h in hs), *(x for x in breaks if 0 < x < len(text))})
+    hard = set(breaks)
+    by_start = {h.start: h for h in hs}
+    stack: list[Heading] = []
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    start = 0
+    for a, b in zip(cuts, cuts[1:]):
+        h = by_start.get(a)
+        if h is not None:
+            while stack and stack[-1].level >= h.level:
+                stack.pop()
+            stack.append(h)
+        only_heading = h is not None and not text[h.end:b].strip()
+        if only_heading and b not in hard and b != len(text):
+            continue  # a bare heading: keep it with what follows
+        out.append((start, b, tuple(x.title for x in stack)))
+        start = b
+    return [s for s in out if text[s[0]:s[1]].strip()]
 
 
 def _spans(text: str, start: int, end: int, sep: re.Pattern) -> list[tuple[int, int]]:
@@ -122,7 +212,8 @@ def _strip(text: str, a: int, b: int) -> tuple[int, int]:
     return a, b
 
 
-def _fit(text: str, paragraphs: list[tuple[int, int]], counter: TokenCounter, budget: int) -> list[_Piece]:
+def _fit(text: str, paragraphs: list[tuple[int, int]], counter: TokenCounter, budget: int,
+         splitters: tuple[re.Pattern, ...] = _SPLITTERS) -> list[_Piece]:
     """Pieces no larger than ``budget`` tokens, in text order; paragraphs that fit stay whole."""
     counts = counter.count_tokens([text[a:b] for a, b in paragraphs])
     pieces: list[_Piece] = []
@@ -130,26 +221,27 @@ def _fit(text: str, paragraphs: list[tuple[int, int]], counter: TokenCounter, bu
         if n <= budget:
             pieces.append(_Piece(a, b, n, para, True))
         else:
-            pieces.extend(_Piece(s, e, k, para, False) for s, e, k in _split(text, a, b, counter, budget, 0))
+            pieces.extend(_Piece(s, e, k, para, False)
+                          for s, e, k in _split(text, a, b, counter, budget, 0, splitters))
     return pieces
 
 
-def _split(text: str, a: int, b: int, counter: TokenCounter, budget: int,
-           level: int) -> list[tuple[int, int, int]]:
+def _split(text: str, a: int, b: int, counter: TokenCounter, budget: int, level: int,
+           splitters: tuple[re.Pattern, ...] = _SPLITTERS) -> list[tuple[int, int, int]]:
     """Split ``text[a:b]`` (over budget) into spans that fit, trying each splitter from ``level`` on."""
     spans: list[tuple[int, int]] = []
-    while level < len(_SPLITTERS) and len(spans) < 2:
-        spans = _spans(text, a, b, _SPLITTERS[level])
+    while level < len(splitters) and len(spans) < 2:
+        spans = _spans(text, a, b, splitters[level])
         level += 1
     if len(spans) < 2:  # no separator left: cut in the middle
         mid = (a + b) // 2
-        spans, level = [(a, mid), (mid, b)], len(_SPLITTERS)
+        spans, level = [(a, mid), (mid, b)], len(splitters)
     out: list[tuple[int, int, int]] = []
     for (s, e), n in zip(spans, counter.count_tokens([text[s:e] for s, e in spans])):
         if n <= budget or e - s <= 1:
             out.append((s, e, n))
         else:
-            out.extend(_split(text, s, e, counter, budget, level))
+            out.extend(_split(text, s, e, counter, budget, level, splitters))
     return out
 
 
@@ -215,3 +307,196 @@ def _split_point(text: str, a: int, b: int) -> int:
             if a < pos < b and text[pos].isspace():
                 return pos
     return mid
+
+
+# ----------------------------------------------------------------------------------------------- structure
+
+MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
+RST_SUFFIXES = frozenset({".rst"})
+CODE_SUFFIXES = frozenset(
+    ".py .pyi .pyx .js .mjs .ts .tsx .jsx .c .h .cc .cpp .cxx .hpp .hh .java .kt .kts .scala .go .rs .rb .php "
+    ".swift .cs .dart .lua .jl .r .m .mm .ex .exs .zig .nim .vue .svelte".split())
+
+_LINE = re.compile(r"[^\n]*\n?")
+_ATX = re.compile(r" {0,3}(#{1,6})[ \t]+(.+?)[ \t#]*$")
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*$")
+_RST_ADORN = re.compile(r"([=\-~^\"'`#*+_:.])\1{2,}[ \t]*$")
+
+
+def format_of(suffix: str) -> str:
+    """The structure rules for a file suffix: ``markdown``, ``rst``, ``python``, ``code`` or ``text``."""
+    suffix = suffix.lower()
+    if suffix in MARKDOWN_SUFFIXES:
+        return "markdown"
+    if suffix in RST_SUFFIXES:
+        return "rst"
+    if suffix in (".py", ".pyi", ".pyx"):
+        return "python"
+    if suffix in CODE_SUFFIXES:
+        return "code"
+    return "text"
+
+
+def find_headings(text: str, fmt: str) -> list[Heading]:
+    """Headings of ``text`` under the rules of ``fmt`` (``format_of``; ``pdf`` for one PDF page's text), as
+    spans of ``text``; an empty list for plain text."""
+    finder = {"markdown": _markdown_headings, "rst": _rst_headings, "python": _python_headings,
+              "code": _code_headings, "pdf": _pdf_headings}.get(fmt)
+    return finder(text) if finder else []
+
+
+def _lines(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each line, the newline excluded."""
+    out, pos = [], 0
+    for line in text.split("\n"):
+        out.append((pos, pos + len(line)))
+        pos += len(line) + 1
+    return out
+
+
+def _markdown_headings(text: str) -> list[Heading]:
+    out: list[Heading] = []
+    lines = _lines(text)
+    fence: str | None = None
+    for i, (a, b) in enumerate(lines):
+        line = text[a:b]
+        m = _FENCE.match(line)
+        if m:
+            mark = m.group(1)[0]
+            fence = None if fence == mark else (fence or mark)
+            continue
+        if fence:
+            continue
+        m = _ATX.match(line)
+        if m:
+            out.append(Heading(a, b, len(m.group(1)), m.group(2).strip()))
+            continue
+        if i + 1 < len(lines) and line.strip() and (i == 0 or not text[lines[i - 1][0]:lines[i - 1][1]].strip()):
+            nxt = text[lines[i + 1][0]:lines[i + 1][1]]
+            m = _SETEXT.match(nxt)
+            if m and not line.lstrip().startswith(("-", "*", "+", ">", "|")):
+                out.append(Heading(a, lines[i + 1][1], 1 if m.group(1)[0] == "=" else 2, line.strip()))
+    return out
+
+
+def _rst_headings(text: str) -> list[Heading]:
+    out: list[Heading] = []
+    levels: list[tuple[str, bool]] = []  # (character, overlined) in order of first use
+    lines = _lines(text)
+    i = 0
+    while i + 1 < len(lines):
+        (a, b), (c, d) = lines[i], lines[i + 1]
+        line, nxt = text[a:b], text[c:d]
+        over = bool(_RST_ADORN.match(line)) and i + 2 < len(lines) and \
+            bool(_RST_ADORN.match(text[lines[i + 2][0]:lines[i + 2][1]]))
+        if over and nxt.strip():
+            style, title, end, step = (line.strip()[0], True), nxt.strip(), lines[i + 2][1], 3
+        elif line.strip() and not line[0].isspace() and _RST_ADORN.match(nxt) and len(nxt.rstrip()) >= len(
+                line.rstrip()) and not _RST_ADORN.match(line):
+            style, title, end, step = (nxt.strip()[0], False), line.strip(), d, 2
+        else:
+            i += 1
+            continue
+        if style not in levels:
+            levels.append(style)
+        out.append(Heading(a, end, levels.index(style) + 1, title))
+        i += step
+    return out
+
+
+_PY_DEF = re.compile(r"([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
+
+
+def _python_headings(text: str) -> list[Heading]:
+    """Each ``def``/``class`` (decorators above it included) is a section; nesting by indentation."""
+    out: list[Heading] = []
+    indents: list[int] = []
+    lines = _lines(text)
+    for i, (a, b) in enumerate(lines):
+        m = _PY_DEF.match(text, a, b)
+        if not m:
+            continue
+        indent = len(m.group(1).expandtabs(4))
+        while indents and indents[-1] >= indent:
+            indents.pop()
+        indents.append(indent)
+        start = a
+        j = i - 1
+        while j >= 0 and text[lines[j][0]:lines[j][1]].lstrip().startswith("@"):
+            start = lines[j][0]
+            j -= 1
+        out.append(Heading(start, b, len(indents), m.group(3)))
+    return out
+
+
+_CODE_DEF = re.compile(
+    r"(?:export[ \t]+)?(?:default[ \t]+)?(?:pub(?:\([\w:]+\))?[ \t]+)?(?:public[ \t]+|private[ \t]+|protected[ \t]+"
+    r"|static[ \t]+|abstract[ \t]+|final[ \t]+|async[ \t]+|unsafe[ \t]+)*"
+    r"(?:function\*?|class|interface|struct|enum|trait|impl|fn|func|def|defmodule|defp?|module|object|type"
+    r"|namespace)[ \t]+(?:\([^)]*\)[ \t]*)?([A-Za-z_$][\w$]*)")
+
+
+def _code_headings(text: str) -> list[Heading]:
+    """Definitions that start a line with no indentation (top level) or one level in (methods)."""
+    out: list[Heading] = []
+    for a, b in _lines(text):
+        line = text[a:b]
+        indent = len(line) - len(line.lstrip())
+        if indent > 4:
+            continue
+        m = _CODE_DEF.match(line, indent)
+        if m:
+            out.append(Heading(a, b, 1 if indent == 0 else 2, m.group(1)))
+    return out
+
+
+_PDF_NUMBERED = re.compile(r"((?:\d{1,2}\.){0,4}\d{1,2})\.?[ \t]+([A-Z][^\n]*)$")
+_SENTENCE_END = ".!?:;\"'\u201d)"
+
+
+def _pdf_headings(text: str) -> list[Heading]:
+    out: list[Heading] = []
+    for a, b in _lines(text):
+        line = text[a:b].strip()
+        if not 2 < len(line) <= 80 or line[-1] in _SENTENCE_END + ",":
+            continue
+        m = _PDF_NUMBERED.match(line)
+        if m and len(m.group(2).split()) <= 10:
+            out.append(Heading(a, b, m.group(1).count(".") + 1, line))
+        elif line.isupper() and 1 <= len(line.split()) <= 8 and sum(c.isalpha() for c in line) >= 4:
+            out.append(Heading(a, b, 1, line))
+    return out
+
+
+def pdf_paragraphs(text: str, a: int, b: int) -> list[tuple[int, int]]:
+    """Paragraph spans of a PDF page's text between ``a`` and ``b``: a blank line ends one, and so does a line
+    that ends a sentence while being clearly shorter (< 3/4) than the page's long lines (a paragraph's last
+    line)."""
+    lines = [(x + a, y + a) for x, y in _lines(text[a:b])]
+    lengths = sorted(y - x for x, y in lines if y > x)
+    if not lengths:
+        return []
+    full = lengths[min(len(lengths) - 1, int(len(lengths) * 0.9))]
+    out: list[tuple[int, int]] = []
+    start = None
+    for x, y in lines:
+        line = text[x:y].rstrip()
+        if not line.strip():
+            if start is not None:
+                out.append((start, x))
+                start = None
+            continue
+        if start is None:
+            start = x
+        if line[-1] in _SENTENCE_END and len(line) < 0.75 * full:
+            out.append((start, y))
+            start = None
+    if start is not None:
+        out.append((start, lines[-1][1]))
+    return [s for s in (_strip(text, p, q) for p, q in out) if s[1] > s[0]]
+
+
+def page_of(offset: int, page_starts: Sequence[int]) -> int:
+    """1-based page number of a document offset, given the sorted start offsets of its pages."""
+    return bisect.bisect_right(page_starts, offset)

@@ -4,25 +4,53 @@ Why a process: llama.cpp can abort the whole process on some inputs or files (an
 bad batch setting); in a child, that is an ``EngineCrashed`` error for the caller, not a dead app. The child is
 hosted by ``app.engine.process.ChildHost``, like the chat engine: the same wire protocol, timeouts, parent
 watch (a child whose parent died exits quietly), OpenMP setting and thread policy
-(``default_threads(background=True)``). It restarts on the next request after a crash. Requests are
-serialised by a lock (one ``Llama`` must never be used from two threads at once).
+(``default_threads(background=True)``). It restarts on the next request after a crash. Main-lane requests are
+serialised by a lock (one ``Llama`` must never be used from two threads at once); token counting runs on the
+side lane, so chunking the next document does not wait behind the embedding of this one (llama.cpp's
+tokenizer only reads the vocabulary, as the chat engine's side lane does).
 
-Settings (see docs/llama-cpp-notes.md): ``n_batch == n_ubatch`` (embedding with ``n_ubatch < n_batch`` aborts)
-and both equal ``n_ctx`` so that one chunk always fits one batch; llama-cpp-python truncates an input longer
-than ``n_batch`` tokens, and ``chunking`` keeps chunks far below that. ``verbose=False`` silences the child's
-stdout/stderr while the model loads.
+Two paths, chosen by ``batch_tokens``:
 
-Requests (main lane): ``("embed", [str])`` → float32 bytes, ``("tokenize", [str])`` → token counts.
+- **batched** (``batch_tokens > 0``, the default ``DEFAULT_BATCH_TOKENS``): the child packs many texts into
+  one ``llama_batch`` (each its own ``seq_id``, positions from 0), up to ``batch_tokens`` tokens and
+  ``llama_max_parallel_sequences()`` sequences, calls ``llama_decode`` once and reads one pooled vector per
+  sequence with ``llama_get_embeddings_seq``. Flash attention is on: without it BERT's attention computes the
+  whole ``n_tokens x n_tokens`` score matrix of the batch (masked between sequences), so a 2,048-token batch
+  was *slower* per token than one sequence at a time (measured 162 vs 625 tokens/s); llama.cpp's CPU flash
+  attention skips masked key positions. ``n_seq_max``: llama-cpp-python 0.3.36 sets it itself for embedding
+  contexts (``min(n_batch, llama_max_parallel_sequences())``), so no patched context parameters are needed
+  (unlike the chat engine's ``_context_with_sequences``). A BERT model has no KV cache; ``llama_decode``
+  encodes the batch in one ubatch, so ``n_ubatch == n_batch == batch_tokens``.
+- **legacy** (``batch_tokens=0``): what Hearth did before issue 16, kept callable so that
+  ``benchmarks.retrieval_perf`` measures both in one run: ``Llama.embed`` with ``n_batch == n_ubatch ==
+  n_ctx`` (512), flash attention off. llama-cpp-python's ``embed`` also packs several sequences per decode,
+  but only within 512 tokens (one or two 256-token chunks).
+
+Exactness: both paths tokenize the same way (``Llama.tokenize`` with ``[CLS]``/``[SEP]``) and truncate a text
+to ``n_ctx`` tokens; a sequence's vector depends only on its own tokens, but the batched path sums in another
+order (flash attention, other matrix shapes), so vectors differ in the last bits. Measured on the benchmark
+corpus (all-MiniLM-L6-v2 f16, 24 chunks of ~276 tokens): max abs difference 1.1e-4 per component of the
+L2-normalised vector, cosine >= 0.99999976 (``tests/test_ingest_v2.py`` checks < 1e-3 / > 0.9999). Vectors
+of both paths are stored under one model id: the difference is far below what changes a ranking.
+
+Settings (see docs/llama-cpp-notes.md): ``n_batch == n_ubatch`` (embedding with ``n_ubatch < n_batch``
+aborts); ``verbose=False`` silences the child's stdout/stderr while the model loads.
+
+Requests: main lane ``("embed", [str])`` → float32 bytes, with ``("progress", texts_done, tokens_done)``
+events after each decode; side lane ``("tokenize", [str])`` → token counts (without special tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,8 +59,10 @@ from app.errors import EngineCrashed, HearthError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_N_CTX = 512  # tokens; all-MiniLM-L6-v2 has 512 positions
-_BATCH_TEXTS = 64  # texts per request: bounds the size of one message and one llama.cpp call
+DEFAULT_N_CTX = 512  # tokens per text at most; all-MiniLM-L6-v2 has 512 positions
+DEFAULT_BATCH_TOKENS = 512  # tokens per llama_decode on the batched path (measured: see the module docstring)
+LEGACY_BATCH_TOKENS = 0  # the path before issue 16: Llama.embed within n_ctx tokens, no flash attention
+_BATCH_TEXTS = 64  # texts per request: bounds the size of one message; progress is reported per request too
 
 
 def model_id_for(path: Path) -> str:
@@ -61,23 +91,44 @@ class Embedder:
     """Handle on the embedding child process. ``embed(texts) -> float32 (n, dim)`` L2-normalised vectors;
     ``count_tokens(texts)`` counts tokens without special tokens (a ``chunking.TokenCounter``).
 
-    ``n_threads``: CPU threads (default ``default_threads(background=True)``); ``start_timeout_s``: seconds
-    to wait for the model to load; ``request_timeout_s``: seconds a request may go unanswered (a hung child is
-    killed and reported as crashed). Both default to the one policy of ``app.engine.process.Timeouts``."""
+    ``n_ctx``: the most tokens of one text (longer ones are truncated; ``chunking`` keeps chunks far below).
+    ``n_threads``: CPU threads (default ``default_threads(background=True)``). ``batch_tokens``: tokens per
+    ``llama_decode`` on the batched path (>= ``n_ctx``), or ``LEGACY_BATCH_TOKENS`` (0) for the path before
+    issue 16 (see the module docstring). ``flash_attn``: None = on for the batched path, off for the legacy
+    one. ``start_timeout_s``: seconds to wait for the model to load; ``request_timeout_s``: seconds a request
+    may go unanswered (a hung child is killed and reported as crashed). Both default to the one policy of
+    ``app.engine.process.Timeouts``. ``workers``: embedding child processes of ``n_threads`` threads each;
+    with more than one, ``embed`` splits a call's texts into contiguous parts embedded at once (independent
+    processes do not stall each other at OpenMP barriers the way threads of one child do on a busy core);
+    ``host`` is the first child (token counting, ``pid``, ``crash_for_test``). Raises ``ModelLoadError`` (no
+    such file) and ``ValueError`` (``batch_tokens`` < 0, ``workers`` < 1)."""
 
     def __init__(self, model_path: Path | str, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
-                 start_timeout_s: float = Timeouts.start_s, request_timeout_s: float = Timeouts.reply_s) -> None:
+                 start_timeout_s: float = Timeouts.start_s, request_timeout_s: float = Timeouts.reply_s, *,
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS, flash_attn: bool | None = None,
+                 workers: int = 1) -> None:
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ModelLoadError(f"embedding model not found: {self.model_path}", path=str(self.model_path))
+        if batch_tokens < 0:
+            raise ValueError(f"batch_tokens must be 0 (legacy path) or a number of tokens > 0, got {batch_tokens}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self.model_id = model_id_for(self.model_path)
         self.name = f"llama.cpp:{self.model_id}"  # TokenCounter name
         self.n_ctx = n_ctx
+        self.batch_tokens = batch_tokens
+        self.flash_attn = bool(batch_tokens) if flash_attn is None else flash_attn
         self.n_threads = n_threads or default_threads(background=True)
-        self.host = ChildHost("hearth-embedder", _EmbedService.load, (str(self.model_path), n_ctx, self.n_threads),
-                              label="the embedding engine", model_path=str(self.model_path),
-                              timeouts=Timeouts(start_timeout_s, request_timeout_s))
-        self._lock = threading.Lock()
+        self.workers = workers
+        self.hosts = [ChildHost(f"hearth-embedder{'' if k == 0 else k}", _EmbedService.load,
+                                (str(self.model_path), n_ctx, self.n_threads, batch_tokens, self.flash_attn),
+                                label="the embedding engine", model_path=str(self.model_path), side_lane=k == 0,
+                                timeouts=Timeouts(start_timeout_s, request_timeout_s)) for k in range(workers)]
+        self.host = self.hosts[0]
+        self._locks = [threading.Lock() for _ in range(workers)]
+        self._lock = self._locks[0]
+        self._pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------ public API
 
@@ -96,24 +147,56 @@ class Embedder:
         """Process id of the child (None when none runs)."""
         return self.host.pid
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 vectors, shape ``(len(texts), dim)``. Raises ``EngineCrashed``,
-        ``ModelLoadError``."""
+    def embed(self, texts: list[str], progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """L2-normalised float32 vectors, shape ``(len(texts), dim)``, in the order of ``texts``.
+        ``progress(texts_done, tokens_done)`` (counts within this call, special tokens included, summed over
+        the workers) is called after each ``llama_decode`` (batched path) or each request of up to 64 texts
+        (legacy path), on the caller's thread. Raises ``EngineCrashed``, ``ModelLoadError``."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        parts = _split_balanced(list(texts), self.workers)
+        if len(parts) == 1:
+            return self._embed_on(0, parts[0], progress)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hearth-embedder")
+        events: queue.Queue = queue.Queue()
+        futures = [self._pool.submit(self._embed_on, k, part, lambda n, t, k=k: events.put((k, n, t)))
+                   for k, part in enumerate(parts)]
+        done = [(0, 0)] * len(parts)
+        while True:
+            try:
+                k, n, t = events.get(timeout=0.05)
+                done[k] = (n, t)
+                if progress is not None:
+                    progress(sum(d[0] for d in done), sum(d[1] for d in done))
+            except queue.Empty:
+                if all(f.done() for f in futures) and events.empty():
+                    break
+        return np.vstack([f.result() for f in futures])
+
+    def _embed_on(self, k: int, texts: list[str], progress: Callable[[int, int], None] | None) -> np.ndarray:
         parts = []
+        done_texts = done_tokens = 0
         for i in range(0, len(texts), _BATCH_TEXTS):
-            raw = self._request("embed", list(texts[i:i + _BATCH_TEXTS]))
+            with self._locks[k]:
+                call = self.hosts[k].call("embed", list(texts[i:i + _BATCH_TEXTS]))
+                for _kind, n_texts, n_tokens in call:
+                    if progress is not None:
+                        progress(done_texts + n_texts, done_tokens + n_tokens)
+                raw, n_tokens = call.result
+            done_texts += min(_BATCH_TEXTS, len(texts) - i)
+            done_tokens += n_tokens
             parts.append(np.frombuffer(raw, dtype=np.float32).reshape(-1, self.dim))
         return np.vstack(parts)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        """Tokens of each text under the model's tokenizer, without special tokens."""
+        """Tokens of each text under the model's tokenizer, without special tokens. Runs on the side lane: it
+        does not wait for an ``embed`` in progress (from another thread)."""
         if not texts:
             return []
         out: list[int] = []
         for i in range(0, len(texts), 1024):
-            out.extend(self._request("tokenize", list(texts[i:i + 1024])))
+            out.extend(self.host.side("tokenize", list(texts[i:i + 1024])))
         return out
 
     def crash_for_test(self) -> EngineCrashed:
@@ -122,10 +205,11 @@ class Embedder:
             return self.host.crash_for_test()
 
     def close(self) -> None:
-        """Stop the child (politely, then by force) once the request in progress is answered. A later request
-        starts a new one."""
-        with self._lock:
-            self.host.stop()
+        """Stop the children (politely, then by force) once the request in progress is answered. A later
+        request starts new ones."""
+        for lock, host in zip(self._locks, self.hosts):
+            with lock:
+                host.stop()
 
     def __enter__(self) -> Embedder:
         return self
@@ -134,49 +218,153 @@ class Embedder:
         self.close()
 
     def __del__(self) -> None:  # best effort: never leave a child behind
-        try:
-            self.host.close()
-        except Exception:  # noqa: BLE001
-            pass
+        for host in getattr(self, "hosts", ()):
+            try:
+                host.close()
+            except Exception:  # noqa: BLE001
+                pass
 
-    def _request(self, op: str, payload: Any) -> Any:
-        with self._lock:
-            return self.host.request(op, payload)
+
+def _split_balanced(texts: list[str], n: int) -> list[list[str]]:
+    """At most ``n`` contiguous, non-empty parts of ``texts`` with about equal characters each (characters
+    stand for tokens: the parent does not tokenize)."""
+    n = max(1, min(n, len(texts)))
+    if n == 1:
+        return [texts]
+    total = sum(len(t) for t in texts) or 1
+    parts: list[list[str]] = [[]]
+    acc = 0
+    for i, t in enumerate(texts):
+        left = len(texts) - i
+        if parts[-1] and len(parts) < n and (acc >= total * len(parts) / n or left <= n - len(parts)):
+            parts.append([])
+        parts[-1].append(t)
+        acc += len(t)
+    return parts
 
 
 # ------------------------------------------------------------------------------------------- child process
 
 class _EmbedService:
-    """The child's ``Handler``: one ``Llama(embedding=True)``; main lane only."""
+    """The child's ``Handler``: one ``Llama(embedding=True)``; ``embed`` on the main lane, ``tokenize`` on the
+    side lane."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, batch_tokens: int, n_ctx: int) -> None:
         self.llm = llm
+        self.n_ctx = n_ctx
+        self.batch_tokens = batch_tokens
+        self.batch = None
+        if batch_tokens:
+            import llama_cpp
+
+            self._lib = llama_cpp
+            self.batch = llama_cpp.llama_batch_init(max(batch_tokens, n_ctx), 0, 1)
+            self.max_seqs = int(llm.context_params.n_seq_max)
+            self.max_tokens = min(n_ctx, int(llm._model.n_ctx_train()) or n_ctx)
 
     @classmethod
-    def load(cls, model_path: str, n_ctx: int, n_threads: int) -> "_EmbedService":
+    def load(cls, model_path: str, n_ctx: int, n_threads: int, batch_tokens: int = 0,
+             flash_attn: bool = False) -> "_EmbedService":
         """Runs in the child. Raises ``ModelLoadError``."""
         try:
             from llama_cpp import Llama
         except ImportError as exc:
             raise ModelLoadError("llama-cpp-python is not installed", path=model_path) from exc
+        # llama.cpp clamps n_ubatch to the context size, and an encoder needs the whole batch in one ubatch
+        # ("encoder requires n_ubatch >= n_tokens" aborts): the batched context holds one text of n_ctx tokens
+        # or one packed batch, whichever is longer. A BERT model has no KV cache, so this costs no memory
+        # beyond the batch's activations.
+        n_batch = max(batch_tokens, n_ctx)
         try:
-            return cls(Llama(model_path=model_path, embedding=True, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                             n_threads=n_threads, n_threads_batch=n_threads, verbose=False))
+            with _quiet_stderr():
+                llm = Llama(model_path=model_path, embedding=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
+                            n_threads=n_threads, n_threads_batch=n_threads, flash_attn=flash_attn, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the embedding model: {exc}", path=model_path) from exc
+        return cls(llm, batch_tokens, n_ctx)
 
     def ready_info(self) -> EmbedderInfo:
-        return EmbedderInfo(dim=self.llm.n_embd(), n_ctx=self.llm.n_ctx())
+        return EmbedderInfo(dim=self.llm.n_embd(), n_ctx=self.n_ctx)
 
     def call(self, op: str, args: tuple, emit: Any, cancelled: Any) -> Any:
         (texts,) = args
-        if op == "tokenize":
-            return [len(self.llm.tokenize(t.encode("utf-8"), add_bos=False)) for t in texts]
-        if op == "embed":
-            vectors = np.asarray(self.llm.embed(texts, normalize=False, truncate=True), dtype=np.float32)
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            return (vectors / np.maximum(norms, 1e-12)).astype(np.float32).tobytes()
-        raise HearthError(f"unknown embedding request {op!r}")
+        if op == "tokenize":  # the main lane still answers it (an older parent)
+            return self.side(op, args)
+        if op != "embed":
+            raise HearthError(f"unknown embedding request {op!r}")
+        if self.batch is None:
+            vectors, n_tokens = self.llm.embed(texts, normalize=False, truncate=True, return_count=True)
+            vectors = np.asarray(vectors, dtype=np.float32)
+        else:
+            vectors, n_tokens = self._embed_batched(texts, emit)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return (vectors / np.maximum(norms, 1e-12)).astype(np.float32).tobytes(), int(n_tokens)
 
     def side(self, op: str, args: tuple) -> Any:
-        raise HearthError("the embedding engine has no side lane")
+        if op != "tokenize":
+            raise HearthError(f"unknown embedding side request {op!r}")
+        (texts,) = args
+        return [len(self.llm.tokenize(t.encode("utf-8"), add_bos=False)) for t in texts]
+
+    def _embed_batched(self, texts: list[str], emit: Any) -> tuple[np.ndarray, int]:
+        """Pack the texts, in order, into batches of at most ``batch_tokens`` tokens and ``max_seqs``
+        sequences; one ``llama_decode`` and one pooled vector per sequence each."""
+        tokens = [self.llm.tokenize(t.encode("utf-8"))[:self.max_tokens] for t in texts]
+        out = np.zeros((len(texts), self.llm.n_embd()), dtype=np.float32)
+        i = total = 0
+        while i < len(tokens):
+            j, used = i, 0
+            while j < len(tokens) and j - i < self.max_seqs and (
+                    j == i or used + len(tokens[j]) <= self.batch_tokens):  # a longer text goes alone
+                used += len(tokens[j])
+                j += 1
+            out[i:j] = self._decode(tokens[i:j])
+            total += used
+            i = j
+            emit("progress", i, total)
+        return out, total
+
+    def _decode(self, seqs: list[list[int]]) -> np.ndarray:
+        lib, batch, ctx = self._lib, self.batch, self.llm._ctx.ctx
+        n = 0
+        for s, toks in enumerate(seqs):
+            for pos, tok in enumerate(toks):
+                batch.token[n] = tok
+                batch.pos[n] = pos
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = s
+                batch.logits[n] = 1  # every token an output: pooling reads them all
+                n += 1
+        batch.n_tokens = n
+        rc = lib.llama_decode(ctx, batch)
+        if rc != 0:
+            raise HearthError(f"llama_decode failed while embedding ({rc})")
+        dim = self.llm.n_embd()
+        out = np.empty((len(seqs), dim), dtype=np.float32)
+        for s in range(len(seqs)):
+            ptr = lib.llama_get_embeddings_seq(ctx, s)
+            if not ptr:
+                raise HearthError("llama.cpp returned no pooled embedding (is the model's pooling type NONE?)")
+            out[s] = np.ctypeslib.as_array(ptr, shape=(dim,))
+        return out
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 of the child while the context is created: llama-cpp-python 0.3.36 maps
+    llama.cpp's log levels one off (a WARN prints as an error even with ``verbose=False``), and the batched
+    context's "n_ctx_seq (2048) > n_ctx_train (512) -- possible training context overflow" is harmless here
+    (each sequence is at most ``n_ctx`` tokens; the context is long only to hold a batch). Errors still
+    arrive as exceptions."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,7 +1,10 @@
 """Turn a file's bytes into text pages, or fail with a reason a person can act on.
 
-Every failure is an ``IngestError(path, reason)`` with a short reason ("password-protected", "no extractable
-text — scanned PDF?", "not text (binary content)", ...); the caller records it and goes on with the batch.
+Every failure is an ``IngestError(path, reason)`` with a short reason ("encrypted", "no text layer (scanned?)",
+"not text (binary content)", ...); the caller records it and goes on with the batch. A PDF is "encrypted" when
+it cannot be opened with an empty user password (many PDFs are encrypted only to set permissions and open
+that way); it has "no text layer (scanned?)" when no page yields any text (an image-only scan: Hearth has no
+OCR). A PDF where only some pages have no text is indexed, with a note naming how many.
 
 Text encodings (plain text, Markdown, reST, source code, HTML): a BOM decides first (UTF-8, UTF-16 LE/BE,
 UTF-32 LE/BE); without one, UTF-16 when nearly every other byte is NUL (Windows tools write it); then strict
@@ -12,6 +15,9 @@ text (pages joined by ``PAGE_SEPARATOR``) is what evidence offsets refer to.
 Formats: PDF through pypdf (one page per PDF page, 1-based page numbers), DOCX through python-docx (paragraphs
 and tables in body order), HTML through the standard library's ``html.parser`` (script/style dropped, block
 elements become paragraph breaks).
+
+Structure for chunking (``Extracted.headings``, spans of the extracted text): HTML ``<h1>``-``<h6>`` and DOCX
+heading styles from the markup; Markdown, reST, code and PDF by ``chunking.find_headings`` on the text.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from app.errors import IngestError
+from app.retrieval.chunking import Heading, find_headings, format_of
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +54,37 @@ TEXT_NAMES = frozenset({"readme", "license", "licence", "copying", "authors", "c
                         "dockerfile", "notice", "todo", "news", "install", "contributing"})
 
 
+REASON_ENCRYPTED = "encrypted"
+REASON_NO_TEXT_LAYER = "no text layer (scanned?)"
+
+
 @dataclass(frozen=True)
 class Extracted:
     """A document's text. ``kind``: text, html, pdf or docx. ``pages``: the text of each page (one page for
-    unpaged formats). ``paged``: whether page numbers mean something (PDF)."""
+    unpaged formats). ``paged``: whether page numbers mean something (PDF). ``headings``: heading spans in
+    ``text`` (document offsets). ``fmt``: the chunking rules (``markdown``, ``rst``, ``python``, ``code``,
+    ``pdf``, ``text``). ``note``: something a person should know about a file that was read (e.g. pages
+    without a text layer), else None."""
 
     kind: str
     pages: list[str]
     paged: bool = False
+    headings: tuple[Heading, ...] = ()
+    fmt: str = "text"
+    note: str | None = None
 
     @property
     def text(self) -> str:
         return PAGE_SEPARATOR.join(self.pages)
+
+    @property
+    def page_starts(self) -> list[int]:
+        """Offset in ``text`` where each page starts."""
+        out, pos = [], 0
+        for page in self.pages:
+            out.append(pos)
+            pos += len(page) + len(PAGE_SEPARATOR)
+        return out
 
 
 def kind_of(path: Path) -> str | None:
@@ -88,10 +114,14 @@ def extract(path: Path, data: bytes) -> Extracted:
         return _extract_docx(path, data)
     text = decode_text(path, data)
     if kind == "html":
-        text = html_to_text(text)
+        text, headings = html_to_text_and_headings(text)
+        fmt = "text"
+    else:
+        fmt = format_of(path.suffix)
+        headings = find_headings(text, fmt)
     if not text.strip():
         raise IngestError(str(path), "no text (only whitespace)")
-    return Extracted(kind, [text])
+    return Extracted(kind, [text], headings=tuple(headings), fmt=fmt)
 
 
 # ---------------------------------------------------------------------------------------------- text encodings
@@ -171,21 +201,28 @@ def _extract_pdf(path: Path, data: bytes) -> Extracted:
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not _pdf_open_with_empty_password(reader):
-            raise IngestError(str(path), "password-protected")
+            raise IngestError(str(path), REASON_ENCRYPTED)
         pages = [_page_text(p) for p in reader.pages]
     except IngestError:
         raise
     except FileNotDecryptedError as exc:
-        raise IngestError(str(path), "password-protected") from exc
+        raise IngestError(str(path), REASON_ENCRYPTED) from exc
     except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise IngestError(str(path), f"corrupt PDF ({type(exc).__name__}: {exc})") from exc
     except Exception as exc:  # noqa: BLE001  (pypdf raises many kinds on malformed files; one bad file only)
         if type(exc).__module__.startswith("pypdf"):
             raise IngestError(str(path), f"corrupt PDF ({type(exc).__name__}: {exc})") from exc
         raise
-    if not any(p.strip() for p in pages):
-        raise IngestError(str(path), "no extractable text — scanned PDF?")
-    return Extracted("pdf", pages, paged=True)
+    empty = sum(1 for p in pages if not p.strip())
+    if empty == len(pages):
+        raise IngestError(str(path), REASON_NO_TEXT_LAYER)
+    note = f"{empty} of {len(pages)} pages have no text layer (scanned?)" if empty else None
+    headings: list[Heading] = []
+    pos = 0
+    for page in pages:
+        headings.extend(Heading(h.start + pos, h.end + pos, h.level, h.title) for h in find_headings(page, "pdf"))
+        pos += len(page) + len(PAGE_SEPARATOR)
+    return Extracted("pdf", pages, paged=True, headings=tuple(headings), fmt="pdf", note=note)
 
 
 def _pdf_open_with_empty_password(reader) -> bool:
@@ -208,13 +245,32 @@ def _extract_docx(path: Path, data: bytes) -> Extracted:
 
     try:
         document = docx.Document(io.BytesIO(data))
-        blocks = [_docx_block_text(b) for b in document.iter_inner_content()]
+        blocks = [(_docx_block_text(b), _docx_heading_level(b)) for b in document.iter_inner_content()]
     except Exception as exc:  # noqa: BLE001  (zipfile, lxml and python-docx all raise their own kinds)
         raise IngestError(str(path), f"corrupt or not a DOCX file ({type(exc).__name__}: {exc})") from exc
-    text = "\n\n".join(b for b in blocks if b.strip())
+    parts, headings, pos = [], [], 0
+    for text, level in blocks:
+        if not text.strip():
+            continue
+        if parts:
+            pos += 2  # the "\n\n" between blocks
+        if level:
+            headings.append(Heading(pos, pos + len(text), level, text.strip()))
+        parts.append(text)
+        pos += len(text)
+    text = "\n\n".join(parts)
     if not text.strip():
         raise IngestError(str(path), "no text in the document")
-    return Extracted("docx", [text])
+    return Extracted("docx", [text], headings=tuple(headings))
+
+
+def _docx_heading_level(block) -> int:
+    """1-9 for a paragraph in a "Title" (1) or "Heading N" style, else 0."""
+    style = getattr(getattr(block, "style", None), "name", "") or ""
+    if style == "Title":
+        return 1
+    m = re.fullmatch(r"Heading (\d)", style)
+    return int(m.group(1)) if m else 0
 
 
 def _docx_block_text(block) -> str:
@@ -230,12 +286,15 @@ _BLOCK_TAGS = frozenset(
     "footer nav aside main figure figcaption title address details summary".split()
 )
 _SKIP_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
+_HEADING_TAGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 
 
 class _TextParser(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
+        self.headings: list[tuple[int, str]] = []  # (level, title) in document order
+        self._heading: tuple[int, list[str]] | None = None
         self._skip = 0
         self._pre = 0
 
@@ -246,6 +305,8 @@ class _TextParser(HTMLParser):
             self.parts.append("\n\n")
         if tag == "pre":
             self._pre += 1
+        if tag in _HEADING_TAGS and not self._skip:
+            self._heading = (int(tag[1]), [])
 
     def handle_endtag(self, tag):
         if tag in _SKIP_TAGS:
@@ -254,18 +315,42 @@ class _TextParser(HTMLParser):
             self.parts.append("\n\n")
         if tag == "pre":
             self._pre = max(0, self._pre - 1)
+        if tag in _HEADING_TAGS and self._heading is not None:
+            title = re.sub(r"\s+", " ", "".join(self._heading[1])).strip()
+            if title:
+                self.headings.append((self._heading[0], title))
+            self._heading = None
 
     def handle_data(self, data):
         if self._skip:
             return
         self.parts.append(data if self._pre else re.sub(r"\s+", " ", data))
+        if self._heading is not None:
+            self._heading[1].append(data)
 
 
 def html_to_text(html: str) -> str:
     """Visible text of an HTML document: paragraphs separated by a blank line, whitespace collapsed."""
+    return html_to_text_and_headings(html)[0]
+
+
+def html_to_text_and_headings(html: str) -> tuple[str, list[Heading]]:
+    """``html_to_text`` and the spans of its ``<h1>``-``<h6>`` headings in that text (each found as the text
+    at the start of a line, in document order, after the previous one)."""
     parser = _TextParser()
     parser.feed(html)
     parser.close()
     text = "".join(parser.parts)
     lines = [line.strip() for line in text.split("\n")]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    headings: list[Heading] = []
+    pos = 0
+    for level, title in parser.headings:
+        at = text.find(title, pos)
+        while at > 0 and text[at - 1] != "\n":
+            at = text.find(title, at + 1)
+        if at < 0:
+            continue
+        headings.append(Heading(at, at + len(title), level, title))
+        pos = at + len(title)
+    return text, headings

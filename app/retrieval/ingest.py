@@ -8,7 +8,7 @@ For each file (folders are walked, hidden entries skipped):
   with its chunks and evidence IDs; under a path that still exists → a duplicate, recorded but not indexed
   twice;
 - otherwise extract → chunk → embed → write, replacing the file's previous chunks (a modified file);
-- any ``IngestError`` (unsupported type, empty, binary, password-protected, scanned, corrupt) is recorded as
+- any ``IngestError`` (unsupported type, empty, binary, encrypted, no text layer, corrupt) is recorded as
   ``failed`` with its reason, and the batch goes on. Only ``indexed`` files have chunks.
 
 Documents under a given folder (or a given file) that are gone from disk are removed with their chunks and
@@ -18,6 +18,24 @@ and a new run continues with the rest.
 
 Given paths are remembered as roots; ``rescan()`` walks them again (on demand) and ``watch()`` does it in a
 polling loop (cheap: unchanged files cost one ``stat``).
+
+Embedding in the background (issue 16). Files are read and chunked on the caller's thread; the chunks that
+need vectors are gathered, across documents, into groups of about ``embed_group_tokens`` tokens, and a group
+is embedded on one worker thread (the embedding engine is another process, so reading and chunking the next
+files runs on another core meanwhile; the engine counts tokens on its side lane, so chunking never waits
+behind an embedding). When a group's vectors are back, each of its documents is written in its own
+transaction, in order, on the caller's thread. So a ``kill -9`` loses at most the documents of the group
+being embedded and of the group being gathered (a few seconds of embedding); every committed document is
+complete and the next run skips it by hash. Content already waiting in a group is never indexed twice: a
+file whose hash matches a waiting document flushes the pipeline first, then is a duplicate or a rename.
+``embed_group_tokens=0`` and ``background=False`` give the behaviour before issue 16 (each document
+embedded and written before the next is read), which ``benchmarks.retrieval_perf`` measures as the baseline.
+
+Progress (for the CLI's bar and the window's per-file progress and ETA): ``progress(Progress)`` is called on
+the caller's thread with ``event == "file"`` after each file (``last`` says what happened to it) and
+``event == "embed"`` after each batch of vectors comes back (``in_flight``: per waiting file, chunks embedded
+and chunks in all; ``eta_s``; ``tokens_per_s``). A window runs ``ingest`` on a worker thread with its own
+``DocumentStore`` and forwards each ``Progress`` (a copy: ``Progress.snapshot()``) as a signal.
 """
 
 from __future__ import annotations
@@ -25,9 +43,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +59,10 @@ from app.retrieval.chunking import (
     DEFAULT_OVERLAP_TOKENS,
     ApproxTokenCounter,
     TokenCounter,
-    chunk_text,
+    chunk_document,
+    page_of,
 )
-from app.retrieval.extract import MAX_FILE_BYTES, PAGE_SEPARATOR, Extracted, extract, kind_of
+from app.retrieval.extract import MAX_FILE_BYTES, Extracted, extract, kind_of
 from app.retrieval.store import DocumentRow, DocumentStore, NewChunk
 from app.retrieval.types import (
     STATUS_DUPLICATE,
@@ -59,20 +81,51 @@ log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[Progress], None]
 
+DEFAULT_EMBED_GROUP_TOKENS = 8192  # tokens per background embedding group (~4 decodes of 2,048 tokens)
+
+
+@dataclass
+class _Prepared:
+    """A document read and chunked, waiting for its vectors: its place in the report, what to write, and
+    which chunks need embedding (``todo``: chunk indices) or reuse a stored vector (``known``)."""
+
+    index: int
+    path: Path
+    sha: str
+    st: os.stat_result
+    extracted: Extracted
+    chunks: list[NewChunk]
+    todo: list[int] = field(default_factory=list)
+    known: dict[int, bytes] = field(default_factory=dict)
+    vectors: np.ndarray | None = None
+    note: str | None = None
+    done: int = 0  # chunks of ``todo`` embedded so far (progress)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunks[i].token_count + 2 for i in self.todo)
+
 
 class Ingester:
     """Indexes files into ``store``. ``embedder`` (an ``Embedder``, optional) computes vectors and counts
     tokens; without it chunks are sized by ``ApproxTokenCounter`` and search is BM25 only.
-    ``max_tokens`` / ``overlap_tokens``: chunk size (special tokens included) and overlap, in tokens."""
+    ``max_tokens`` / ``overlap_tokens``: chunk size (special tokens included) and overlap, in tokens.
+    ``embed_group_tokens``: tokens of chunks gathered across documents before they are embedded together
+    (0: each document alone); ``background``: embed on a worker thread while the next files are read (see
+    the module docstring)."""
 
     def __init__(self, store: DocumentStore, embedder=None, *, counter: TokenCounter | None = None,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> None:
+                 max_tokens: int = DEFAULT_MAX_TOKENS, overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+                 embed_group_tokens: int = DEFAULT_EMBED_GROUP_TOKENS, background: bool = True) -> None:
         self.store = store
         self.embedder = embedder
         self.counter: TokenCounter = counter or embedder or ApproxTokenCounter()
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
+        self.embed_group_tokens = embed_group_tokens
+        self.background = background
         self._embed_failed: str | None = None
+        self._pipe: _Pipeline | None = None
 
     # ------------------------------------------------------------------------------------------ public API
 
@@ -87,19 +140,34 @@ class Ingester:
                     self.store.add_root(str(root))
         files = _collect(roots)
         named = {str(r) for r in roots if r.is_file()}
-        state = Progress(files_total=len(files))
-        report = IngestReport()
-        for path in files:
-            if str(path) not in named and kind_of(path) is None:
-                # Found in a folder, not named by the person: an image or binary is skipped, not a failure.
-                why = f"unsupported type ({path.suffix.lower() or 'no extension'})"
-                status = FileStatus(str(path), STATUS_SKIPPED, why)
-                report.files.append(status)
-                self._advance(state, status, path, started, progress)
-                continue
-            status = self._ingest_one(path)
-            report.files.append(status)
-            self._advance(state, status, path, started, progress)
+        state = Progress(files_total=len(files), bytes_total=_total_bytes(files))
+        results: list[FileStatus | None] = [None] * len(files)
+
+        def finished(index: int, status: FileStatus) -> None:
+            results[index] = status
+            self._advance(state, status, files[index], started, progress)
+
+        self._pipe = pipe = _Pipeline(self, state, started, progress, finished)
+        try:
+            for index, path in enumerate(files):
+                state.current = str(path)
+                if str(path) not in named and kind_of(path) is None:
+                    # Found in a folder, not named by the person: an image or binary is skipped, not a failure.
+                    why = f"unsupported type ({path.suffix.lower() or 'no extension'})"
+                    finished(index, FileStatus(str(path), STATUS_SKIPPED, why))
+                    continue
+                outcome = self._ingest_one(path, index)
+                if isinstance(outcome, _Prepared):
+                    pipe.add(outcome)
+                else:
+                    finished(index, outcome)
+                pipe.poll()
+            pipe.finish()
+        finally:
+            pipe.close()
+            self._pipe = None
+        state.current = None
+        report = IngestReport(files=[r for r in results if r is not None])
         for status in self._remove_missing(roots, set(map(str, files))):
             report.files.append(status)
             state.counts[status.status] = state.counts.get(status.status, 0) + 1
@@ -129,7 +197,7 @@ class Ingester:
                 on_report(report)
             stop.wait(interval_s)
 
-    def embed_missing(self, batch: int = 64) -> int:
+    def embed_missing(self, batch: int = 256) -> int:
         """Embed chunks that have no vector for the current model (indexed before the model was installed, or
         when the engine failed). Returns how many were embedded."""
         if self.embedder is None:
@@ -150,7 +218,7 @@ class Ingester:
 
     # ------------------------------------------------------------------------------------------- per file
 
-    def _ingest_one(self, path: Path) -> FileStatus:
+    def _ingest_one(self, path: Path, index: int = 0) -> FileStatus | _Prepared:
         key = str(path)
         try:
             st = path.stat()
@@ -175,10 +243,13 @@ class Ingester:
             if row.mtime_ns != st.st_mtime_ns:
                 self.store.touch(row.id, st.st_mtime_ns)
             return _unchanged(row)
+        if self._pipe is not None and self._pipe.waiting(sha):
+            self._pipe.finish()  # the same content waits for its vectors: write it first, then compare
+            row = self.store.document(key)
         moved = self._rename_or_duplicate(key, sha, st, row)
         if moved is not None:
             return moved
-        return self._index(path, data, sha, st, kind, row)
+        return self._prepare(path, index, data, sha, st, kind, row)
 
     def _rename_or_duplicate(self, key: str, sha: str, st: os.stat_result,
                              row: DocumentRow | None) -> FileStatus | None:
@@ -199,8 +270,9 @@ class Ingester:
                                      mtime_ns=st.st_mtime_ns, type=same[0].type)
         return FileStatus(key, STATUS_DUPLICATE, reason)
 
-    def _index(self, path: Path, data: bytes, sha: str, st: os.stat_result, kind: str,
-               row: DocumentRow | None) -> FileStatus:
+    def _prepare(self, path: Path, index: int, data: bytes, sha: str, st: os.stat_result, kind: str,
+                 row: DocumentRow | None) -> FileStatus | _Prepared:
+        """Extract and chunk; find which chunks need vectors. A failure is recorded at once."""
         key = str(path)
         try:
             extracted = extract(path, data)
@@ -210,12 +282,33 @@ class Ingester:
         except IngestError as exc:
             return self._fail(key, exc.reason, row, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns,
                               type=kind)
-        vectors, note = self._vectors(chunks)
+        prep = _Prepared(index, path, sha, st, extracted, chunks)
+        if self.embedder is not None and not self._embed_failed:
+            known = self.store.vectors_for_texts(self.embedder.model_id, [c.text for c in chunks])
+            for i, c in enumerate(chunks):
+                blob = known.get(_sha(c.text))
+                if blob is None:
+                    prep.todo.append(i)
+                else:
+                    prep.known[i] = blob
+        return prep
+
+    def _write(self, prep: _Prepared) -> FileStatus:
+        """One transaction: the document, its chunks and (when there are) their vectors."""
+        key = str(prep.path)
+        vectors = prep.vectors
+        note = prep.note
+        if vectors is None and self.embedder is not None and not prep.todo and prep.known:
+            vectors = _assemble(prep, None)
+        if vectors is None and self.embedder is not None and note is None and self._embed_failed:
+            note = f"indexed for keyword search only (embedding failed: {self._embed_failed})"
+        notes = "; ".join(n for n in (prep.extracted.note, note) if n) or None
+        ex = prep.extracted
         self.store.write_document(
-            key, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns, type=extracted.kind,
-            page_count=len(extracted.pages) if extracted.paged else None, chunks=chunks, vectors=vectors,
+            key, sha256=prep.sha, size=prep.st.st_size, mtime_ns=prep.st.st_mtime_ns, type=ex.kind,
+            page_count=len(ex.pages) if ex.paged else None, chunks=prep.chunks, vectors=vectors,
             model=self.embedder.model_id if vectors is not None else None, tokenizer=self.counter.name)
-        return FileStatus(key, STATUS_INDEXED, note, len(chunks), len(extracted.pages))
+        return FileStatus(key, STATUS_INDEXED, notes, len(prep.chunks), len(ex.pages))
 
     def _chunks_or_fallback(self, extracted: Extracted) -> list[NewChunk]:
         """Chunks sized by the embedder's tokenizer; if the embedding engine fails, by the approximate counter
@@ -233,40 +326,15 @@ class Ingester:
             return self._chunks(extracted)
 
     def _chunks(self, extracted: Extracted) -> list[NewChunk]:
+        """Chunks of the whole document by structure (headings, paragraphs, sentences; no chunk crosses a
+        page), with 1-based pages for paged formats."""
+        starts = extracted.page_starts
         out: list[NewChunk] = []
-        offset = 0
-        for number, page in enumerate(extracted.pages, start=1):
-            for c in chunk_text(page, self.counter, self.max_tokens, self.overlap_tokens):
-                out.append(NewChunk(c.text, number if extracted.paged else None, offset + c.start,
-                                    offset + c.end, c.token_count))
-            offset += len(page) + len(PAGE_SEPARATOR)
+        for c in chunk_document(extracted.text, self.counter, self.max_tokens, self.overlap_tokens,
+                                headings=extracted.headings, breaks=starts[1:], fmt=extracted.fmt):
+            page = page_of(c.start, starts) if extracted.paged else None
+            out.append(NewChunk(c.text, page, c.start, c.end, c.token_count, c.heading_path))
         return out
-
-    def _vectors(self, chunks: list[NewChunk]) -> tuple[np.ndarray | None, str | None]:
-        """Vectors for the chunks (re-using stored ones for unchanged passages), or ``(None, reason)``."""
-        if self.embedder is None:
-            return None, None
-        if self._embed_failed:
-            return None, f"indexed for keyword search only (embedding failed: {self._embed_failed})"
-        model = self.embedder.model_id
-        texts = [c.text for c in chunks]
-        known = self.store.vectors_for_texts(model, texts)
-        shas = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
-        missing = [i for i, s in enumerate(shas) if s not in known]
-        try:
-            fresh = self.embedder.embed([texts[i] for i in missing]) if missing else None
-        except HearthError as exc:
-            log.warning("embedding failed; indexing for keyword search only: %s", exc)
-            self._embed_failed = str(exc)
-            return None, f"indexed for keyword search only (embedding failed: {exc})"
-        dim = fresh.shape[1] if fresh is not None else len(next(iter(known.values()))) // 4
-        out = np.zeros((len(chunks), dim), dtype=np.float32)
-        for i, s in enumerate(shas):
-            if s in known:
-                out[i] = np.frombuffer(known[s], dtype=np.float32)
-        if fresh is not None:
-            out[missing] = fresh
-        return out, None
 
     def _fail(self, key: str, reason: str, row: DocumentRow | None, **fields) -> FileStatus:
         if not (row and row.status == STATUS_FAILED and row.error == reason
@@ -302,6 +370,7 @@ class Ingester:
     @staticmethod
     def _advance(state: Progress, status: FileStatus, path: Path, started: float,
                  progress: ProgressCallback | None) -> None:
+        state.event = "file"
         state.files_done += 1
         state.counts[status.status] = state.counts.get(status.status, 0) + 1
         if status.status == STATUS_INDEXED:
@@ -315,6 +384,194 @@ class Ingester:
         state.last = status
         if progress is not None:
             progress(state)
+
+
+class _Pipeline:
+    """Groups prepared documents, embeds each group (on a worker thread when ``background``) while the next
+    is gathered, and writes a group's documents once its vectors are back (see the module docstring). All
+    store writes and progress callbacks happen on the ingest thread; the worker only calls the embedder and
+    posts its progress on a queue."""
+
+    def __init__(self, ingester: Ingester, state: Progress, started: float, progress: ProgressCallback | None,
+                 finished: Callable[[int, FileStatus], None]) -> None:
+        self.ing, self.state, self.started, self.progress, self.finished = ingester, state, started, progress, \
+            finished
+        self.group: list[_Prepared] = []
+        self.group_tokens = 0
+        self.flight: tuple[list[_Prepared], Future | None] | None = None
+        self.events: queue.Queue = queue.Queue()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hearth-embed") if ingester.background else None
+        self._owners: list[list[tuple[_Prepared, int]]] = []  # per unique text of the group in flight
+        self._base_chunks = self._base_tokens = self._flight_tokens = 0
+
+    def waiting(self, sha: str) -> bool:
+        """Whether a document with this content hash waits for its vectors."""
+        flying = self.flight[0] if self.flight else []
+        return any(p.sha == sha for p in (*self.group, *flying))
+
+    def add(self, prep: _Prepared) -> None:
+        self.group.append(prep)
+        self.group_tokens += prep.tokens
+        self.state.chunks_pending += len(prep.todo)
+        if self.group_tokens >= self.ing.embed_group_tokens:
+            self._launch()
+
+    def poll(self) -> None:
+        """Report embedding progress that arrived while the caller read files."""
+        self._drain(block=False)
+
+    def finish(self) -> None:
+        """Embed and write everything still waiting."""
+        if self.group:
+            self._launch()
+        self._land()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    def _launch(self) -> None:
+        self._land()
+        group, self.group, self.group_tokens = self.group, [], 0
+        texts, owners = self._texts(group)
+        self.flight = (group, None)
+        self._owners, self._flight_tokens = owners, 0
+        if not texts:
+            return
+        if self.pool is not None:
+            future: Future = self.pool.submit(self._embed, texts)
+        else:
+            future = Future()
+            try:
+                future.set_result(self._embed(texts, inline=True))
+            except HearthError as exc:
+                future.set_exception(exc)
+        self.flight = (group, future)
+
+    def _texts(self, group: list[_Prepared]) -> tuple[list[str], list[list[tuple[_Prepared, int]]]]:
+        """The unique texts to embed and, per text, the (document, chunk index) that get its vector."""
+        if self.ing.embedder is None or self.ing._embed_failed:
+            return [], []
+        index: dict[str, int] = {}
+        texts: list[str] = []
+        owners: list[list[tuple[_Prepared, int]]] = []
+        for prep in group:
+            for i in prep.todo:
+                text = prep.chunks[i].text
+                if text not in index:
+                    index[text] = len(texts)
+                    texts.append(text)
+                    owners.append([])
+                owners[index[text]].append((prep, i))
+        return texts, owners
+
+    def _embed(self, texts: list[str], inline: bool = False) -> np.ndarray:
+        def report(n_texts: int, n_tokens: int) -> None:
+            self.events.put((n_texts, n_tokens))
+            if inline:
+                self._drain(block=False)
+
+        return self.ing.embedder.embed(texts, progress=report)
+
+    def _land(self) -> None:
+        """Wait for the group in flight (reporting its progress), then write its documents in order."""
+        if self.flight is None:
+            return
+        group, future = self.flight
+        vectors, note = None, None
+        if future is not None:
+            while not future.done():
+                self._drain(block=True)
+            try:
+                vectors = future.result()
+            except HearthError as exc:
+                log.warning("embedding failed; indexing for keyword search only: %s", exc)
+                self.ing._embed_failed = str(exc)
+                note = f"indexed for keyword search only (embedding failed: {exc})"
+            self._drain(block=False)
+            if vectors is not None:
+                self._landed()
+        self.flight = None
+        if vectors is not None:
+            fresh: dict[int, dict[int, np.ndarray]] = {}
+            for row, owners in zip(vectors, self._owners):
+                for prep, i in owners:
+                    fresh.setdefault(id(prep), {})[i] = row
+        for prep in group:
+            self.state.chunks_pending -= len(prep.todo)
+            if vectors is not None and (prep.todo or prep.known):
+                prep.vectors = _assemble(prep, fresh.get(id(prep), {}))
+            elif note and prep.todo:
+                prep.note = note
+            self.finished(prep.index, self.ing._write(prep))
+
+    def _drain(self, block: bool) -> None:
+        latest = None
+        try:
+            latest = self.events.get(timeout=0.1) if block else self.events.get_nowait()
+            while True:
+                latest = self.events.get_nowait()
+        except queue.Empty:
+            pass
+        if latest is not None and self.flight is not None:
+            self._in_flight(*latest)
+
+    def _in_flight(self, texts_done: int, tokens_done: int) -> None:
+        """Progress of the group in flight: its first ``texts_done`` unique texts have vectors."""
+        st, group = self.state, self.flight[0]
+        done: dict[int, int] = {}
+        for owners in self._owners[:texts_done]:
+            for prep, _i in owners:
+                done[id(prep)] = done.get(id(prep), 0) + 1
+        st.chunks_embedded = self._base_chunks + sum(done.values())
+        st.tokens_embedded = self._base_tokens + tokens_done
+        self._flight_tokens = tokens_done
+        st.in_flight = {str(p.path): (done.get(id(p), 0), len(p.todo)) for p in group if p.todo}
+        self._emit()
+
+    def _landed(self) -> None:
+        st = self.state
+        st.chunks_embedded = self._base_chunks = self._base_chunks + sum(len(o) for o in self._owners)
+        st.tokens_embedded = self._base_tokens = self._base_tokens + self._flight_tokens
+        self._flight_tokens = 0
+        st.in_flight = {}
+        self._emit()
+
+    def _emit(self) -> None:
+        self.state.elapsed_s = time.monotonic() - self.started
+        self.state.event = "embed"
+        if self.progress is not None:
+            self.progress(self.state)
+
+
+def _assemble(prep: _Prepared, fresh: dict[int, np.ndarray] | None) -> np.ndarray | None:
+    """One row per chunk: stored vectors for known texts, fresh ones for the rest (None if any is missing)."""
+    fresh = fresh or {}
+    rows: list[np.ndarray] = []
+    for i in range(len(prep.chunks)):
+        if i in fresh:
+            rows.append(np.asarray(fresh[i], dtype=np.float32))
+        elif i in prep.known:
+            rows.append(np.frombuffer(prep.known[i], dtype=np.float32))
+        else:
+            return None
+    return np.vstack(rows) if rows else None
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _total_bytes(files: list[Path]) -> int:
+    total = 0
+    for f in files:
+        try:
+            total += f.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
 def _unchanged(row: DocumentRow) -> FileStatus:
@@ -346,8 +603,9 @@ def _collect(roots: list[Path]) -> list[Path]:
     return list(files.values())
 
 
-def open_default(with_embedder: bool = True):
-    """The default store and, when an embedding model is installed, an ``Embedder`` on it (else None)."""
+def open_default(with_embedder: bool = True, workers: int = 1):
+    """The default store and, when an embedding model is installed, an ``Embedder`` on it (else None) with
+    ``workers`` embedding processes (``ingest_workers()`` for an ingest a person waits for)."""
     from app.retrieval.embed_model import find_embedding_model
 
     store = DocumentStore()
@@ -357,5 +615,15 @@ def open_default(with_embedder: bool = True):
         if model is not None:
             from app.retrieval.embedder import Embedder
 
-            embedder = Embedder(model)
+            embedder = Embedder(model, workers=workers)
     return store, embedder
+
+
+def ingest_workers() -> int:
+    """Embedding processes for an ingest the person waits for (``hearth ingest``): the foreground thread
+    budget in processes of the background thread count (2 on a 2-core machine, 2 x 4 threads on 8 cores).
+    Processes rather than threads: one busy core stalls every OpenMP thread of a child at each barrier, but
+    not another child. The window's background ingest keeps one."""
+    from app.engine.process import default_threads
+
+    return max(1, default_threads() // default_threads(background=True))

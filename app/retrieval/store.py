@@ -7,7 +7,8 @@ second writer (the CLI while the app runs).
 
 Each document is written in one transaction (``write_document``): its row, its chunks, their FTS rows (by
 triggers) and their embeddings appear together or not at all, so a killed ingest leaves every finished file
-intact and the next run continues with the rest.
+intact and the next run continues with the rest. ``check()`` runs SQLite's and FTS5's integrity checks and
+Hearth's own invariants (chunk counts, no orphans), for tests and for a person who suspects a damaged file.
 
 Evidence IDs are ``sha256("<document sha256>:<ordinal>")[:12]`` (48 bits: for 50,000 chunks the chance of any
 collision is ~4e-6; 8 hex digits would give ~25%). They depend on content and position only, so a renamed
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -131,6 +133,14 @@ def m006_create_roots(db: sqlite_utils.Database) -> None:
         )""")
 
 
+@migrations()
+def m007_chunk_heading_path(db: sqlite_utils.Database) -> None:
+    # Issue 16: chunks are cut by structure and carry the titles of their enclosing headings, outermost
+    # first, as a JSON array of strings; NULL for chunks without headings (and for every chunk indexed
+    # before this migration, until its file is re-indexed).
+    db.execute("ALTER TABLE chunks ADD COLUMN heading_path TEXT")
+
+
 def evidence_id(document_sha256: str, ordinal: int) -> str:
     """The stable evidence ID of chunk ``ordinal`` (0-based) of the document with this content hash."""
     return hashlib.sha256(f"{document_sha256}:{ordinal}".encode()).hexdigest()[:EVIDENCE_ID_HEX]
@@ -154,13 +164,15 @@ class DocumentRow:
 
 @dataclass(frozen=True)
 class NewChunk:
-    """A chunk to write: ``page`` 1-based or None; offsets in the document's extracted text."""
+    """A chunk to write: ``page`` 1-based or None; offsets in the document's extracted text;
+    ``heading_path``: titles of its enclosing headings, outermost first."""
 
     text: str
     page: int | None
     char_start: int
     char_end: int
     token_count: int
+    heading_path: tuple[str, ...] = ()
 
 
 class DocumentStore:
@@ -227,7 +239,8 @@ class DocumentStore:
                 "tokenizer": tokenizer, "indexed_at": time.time()}).last_pk
             rows = [{"evidence_id": evidence_id(sha256, i), "document_id": doc_id, "ordinal": i, "text": c.text,
                      "text_sha256": _sha(c.text), "page": c.page, "char_start": c.char_start,
-                     "char_end": c.char_end, "token_count": c.token_count} for i, c in enumerate(chunks)]
+                     "char_end": c.char_end, "token_count": c.token_count,
+                     "heading_path": _path_json(c.heading_path)} for i, c in enumerate(chunks)]
             self.db["chunks"].insert_all(rows, batch_size=500)
             if vectors is not None and len(chunks):
                 ids = [r[0] for r in self._query("SELECT id FROM chunks WHERE document_id = ? ORDER BY ordinal",
@@ -396,10 +409,12 @@ class DocumentStore:
             return []
         marks = ",".join("?" * len(scored))
         rows = {r["id"]: r for r in self._query(
-            f"SELECT c.id, c.evidence_id, d.path, c.page, c.text, c.char_start, c.char_end FROM chunks c "
-            f"JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks})", [cid for cid, _ in scored])}
+            f"SELECT c.id, c.evidence_id, d.path, c.page, c.text, c.char_start, c.char_end, c.heading_path "
+            f"FROM chunks c JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks})",
+            [cid for cid, _ in scored])}
         return [Evidence(evidence_id=r["evidence_id"], path=r["path"], page=r["page"], score=score,
-                         text=r["text"], char_start=r["char_start"], char_end=r["char_end"])
+                         text=r["text"], char_start=r["char_start"], char_end=r["char_end"],
+                         heading_path=_path_tuple(r["heading_path"]))
                 for cid, score in scored if (r := rows.get(cid)) is not None]
 
     def resolve(self, evidence_ids: list[str]) -> dict[str, Evidence]:
@@ -410,6 +425,33 @@ class DocumentStore:
         ids = [(r[0], 0.0) for r in self._query(f"SELECT id FROM chunks WHERE evidence_id IN ({marks})",
                                                 list(evidence_ids))]
         return {e.evidence_id: e for e in self.evidence(ids)}
+
+    def check(self) -> list[str]:
+        """Problems found in the database, empty when it is consistent: ``PRAGMA integrity_check``, FTS5's
+        ``integrity-check`` of ``chunks_fts`` against ``chunks``, chunks or vectors without their parent row,
+        indexed documents whose ``chunk_count`` differs from their chunks, and chunks of documents that are
+        not indexed. Raises ``StoreError`` only when the database cannot be read at all."""
+        problems = [r[0] for r in self._query("PRAGMA integrity_check") if r[0] != "ok"]
+        try:
+            self.db.conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('integrity-check')")
+        except sqlite3.DatabaseError as exc:
+            problems.append(f"chunks_fts: {exc}")
+        checks = {
+            "chunks without a document": "SELECT COUNT(*) FROM chunks WHERE document_id NOT IN "
+                                         "(SELECT id FROM documents)",
+            "vectors without a chunk": "SELECT COUNT(*) FROM embeddings WHERE chunk_id NOT IN "
+                                       "(SELECT id FROM chunks)",
+            "documents whose chunk_count is wrong": "SELECT COUNT(*) FROM documents d WHERE status = 'indexed' AND "
+                                                    "chunk_count != (SELECT COUNT(*) FROM chunks c "
+                                                    "WHERE c.document_id = d.id)",
+            "chunks of documents that are not indexed": "SELECT COUNT(*) FROM chunks c JOIN documents d ON "
+                                                        "d.id = c.document_id WHERE d.status != 'indexed'",
+        }
+        for what, sql in checks.items():
+            n = self._query(sql)[0][0]
+            if n:
+                problems.append(f"{n} {what}")
+        return problems
 
     def stats(self) -> dict[str, int]:
         q = self._query
@@ -470,6 +512,14 @@ def _single_blas_thread():
     if _BLAS is False:
         return contextlib.nullcontext()
     return _BLAS.limit(limits=1, user_api="blas")
+
+
+def _path_json(path: tuple[str, ...]) -> str | None:
+    return json.dumps(list(path), ensure_ascii=False) if path else None
+
+
+def _path_tuple(raw: str | None) -> tuple[str, ...]:
+    return tuple(json.loads(raw)) if raw else ()
 
 
 def _sha(text: str) -> str:

@@ -6,7 +6,7 @@ server) unchanged.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # Search modes (``SearchResults.mode``): which rankings produced the result.
@@ -25,7 +25,9 @@ class Evidence:
     mode, ``-bm25()`` in BM25 mode, cosine similarity in vector mode; larger is better, comparable only within
     one result list). text: the passage, exactly as extracted. char_start / char_end: the passage's span, in
     characters (Python ``str`` indices), in the document's extracted text (pages joined by ``PAGE_SEPARATOR``),
-    so that ``extracted[char_start:char_end] == text``.
+    so that ``extracted[char_start:char_end] == text``. heading_path: titles of the headings that enclose the
+    passage in its document, outermost first (Markdown/HTML/DOCX/PDF headings, code definitions; empty when
+    there are none, or when the document was indexed before issue 16 and not changed since).
     """
 
     evidence_id: str
@@ -35,6 +37,7 @@ class Evidence:
     text: str
     char_start: int
     char_end: int
+    heading_path: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,11 +88,17 @@ class FileStatus:
 
 @dataclass
 class Progress:
-    """Progress of an ingest run, reported after each file.
+    """Progress of an ingest run, reported after each file (``event == "file"``) and after each batch of
+    embeddings (``event == "embed"``), always on the ingest thread.
 
     files_done / files_total: files handled so far / found by the scan. chunks: chunks written so far.
     pages: pages (PDF) or documents (other formats count as one page each) indexed so far. bytes_read: bytes of
-    the files handled. elapsed_s: seconds since the run started. last: the status of the file just handled.
+    the files handled; bytes_total: bytes of every file found. elapsed_s: seconds since the run started. last:
+    the status of the file just handled (``event == "file"``). counts: files per status so far.
+    current: the file being read and chunked (None when the run is over). chunks_embedded / tokens_embedded:
+    chunks and embedding-model tokens (special tokens included) embedded so far in this run;
+    chunks_pending: chunks read and waiting for vectors. in_flight: for each file whose chunks are being
+    embedded, ``(chunks embedded, chunks to embed)`` — the window's per-file progress.
     """
 
     files_total: int
@@ -100,6 +109,37 @@ class Progress:
     elapsed_s: float = 0.0
     last: FileStatus | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    bytes_total: int = 0
+    current: str | None = None
+    event: str = "file"
+    chunks_embedded: int = 0
+    tokens_embedded: int = 0
+    chunks_pending: int = 0
+    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Embedding throughput of this run so far (tokens per second of wall time)."""
+        return self.tokens_embedded / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def fraction(self) -> float:
+        """Work done, 0.0-1.0: bytes of the files finished."""
+        if self.bytes_total <= 0:
+            return self.files_done / self.files_total if self.files_total else 1.0
+        return min(1.0, self.bytes_read / self.bytes_total)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (by bytes of finished files); None before the first file is done."""
+        f = self.fraction
+        if f <= 0 or self.elapsed_s <= 0:
+            return None
+        return self.elapsed_s * (1 - f) / f
+
+    def snapshot(self) -> Progress:
+        """A copy that later updates do not change (to hand to another thread, e.g. a Qt signal)."""
+        return replace(self, counts=dict(self.counts), in_flight=dict(self.in_flight))
 
     @property
     def files_per_s(self) -> float:
