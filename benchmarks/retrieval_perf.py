@@ -12,8 +12,8 @@
    - ``after``: the batched embedder (``DEFAULT_BATCH_TOKENS`` tokens per ``llama_decode``, flash attention)
      with the background pipeline (groups of chunks across documents, embedded on a worker thread while the
      next files are read), one embedding process of the same thread count as ``before``;
-   - ``after_2_workers`` (``--workers N``): the same with N embedding processes, as ``hearth ingest`` runs
-     (the person waits for it: the foreground CPU budget);
+   - ``after_2_workers`` (``--workers N``, 0 or 1 to skip): the same with N embedding processes
+     (``Embedder(workers=N)``), which only helps when the machine has idle cores;
    - ``keyword_only``: no embedder, to show what embedding costs.
 
    ``--repeat N`` runs before/after alternately N times (the machine is shared: alternating spreads other

@@ -34,14 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InvalidRequest
-    from app.retrieval.ingest import Ingester, ingest_workers, open_default
+    from app.retrieval.ingest import Ingester, open_default
 
     if not args.paths and not args.rescan:
         raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
     if args.watch and not args.interval > 0:
         raise InvalidRequest(f"--interval needs a positive number of seconds, got {args.interval:g}",
                              param="interval")
-    store, embedder = open_default(with_embedder=not args.no_embed, workers=ingest_workers())
+    store, embedder = open_default(with_embedder=not args.no_embed)
     bar = _ProgressBar(enabled=not args.quiet and sys.stderr.isatty())
     try:
         ingester = Ingester(store, embedder)
