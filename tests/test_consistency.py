@@ -491,3 +491,16 @@ def test_prompt_is_few_shot_and_the_worked_examples_agree_with_the_extractor():
     assert [judge(spec, a).answer for _, a in shots] == ["7", "24", "8"]
     assert all(judge(spec, a).accepted for _, a in shots)
     assert not any(s in a for _, a in shots for s in ri.STOP)
+
+
+def test_backreferences_are_refused_by_the_regex_gate():
+    # (a*)(a*)\1\2b passed the repeat count and took 8 s on 4,400 characters (about W^3 steps, the GIL held).
+    for pattern in (r"(a*)(a*)\1\2b", r"(\w)\1", r"(?P<x>a)(?P=x)"):
+        with pytest.raises(InvalidRequest, match="backreference"):
+            sc.regex_gate(pattern, "hearth.self_consistency.verifier")
+
+
+def test_a_json_field_segment_in_non_ascii_digits_is_a_key_not_an_index():
+    got = sc.parse_extractor({"json_field": "a.²"}, "hearth.self_consistency.extract")
+    assert got.extract('result {"a": [1, 2, 3]}') is None  # was a ValueError (int('²')) and a 500
+    assert sc.parse_extractor({"json_field": "a.١"}, "x").extract('{"a": [1, 2]}') is None

@@ -198,3 +198,16 @@ def test_a_remote_in_the_settings_is_a_pool_entry_whose_failure_is_tried_again()
         assert p.used_bytes() == 0
     finally:
         p.close()
+
+
+def test_names_from_the_port_are_never_files_of_the_working_directory_nor_crash_on_length(tmp_path,
+                                                                                          monkeypatch):
+    from app.engine.registry import resolve_model
+
+    (tmp_path / "stray.gguf").write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFound):
+        resolve_model("stray.gguf", allow_paths=False)  # a bare name is an installed model, not a local file
+    assert resolve_model("stray.gguf") == (tmp_path / "stray.gguf").resolve()  # the CLI's --model still may
+    with pytest.raises(ModelNotFound):
+        resolve_model("a" * 100_000)  # was OSError: File name too long (a 500 at the port)

@@ -203,3 +203,12 @@ def test_real_create_stream_and_chain(real):
                                input="Say it again.", previous_response_id=two.id)
     assert "Ada" in two.output_text, two.output_text
     assert three.previous_response_id == two.id and three.usage.input_tokens > two.usage.input_tokens
+
+
+def test_text_and_text_format_that_are_not_objects_are_400s_naming_them(fake):
+    import httpx
+
+    _eng, srv, _store, _ = fake
+    for text, param in (({"format": "json_object"}, "text.format"), ("plain", "text")):
+        r = httpx.post(f"{srv.url}/v1/responses", json={"input": "x", "text": text}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

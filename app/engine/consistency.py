@@ -152,6 +152,10 @@ def _cost(items: Any, in_repeat: bool, scale: int = 1) -> tuple[int, int]:
             inner = 1 if unbounded else scale * hi  # an unbounded repeat's W already covers its body's scan
             sub_long, sub_choices = _cost(body, in_repeat or hi > 1, inner)
             long, choices = long + sub_long, choices * sub_choices
+        elif name == "GROUPREF":
+            # A backreference multiplies the search by the length of the text its group matched
+            # ((a*)(a*)\1\2b: about W^3 steps, not the W^2 counted; 8 s on 4,400 characters): refused.
+            raise _Refused(r"a backreference, like (a*)\1, multiplies the matching work")
         elif name == "BRANCH":
             if in_repeat:
                 raise _Refused("alternation inside a repeat, like (ab|a)*")
@@ -295,7 +299,7 @@ class JsonField:
         for key in self.path.split("."):
             if isinstance(node, dict) and key in node:
                 node = node[key]
-            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            elif isinstance(node, list) and key.isascii() and key.isdigit() and int(key) < len(node):
                 node = node[int(key)]
             else:
                 return None

@@ -360,7 +360,9 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     def resolve(name: Optional[str]) -> tuple[str, str]:
         if name and name in remotes:
             return name, REMOTE_PREFIX + name
-        path = resolve_model(name)
+        # A bare name is an installed model, never a file in the working directory; a path (the default
+        # model's, ``hearth serve --model PATH``) is allowed: the port refuses clients' names with separators.
+        path = resolve_model(name, allow_paths=bool(name) and ("/" in name or "\\" in name))
         return model_id(path), str(path)
 
     def make(key: str, path: str) -> Any:

@@ -103,17 +103,22 @@ def list_models() -> list[ModelEntry]:
     return entries
 
 
-def resolve_model(name_or_path: str | None) -> Path:
+def resolve_model(name_or_path: str | None, allow_paths: bool = True) -> Path:
     """The file a model name means. None or "" → the bundled model (assembled from its installed packages
-    if missing; no network). Otherwise, in order: an existing file path; an id (file stem) or file name
-    in the models folder, exactly, then case-insensitively. Raises ``ModelNotFound(name, available ids)``;
-    the file itself is not validated here (``inspect_model`` does that)."""
+    if missing; no network). Otherwise, in order: an existing file path (only with ``allow_paths``: a name a
+    client of the port sent is never looked up on disk); an id (file stem) or file name in the models
+    folder, exactly, then case-insensitively. Raises ``ModelNotFound(name, available ids)``; the file itself
+    is not validated here (``inspect_model`` does that)."""
     if not name_or_path:
         return _bundled()
     if name_or_path in (BUNDLED_MODEL_ID, paths.BUNDLED_MODEL_FILENAME):
         return _bundled()
     as_path = Path(name_or_path).expanduser()
-    if as_path.is_file():
+    try:
+        is_file = allow_paths and as_path.is_file()
+    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file
+        is_file = False
+    if is_file:
         return as_path.resolve()
     files = model_files()
     for match in (lambda p: name_or_path in (model_id(p), p.name),

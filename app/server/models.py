@@ -147,7 +147,7 @@ class ModelCatalog:
         from app.engine.registry import resolve_model
 
         try:
-            path = resolve_model(name)
+            path = resolve_model(name, allow_paths="/" in name or "\\" in name)
         except HearthError:
             return False
         info = self.info(str(path))

@@ -230,7 +230,13 @@ def _tool_choice(raw: Any) -> Any:
 
 
 def _format(text: Optional[dict]) -> Optional[dict]:
+    if text is not None and not isinstance(text, dict):
+        raise InvalidRequest(f"text must be an object like {{\"format\": {{\"type\": \"text\"}}}}, got {text!r:.80}",
+                             param="text")
     f = (text or {}).get("format")
+    if f is not None and not isinstance(f, dict):
+        raise InvalidRequest(f'text.format must be an object like {{"type": "json_object"}}, got {f!r:.80}',
+                             param="text.format")
     if not f or f.get("type") in (None, "text"):
         return None
     if f.get("type") == "json_schema":
