@@ -126,7 +126,28 @@ class EngineStats:
     completion_tokens: int = 0
 
 
-class Generation:
+class StreamHandle:
+    """What every request stream shares (``Generation``, ``remote.RemoteGeneration``): iterate it for ``Delta``
+    events and a final ``Done`` (``_iter``), ``result()`` drains it. Subclasses set ``_iter`` and ``done``."""
+
+    _iter: Iterator[Delta | Done]
+    done: Done | None
+
+    def __iter__(self) -> Iterator[Delta | Done]:
+        return self._iter
+
+    def __next__(self) -> Delta | Done:
+        return next(self._iter)
+
+    def result(self) -> Done:
+        """Drain the stream; the ``Done``."""
+        for _ev in self._iter:
+            pass
+        assert self.done is not None
+        return self.done
+
+
+class Generation(StreamHandle):
     """One request's stream. Iterate it for ``Delta`` events and a final ``Done``; ``cancel()`` (any thread)
     stops it. ``result()`` drains it and returns the ``Done``."""
 
@@ -139,12 +160,6 @@ class Generation:
         self.thought_closed = False  # answer text came after thinking text
         self._call: Optional[MuxCall] = None
         self._iter = engine._run(self)
-
-    def __iter__(self) -> Iterator[Delta | Done]:
-        return self._iter
-
-    def __next__(self) -> Delta | Done:
-        return next(self._iter)
 
     def stop_thinking(self) -> bool:
         """End this request's thinking at its next token (budget forcing: the end-of-thinking text is inserted
@@ -167,12 +182,6 @@ class Generation:
         """Stop the generation (if running) and release its slot."""
         self.cancel()
         self._iter.close()
-
-    def result(self) -> Done:
-        for _ev in self._iter:
-            pass
-        assert self.done is not None
-        return self.done
 
 
 class Engine:

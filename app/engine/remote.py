@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from app.engine.engine import EngineStats, _pct
+from app.engine.engine import EngineStats, StreamHandle, _pct
 from app.engine.templates import RenderedPrompt
 from app.engine.tool_formats import FORMATS, ToolFormat
 from app.engine.tools import ToolCall
@@ -499,7 +499,7 @@ class _Slots:
 # ------------------------------------------------------------------------------------------------------
 # the stream handle
 # ------------------------------------------------------------------------------------------------------
-class RemoteGeneration:
+class RemoteGeneration(StreamHandle):
     """One request's stream from the remote, shaped like ``Generation``: iterate for ``Delta`` events and a
     final ``Done``; ``cancel()`` (any thread) closes the HTTP stream; ``result()`` drains it. Raises
     ``InvalidRequest`` at once for what the remote cannot be asked (``check_supported``)."""
@@ -514,12 +514,6 @@ class RemoteGeneration:
         self._http: Optional[_Http] = None
         self._deadline_hit = False
         self._iter = engine._run(self)
-
-    def __iter__(self) -> Iterator[Delta | Done]:
-        return self._iter
-
-    def __next__(self) -> Delta | Done:
-        return next(self._iter)
 
     def stop_thinking(self) -> bool:
         """Always False: a remote's thinking cannot be ended early from here (it runs to its own end)."""
@@ -537,13 +531,6 @@ class RemoteGeneration:
         if self.done is None:
             self.cancel()
         self._iter.close()
-
-    def result(self) -> Done:
-        """Drain the stream; the ``Done``."""
-        for _ev in self._iter:
-            pass
-        assert self.done is not None
-        return self.done
 
     def _hit_deadline(self) -> None:
         self._deadline_hit = True
