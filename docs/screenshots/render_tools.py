@@ -13,45 +13,27 @@ result row expanded, then the window is captured; then Settings' MCP page.
 
 from __future__ import annotations
 
-import os
-import subprocess
+import functools
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent
 DISPLAY = ":99"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(OUT))
+import shots  # noqa: E402 - after the path
+from shots import in_xvfb, pause, setup_home  # noqa: E402
+
+spin = functools.partial(shots.spin, timeout_s=180)
 
 
-def spin(app, cond, timeout_s: float = 180) -> None:
-    from PySide6.QtCore import QEventLoop
-
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError
-        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
-
-
-def pause(app, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    spin(app, lambda: time.monotonic() > end)
-
-
-def setup_home() -> None:
+def add_mcp_server() -> None:
+    """The MCP test server as ``calc`` in the temporary HEARTH_HOME's mcp.json."""
     import json
 
     from app import paths
-    from app.engine.types import DecodingParams, LoadSettings
-    from app.settings import UserSettings, save_user_settings
-    from app.setup_model import ensure_bundled_model
 
-    paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
-    save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
-                                    decoding=DecodingParams(temperature=0.0, max_tokens=40)))
     server = {"command": sys.executable, "args": [str(REPO / "tests/mcp_servers/tool_server.py")],
               "disabledTools": ["big", "crash", "fail", "grow", "header", "slow"]}
     (paths.home() / "mcp.json").write_text(json.dumps({"mcpServers": {"calc": server}}, indent=2))
@@ -104,18 +86,10 @@ def render() -> None:
 
 
 def main() -> int:
-    xvfb = subprocess.Popen(["Xvfb", DISPLAY, "-screen", "0", "1400x860x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        os.environ.update(DISPLAY=DISPLAY, QT_QPA_PLATFORM="xcb")
-        with tempfile.TemporaryDirectory() as home:
-            os.environ["HEARTH_HOME"] = home
-            setup_home()
-            render()
-    finally:
-        xvfb.terminate()
-        xvfb.wait(10)
+    with in_xvfb(DISPLAY, "1400x860x24"):
+        setup_home(40)
+        add_mcp_server()
+        render()
     return 0
 
 

@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +34,8 @@ DISPLAY = ":98"
 SHOTS = ("window-light.png", "window-dark.png")
 QUESTION = "What is the capital of France?"
 NOT_DRAWING = {"recommend.py", "main.py"}  # the window's look does not depend on these
+sys.path.insert(0, str(OUT))
+from shots import pause, setup_home, spin, xvfb  # noqa: E402 - after the path
 
 
 def ui_sources() -> list[Path]:
@@ -52,32 +53,6 @@ def ui_source_hash() -> str:
 
 def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def spin(app, cond, timeout_s: float = 240) -> None:
-    from PySide6.QtCore import QEventLoop
-
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError
-        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
-
-
-def pause(app, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    spin(app, lambda: time.monotonic() > end)
-
-
-def setup_home() -> None:
-    from app import paths
-    from app.engine.types import DecodingParams, LoadSettings
-    from app.settings import UserSettings, save_user_settings
-    from app.setup_model import ensure_bundled_model
-
-    paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
-    save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
-                                    decoding=DecodingParams(temperature=0.0, max_tokens=32)))
 
 
 def render(names: tuple[str, ...]) -> dict:
@@ -123,18 +98,11 @@ def render(names: tuple[str, ...]) -> dict:
 def run_in_xvfb(scale: int) -> dict:
     """This script's ``--child`` under a fresh Xvfb at ``scale`` (its JSON report)."""
     size = f"{1300 * scale}x{820 * scale}x24"
-    xvfb = subprocess.Popen(["Xvfb", DISPLAY, "-screen", "0", size, "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        with tempfile.TemporaryDirectory() as home:
-            env = dict(os.environ, DISPLAY=DISPLAY, QT_QPA_PLATFORM="xcb", HEARTH_HOME=home,
-                       QT_SCALE_FACTOR=str(scale))
-            out = subprocess.run([sys.executable, __file__, "--child", str(scale)], env=env, check=True,
-                                 capture_output=True, text=True)
-    finally:
-        xvfb.terminate()
-        xvfb.wait(10)
+    with xvfb(DISPLAY, size), tempfile.TemporaryDirectory() as home:
+        env = dict(os.environ, DISPLAY=DISPLAY, QT_QPA_PLATFORM="xcb", HEARTH_HOME=home,
+                   QT_SCALE_FACTOR=str(scale))
+        out = subprocess.run([sys.executable, __file__, "--child", str(scale)], env=env, check=True,
+                             capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -146,7 +114,7 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     if args.child is not None:  # inside Xvfb
-        setup_home()
+        setup_home(32)
         names = SHOTS if args.child == 1 else ("window-hidpi.png",)
         print(json.dumps(render(names)))
         return 0
