@@ -31,7 +31,13 @@ def at_once(engine: Engine, reqs: list[GenerateRequest]) -> list[Done]:
     def run(i: int) -> None:
         out[i] = engine.complete(reqs[i])
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    gate = threading.Barrier(len(reqs))
+
+    def run_together(i: int) -> None:
+        gate.wait(60)  # every thread is started before any request is sent
+        run(i)
+
+    threads = [threading.Thread(target=run_together, args=(i,)) for i in range(len(reqs))]
     for t in threads:
         t.start()
     for t in threads:
@@ -77,8 +83,17 @@ def test_four_streams_single_active_equal_solo_and_batched_agreement(engine4, bu
     assert max(d.metrics.queue_s for d in queued) > 0.1  # three of them waited for the slot
     # New short prompts sent at once reach the idle engine within its burst wait and share one llama_decode
     # (Metrics.prefill_shared); the long one is prefilled alone, chunk by chunk.
-    fresh = at_once(engine4, [greedy(p.replace("Note", "Page"), 2) for p in prompts])
-    assert [d.metrics.prefill_shared for d in fresh] == [True, True, True, False]
+    # Admission is a race against GATHER_QUIET_S (4 ms): on a loaded 2-core runner a thread can start late and
+    # miss the burst, so each try uses new prompts (nothing cached) and one try of three must gather all three;
+    # the long prompt is never shared in any try.
+    tries = []
+    for word in ("Page", "Leaf", "Sheet"):
+        fresh = at_once(engine4, [greedy(p.replace("Note", word), 2) for p in prompts])
+        tries.append([d.metrics.prefill_shared for d in fresh])
+        if tries[-1] == [True, True, True, False]:
+            break
+    assert all(t[3] is False for t in tries), tries
+    assert tries[-1] == [True, True, True, False], tries
 
 
 def test_long_prompt_during_three_decodes_keeps_their_itl_under_two_chunks(engine4):

@@ -14,7 +14,8 @@ loop on the engine process's main thread; each *step*:
 3. admits waiting requests into free slots, highest ``priority`` first, then in arrival order (the desktop
    window's requests carry priority 1, the port's 0: a long API job never keeps the person's own chat waiting
    behind other API requests);
-4. runs prefill chunks of the requests still prefilling, highest priority then first admitted, within a
+4. runs prefill chunks of the requests still prefilling, highest priority first, then those whose prompt
+   ends within this chunk, then first admitted, within a
    budget of ``prefill_budget`` tokens per step (``n_batch``; the first chunk always runs): chunked prefill
    (Sarathi-Serve, Agrawal et al. OSDI 2024). A 3000-token prompt arriving mid-stream costs the running
    streams one chunk's time per token instead of the whole prefill, and a burst of short prompts is
@@ -362,8 +363,12 @@ class Scheduler:
     def _step(self) -> None:
         """Prefill chunks first, then one decode step for everything pending: a prompt whose last chunk just
         went in has its last token evaluated (and its first answer token sampled) in this same step."""
+        # Highest priority first; among equals, prompts that finish in this step's chunk before longer ones
+        # (a long prompt admitted amid a burst would otherwise spend the budget the burst's short prompts
+        # share one llama_decode in); stable: admission order among the rest.
+        C = self.rt.prefill_budget
         prefilling = sorted((s for s in self.active.values() if not s.prompt_done and s.finish is None),
-                            key=lambda s: -s.request.priority)  # stable: admission order among equals
+                            key=lambda s: (-s.request.priority, self.rt.chunk_tokens(s) >= C))
         budget, chosen = self.rt.prefill_budget, []
         for seq in prefilling:
             cost = self.rt.chunk_tokens(seq)
