@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from app.assistant import Found
 from app.assistant.evidence import evidence_text
 from app.errors import EngineCrashed
+from app.retrieval.citecheck import CitationChecker
 from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
 from app.server.models import ModelCatalog
@@ -327,12 +328,16 @@ HISTORY = [{"role": "system", "content": "Be brief."}, {"role": "user", "content
 
 class FakeDocs:
     """``app.assistant.DocumentSource``'s ``search`` over fixed passages: a passage matches when it shares a
-    word with the query; it records the queries and the k each was searched with."""
+    word with the query; it records the queries and the k each was searched with. ``checker()``: the real
+    citation check without embeddings (facts only), as a source without an embedding model has."""
 
     notice = "no embedding model installed: keyword search (BM25) only"
 
     def __init__(self, passages=(PELICAN, PAGE3)) -> None:
         self.passages, self.queries = passages, []
+
+    def checker(self):
+        return CitationChecker(None)
 
     def search(self, query, k, paths=None, mode=None):
         self.queries.append((query, k))
@@ -395,7 +400,10 @@ def test_documents_evidence_before_last_user_message_and_citations():
     h = j["hearth"]
     assert j["choices"][0]["message"]["content"] == "The code word is PELICAN [E:a1b2c3d4e5f6]."
     assert h["citations"] == [{"evidence_id": "a1b2c3d4e5f6", "path": "/docs/birds.txt", "page": None,
-                               "quote": "The code word is PELICAN."}]
+                               "quote": "The code word is PELICAN.", "supported": True,
+                               "sentence_start": 0, "sentence_end": 25,
+                               "support": {"supported": True, "missing": [], "similarity": None,
+                                           "threshold": None, "reason": "facts found in the cited passage"}}]
     assert h["evidence"] == [{"evidence_id": "a1b2c3d4e5f6", "path": "/docs/birds.txt", "page": None,
                               "text": "The code word is PELICAN."}]
     assert h["search_notice"] == docs.notice and h["template"] == "fake" and "ttft_s" in h["metrics"]
@@ -426,6 +434,43 @@ def test_documents_streamed_hearth_on_the_final_chunk_and_n2():
                                              "hearth": {"documents": True}}).json()
     assert len(j["hearth"]["evidence"]) == 2 and len(j["hearth"]["choices"]) == 2
     assert all(ch["citations"][0]["evidence_id"] == "a1b2c3d4e5f6" for ch in j["hearth"]["choices"])
+
+
+WEEKLY = Evidence("99aa88bb77cc", "/docs/manual.pdf", 4, 0.4, "Dogs get a bath once a week in spring.", 10, 48)
+
+
+def cite_two(req):
+    return ("The code word is PELICAN [E:a1b2c3d4e5f6]. Dogs get a bath 3 times a week in March "
+            "[E:99aa88bb77cc].")
+
+
+def check_marks(cites, answer):
+    """One supported and one unsupported citation, each naming its sentence of ``answer``."""
+    good, bad = cites
+    assert good["supported"] is True and bad["supported"] is False
+    assert answer[good["sentence_start"]:good["sentence_end"]].strip() == "The code word is PELICAN"
+    assert answer[bad["sentence_start"]:bad["sentence_end"]].strip() == "Dogs get a bath 3 times a week in March"
+    assert bad["support"]["missing"] == ["3", "March"] and "3" in bad["support"]["reason"]
+    assert bad["support"]["reason"] == "not in the cited passage: 3, March"
+
+
+def ask_two(c, stream=False, n=1):
+    q = "What is the code word and how often do dogs get a bath?"
+    return c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": q}], "n": n,
+                                                "hearth": {"documents": True}, "stream": stream})
+
+
+def test_documents_citation_check_marks_unsupported_sentences():
+    # The fake source's checker is the real facts check: "3 times ... in March" is not in the passage it cites.
+    _eng, _docs, c = rag(reply=cite_two, passages=(PELICAN, WEEKLY))
+    j = ask_two(c).json()
+    answer = j["choices"][0]["message"]["content"]
+    check_marks(j["hearth"]["citations"], answer)
+    last = events(ask_two(c, stream=True).content)[-1]["hearth"]
+    assert last["citations"] == j["hearth"]["citations"]  # the streamed final chunk: the same marks
+    for ch in ask_two(c, n=2).json()["hearth"]["choices"]:  # n > 1: each choice's own
+        check_marks(ch["citations"], answer)
+    # /v1/responses and /v1/messages take no hearth.documents (a 400 naming it), so only chat emits citations
 
 
 # -- embeddings --------------------------------------------------------------------------------------------

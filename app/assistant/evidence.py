@@ -20,6 +20,7 @@ Citation parsing itself (``[E:<id>]`` markers, quoted spans) is ``app.retrieval.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from typing import Any
 from app.memory.context import EvidenceText
 from app.retrieval.rag import evidence_header, format_passage, parse_citations
 from app.retrieval.types import Evidence
+
+log = logging.getLogger(__name__)
 
 SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen documents
 MAX_K = 20  # passages one turn may ask for (``--k``, ``hearth.k``)
@@ -196,12 +199,20 @@ def checked_citations(answer: str, evidence: Sequence[Evidence], checker: Any = 
       ``similarity`` (cosine or None), ``threshold``, ``reason`` (a sentence for a person).
 
     ``checker``: a ``CitationChecker`` (``DocumentSource.checker()``, with embeddings when the source has an
-    embedder); None: facts only. Costs one embedding call per answer (~10-40 ms for a few citations)."""
+    embedder); None: facts only. Costs one embedding call per answer (~10-40 ms for a few citations); when
+    that call fails (the embedding process crashed), the facts check alone is returned (``similarity`` None)."""
     if not evidence:
         return []
     from app.retrieval.rag import check_citations
 
-    checked = check_citations(answer, parse_citations(answer, list(evidence)), list(evidence), checker)
+    cites = parse_citations(answer, list(evidence))
+    try:
+        checked = check_citations(answer, cites, list(evidence), checker)
+    except Exception:  # noqa: BLE001 - the embedding process failed: the answer still gets the facts check
+        if checker is None:
+            raise
+        log.warning("citation check: embedding failed; checked facts only", exc_info=True)
+        checked = check_citations(answer, cites, list(evidence), None)
     return [{**{key: getattr(c, key) for key in CITATION_KEYS}, "supported": c.supported,
              "sentence_start": c.sentence_start, "sentence_end": c.sentence_end, "support": c.support}
             for c in checked]

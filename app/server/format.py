@@ -6,7 +6,8 @@ ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``.
 Each answer carries one top-level ``hearth`` object (clients ignore unknown fields): per choice the template
 used, the model file, the generation's metrics (TTFT, TPOT, decode speed, cached tokens…, and ``stopped_by``:
 "deadline" when ``hearth.deadline_s`` ended it, else null), the context
-breakdown and, with documents, the citations its answer makes; per request, with documents, the evidence
+breakdown and, with documents, the citations its answer makes (each marked ``supported`` or not by the
+citation check, with the citing sentence's span: ``citations``); per request, with documents, the evidence
 given and the search notice. One choice: all of it flat. n > 1: the per-request part flat and the per-choice
 parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
 flat object for that choice, so a one-choice stream ends with exactly the non-streamed ``hearth``.
@@ -62,6 +63,7 @@ class Choice:
     tools: Optional[ToolOutcome] = None  # the answer read for tool calls (None: no tools were offered)
     consistency: Optional[dict[str, Any]] = None  # hearth.self_consistency (None: not asked for)
     samples: tuple[Done, ...] = ()  # with self-consistency: every sample's Done (they all cost)
+    citations: Optional[list[dict[str, Any]]] = None  # hearth.citations, checked off the event loop (Service)
 
     @property
     def text(self) -> str:
@@ -137,10 +139,20 @@ def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
     if choice.tools is not None and choice.tools.errors:
         meta["tool_call_error"] = tool_call_error(choice.tools)
     if plan.grounding is not None:
-        meta["citations"] = plan.grounding.citations(choice.done.text)
+        meta["citations"] = citations(plan, choice)
     if choice.consistency is not None:
         meta["self_consistency"] = choice.consistency
     return meta
+
+
+def citations(plan: Plan, choice: Choice) -> list[dict[str, Any]]:
+    """``hearth.citations``: the passages the choice's answer cites, each checked against the sentence citing
+    it (``Grounding.checked_citations``: ``supported``, ``sentence_start`` / ``sentence_end`` as str indices
+    into the answer's content, ``support``). ``choice.citations`` when the service checked them already (the
+    check may embed: it runs on the thread pool, once per choice, however many bodies carry it)."""
+    if choice.citations is None:
+        choice.citations = plan.grounding.checked_citations(choice.text)
+    return choice.citations
 
 
 def tool_call_error(outcome: ToolOutcome) -> dict[str, Any]:

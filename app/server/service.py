@@ -132,6 +132,8 @@ class Service:
                 choices = [await self._consistent(call, req, plan.consistency) for req in plan.requests]
             else:
                 choices = [await self._collect(call, req) for req in plan.requests]
+            for choice in choices:
+                await _check_citations(plan, choice)
             return JSONResponse(await answer.whole(frame, choices, piece))
         finally:
             if not handed_over:
@@ -205,6 +207,7 @@ class Service:
                 for p in tail:
                     yield p
             self.metrics.generation(ev)
+            await _check_citations(plan, choice)
             yield choice
         call.entry.close()  # before the end: a client that read the end finds the id gone (404)
 
@@ -225,6 +228,13 @@ class Service:
             if call.pump is not None:
                 call.pump.stop()  # no-op for a finished generation; cancels one left behind by a closed stream
             call.entry.close()
+
+
+async def _check_citations(plan: Plan, choice: fmt.Choice) -> None:
+    """With documents: ``choice.citations`` checked on the thread pool (the check embeds the cited sentences
+    when the source has an embedding model: ~10-40 ms, not on the event loop), before any body is written."""
+    if plan.grounding is not None:
+        choice.citations = await run_in_threadpool(plan.grounding.checked_citations, choice.text)
 
 
 def _once(call: _Call, release: Callable[[], None]) -> Callable[[], None]:
