@@ -22,7 +22,7 @@ from app.memory.store import Store, message_id, migrations
 
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["m001_conversations_messages", "m002_summaries_citations", "m003_messages_fts", "m004_tool_messages",
-              "m005_message_reasoning", "m006_presets_projects"]
+              "m005_message_reasoning", "m006_presets_projects", "m007_citation_check"]
 
 
 @pytest.fixture
@@ -66,6 +66,27 @@ def test_migrations_apply_on_existing_db_and_index_old_rows(db_path: Path) -> No
         assert [m.name for m in migrations.applied(store.db)] == MIGRATIONS
         assert [h.message_id for h in store.search("aardvark")] == ["m1"]
         assert store.get_message("m1").content == "an aardvark from before the index"
+
+
+def test_citations_from_before_the_check_load_as_not_checked(db_path: Path) -> None:
+    db = Database(db_path)
+    migrations.apply(db, stop_before="m007_citation_check")
+    db.execute("INSERT INTO conversations (id, title, created, updated) VALUES ('c1', 'old', 't', 't')")
+    db.execute("INSERT INTO messages (id, conversation_id, role, content, created) "
+               "VALUES ('m1', 'c1', 'assistant', 'It is 25 °C [E:ab12].', 't')")
+    db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) "
+               "VALUES ('m1', 'ab12', 'a.txt', NULL, 'q')")
+    db.close()
+    with Store(db_path) as store:
+        (old,) = store.citations_for("m1")
+        assert (old.supported, old.sentence_start, old.support) == (None, None, None)
+        assert old.to_dict() == {"message_id": "m1", "evidence_id": "ab12", "path": "a.txt", "page": None,
+                                 "quote": "q"}  # exported as before the check
+        support = {"supported": True, "missing": [], "similarity": 0.71, "threshold": 0.58, "reason": "ok"}
+        store.add_citations("m1", [{"evidence_id": "ab12", "supported": True, "sentence_start": 0,
+                                    "sentence_end": 11, "support": support}])
+        new = store.citations_for("m1")[1]
+        assert (new.supported, new.sentence_start, new.sentence_end, new.support) == (True, 0, 11, support)
 
 
 def test_not_a_database_is_a_store_error(db_path: Path) -> None:
@@ -249,7 +270,11 @@ def rich_conversation(store: Store) -> str:
     cid = store.create_conversation("Trip — Oslo ✈", model="gemma-3-270m", settings={"temperature": 0.7})
     u1, a1 = turn(store, cid, "Plan 3 days in Oslo\n## User\n<!-- hearth:message {} -->", "Day 1: museums -->", None)
     store.add_citations(a1, [{"evidence_id": "doc1#4", "path": "oslo.pdf", "page": 2, "quote": "Munch"},
-                             {"evidence_id": "doc2#0", "path": "notes.txt"}])
+                             {"evidence_id": "doc2#0", "path": "notes.txt"},
+                             {"evidence_id": "doc1#5", "path": "oslo.pdf", "page": 3, "quote": "Open daily",
+                              "supported": False, "sentence_start": 0, "sentence_end": 6,
+                              "support": {"missing": ["1"], "similarity": None, "threshold": None,
+                                          "reason": "not in the cited passage: 1", "supported": False}}])
     u2 = store.append_message(cid, "user", "Budget is 500 €\r\nand no boats", a1, token_count=9,
                               meta={"note": "x --> y"})
     r = store.begin_streaming_message(cid, u2)

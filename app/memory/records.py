@@ -182,19 +182,34 @@ class Summary:
         return asdict(self)
 
 
+CHECK_KEYS = ("supported", "sentence_start", "sentence_end", "support")  # the citation check's fields (m007)
+
+
 @dataclass(frozen=True)
 class Citation:
     """An assistant message citing retrieval evidence: ``evidence_id`` (app.retrieval's chunk id), the
-    document ``path``, its ``page`` (1-based, None when the format has none) and the ``quote`` used."""
+    document ``path``, its ``page`` (1-based, None when the format has none) and the ``quote`` used.
+
+    The citation check (``app.retrieval.citecheck``, stored since m007): ``supported`` (does the passage
+    support the sentence citing it; None: not checked, e.g. stored before the check existed),
+    ``sentence_start`` / ``sentence_end`` (the citing sentence's str indices in the message's content) and
+    ``support`` (``SupportCheck.to_dict()``: ``missing``, ``similarity``, ``threshold``, ``reason``)."""
 
     message_id: str
     evidence_id: str
     path: str | None = None
     page: int | None = None
     quote: str | None = None
+    supported: bool | None = None
+    sentence_start: int | None = None
+    sentence_end: int | None = None
+    support: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict; without ``CHECK_KEYS`` when the citation was not checked (an unchecked
+        citation exports as it did before m007)."""
+        d = asdict(self)
+        return d if self.supported is not None else {k: v for k, v in d.items() if k not in CHECK_KEYS}
 
 
 @dataclass(frozen=True)

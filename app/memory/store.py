@@ -44,6 +44,9 @@ Design decisions held here:
   ``ReasoningSettings.from_mapping`` when written; a hand-edited bad value loads as unset with a warning.
 - **Presets and projects** (m006, ``app.memory.library``): their own tables; a conversation's project, preset
   and own system prompt are keys of its settings, so the conversation rows and their export stay as they were.
+- **Citations carry their check** (m007): ``supported`` (1/0; NULL for a citation stored before the check,
+  which loads as "not checked"), the citing sentence's span in the message's content and the check's details
+  (``support``, JSON), written with the citation; the message row is untouched.
 - **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
   INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
   a search always finds what was actually said.
@@ -257,8 +260,41 @@ def m006_presets_projects(db: Database) -> None:
         )""")
 
 
+@migrations()
+def m007_citation_check(db: Database) -> None:
+    # The citation check (app.retrieval.citecheck) stored with each citation, so a reopened conversation still
+    # shows which sentences its passages do not support. NULL supported: not checked (rows from before).
+    db.execute("ALTER TABLE citations ADD COLUMN supported INTEGER")  # 1 / 0 / NULL
+    db.execute("ALTER TABLE citations ADD COLUMN sentence_start INTEGER")  # str indices in the message content
+    db.execute("ALTER TABLE citations ADD COLUMN sentence_end INTEGER")
+    db.execute("ALTER TABLE citations ADD COLUMN support TEXT")  # JSON {missing, similarity, threshold, reason}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+_INSERT_CITATION = ("INSERT INTO citations (message_id, evidence_id, path, page, quote, supported, sentence_start, "
+                    "sentence_end, support) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _citation_values(d: dict) -> list[Any]:
+    """A citation dict's column values after ``message_id`` (``_INSERT_CITATION``); the check's columns NULL
+    when it has no ``supported`` (not checked)."""
+    page, supported = d.get("page"), d.get("supported")
+    checked = supported is not None
+    span = [d.get("sentence_start"), d.get("sentence_end")] if checked else [None, None]
+    return [str(d["evidence_id"]), d.get("path"), None if page is None else int(page), d.get("quote"),
+            int(bool(supported)) if checked else None, *(None if v is None else int(v) for v in span),
+            dumps_json(d.get("support")) if checked else None]
+
+
+def _citation_from_row(r: dict, warnings: list[str] | None) -> Citation:
+    """A ``citations`` row as a ``Citation``: ``supported`` None for a row never checked (before m007)."""
+    checked = r["supported"] is not None
+    support = loads_json(r["support"], f"citation {r['id']}: support", warnings) if checked else None
+    return Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"],
+                    bool(r["supported"]) if checked else None, r["sentence_start"], r["sentence_end"], support)
 
 
 def _fts_query(query: str) -> str:
@@ -726,20 +762,18 @@ class Store(PresetsProjects):
 
     def add_citations(self, message_id: str, citations: Iterable[Citation | dict]) -> None:
         """Link ``message_id`` to retrieval evidence. Items: ``Citation`` or dicts with evidence_id, path,
-        page, quote (``message_id`` in them is ignored)."""
+        page, quote and, when checked, ``supported``, ``sentence_start``, ``sentence_end``, ``support``
+        (``app.assistant.evidence.checked_citations``; ``message_id`` in them is ignored)."""
         self._require_message(message_id)
         rows = []
         for c in citations:
             d = c.to_dict() if isinstance(c, Citation) else dict(c)
             if d.get("evidence_id") is None:
                 raise InvalidRequest("a citation needs an evidence_id", param="evidence_id")
-            page = d.get("page")
-            rows.append([message_id, str(d["evidence_id"]), d.get("path"), None if page is None else int(page),
-                         d.get("quote")])
+            rows.append([message_id, *_citation_values(d)])
         with self._tx() as db:
             for r in rows:
-                db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) "
-                           "VALUES (?, ?, ?, ?, ?)", r)
+                db.execute(_INSERT_CITATION, r)
 
     def prune_citations(self, resolve: Callable[[list[str]], dict[str, Any]]) -> int:
         """Drop citations whose evidence no longer exists, and move the rest to their document's current path.
@@ -763,14 +797,16 @@ class Store(PresetsProjects):
                 db.execute("UPDATE citations SET path = ?, page = ? WHERE id = ?", [path, page, cid])
         return len(gone)
 
-    def citations_for(self, message_id: str) -> list[Citation]:
+    def citations_for(self, message_id: str, warnings: list[str] | None = None) -> list[Citation]:
+        """The citations of ``message_id`` in the order stored (answer order), with their check when they
+        were checked (``Citation``)."""
         rows = self._rows("SELECT * FROM citations WHERE message_id = ? ORDER BY id", [message_id])
-        return [Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"]) for r in rows]
+        return [_citation_from_row(r, warnings) for r in rows]
 
-    def _citations_of(self, conversation_id: str) -> list[Citation]:
+    def _citations_of(self, conversation_id: str, warnings: list[str] | None = None) -> list[Citation]:
         rows = self._rows("SELECT c.* FROM citations c JOIN messages m ON m.id = c.message_id "
                           "WHERE m.conversation_id = ? ORDER BY m.seq, c.id", [conversation_id])
-        return [Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"]) for r in rows]
+        return [_citation_from_row(r, warnings) for r in rows]
 
     # ---- reading a whole conversation, search ----------------------------------------------------------------
 
@@ -783,7 +819,7 @@ class Store(PresetsProjects):
         reasoning = self._reasoning_of([r["id"] for r in rows])
         msgs = [self._message_from_row(r, warnings, reasoning) for r in rows]
         return ConversationData(conv, msgs, self.summaries_for(conversation_id, warnings),
-                                self._citations_of(conversation_id), warnings, reasoning)
+                                self._citations_of(conversation_id, warnings), warnings, reasoning)
 
     def search(self, query: str, limit: int = 20, conversation_id: str | None = None) -> list[SearchHit]:
         """Full-text search (FTS5, porter stemming) over the original text of every message, best first. Any
@@ -857,5 +893,4 @@ class Store(PresetsProjects):
                        [s["id"], conv["id"], s["text"], s["first_message_id"], s["last_message_id"],
                         s.get("model") or "", dumps_json(s.get("settings")), s["created"]])
         for c in doc["citations"]:
-            db.execute("INSERT INTO citations (message_id, evidence_id, path, page, quote) VALUES (?, ?, ?, ?, ?)",
-                       [c["message_id"], str(c["evidence_id"]), c.get("path"), c.get("page"), c.get("quote")])
+            db.execute(_INSERT_CITATION, [c["message_id"], *_citation_values(c)])

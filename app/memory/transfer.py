@@ -9,7 +9,12 @@ JSON document (``format: "hearth.conversation"``, ``version: 3``)::
                     reasoning_info: {tokens, budget, effort, forced, stopped_by, unclosed, thinking_s} | null},
                    ...],
      "summaries": [{id, text, first_message_id, last_message_id, model, settings, created}, ...],
-     "citations": [{message_id, evidence_id, path, page, quote}, ...]}
+     "citations": [{message_id, evidence_id, path, page, quote,
+                    supported, sentence_start, sentence_end, support}, ...]}
+
+A citation's check (``supported``, the citing sentence's ``sentence_start`` / ``sentence_end`` in the message's
+content, ``support``: ``{missing, similarity, threshold, reason}``) is there only when it was checked; documents
+without it (older exports, citations stored before the check) import as "not checked".
 
 Messages are listed parents first (the order they were stored). Importing keeps every id. Tool use travels
 as it is stored: the assistant message's ``tool_calls`` and each ``tool`` message with its whole result (the
