@@ -603,10 +603,10 @@ def _collect(roots: list[Path]) -> list[Path]:
     return list(files.values())
 
 
-def open_default(with_embedder: bool = True, workers: int = 1):
+def open_default(with_embedder: bool = True, workers: int | None = None):
     """The default store and, when an embedding model is installed, an ``Embedder`` on it (else None) with
-    ``workers`` embedding processes (1 by default: on the loaded 2-core dev machine two gave 2.19x / 2.36x
-    against one's 2.07x / 2.53x in the same runs, i.e. nothing, for twice the memory)."""
+    ``workers`` embedding processes (None: ``embedder.default_workers``, 2 on a 2-core machine; the second
+    starts with the first bulk embedding and runs at the lowest CPU priority)."""
     from app.retrieval.embed_model import find_embedding_model
 
     store = DocumentStore()
