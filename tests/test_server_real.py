@@ -295,6 +295,9 @@ def test_documents_rag_evidence_citations_and_context(engine, tmp_path):
     assert ev["text"].strip() == "The code word is PELICAN." and ev["path"].endswith("notes.txt")
     assert "BM25" in h["search_notice"]
     assert all(c["evidence_id"] == ev["evidence_id"] for c in h["citations"])
+    for c in h["citations"]:  # the citation check (facts only: no embedder), on whatever the model cited
+        assert isinstance(c["supported"], bool) and c["support"]["reason"] and c["support"]["similarity"] is None
+        assert 0 <= c["sentence_start"] <= c["sentence_end"] <= len(r.choices[0].message.content)
     ctx = h["context"]
     assert 0 < ctx["evidence"] < ctx["prompt_tokens"] == r.usage.prompt_tokens
     assert ctx["n_ctx"] == 2048 and ctx["free"] == 2048 - r.usage.prompt_tokens - 8

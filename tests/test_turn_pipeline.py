@@ -63,6 +63,8 @@ def test_a_turn_yields_evidence_text_and_done_and_stores_the_cited_answer(engine
     stored = memory.get_message(done.result.message_id)
     assert stored.status == "complete" and stored.content == done.result.text
     assert [c.evidence_id for c in memory.citations_for(stored.id)] == [c["evidence_id"] for c in done.citations]
+    assert all(isinstance(c["supported"], bool) for c in done.citations)  # checked, and stored with the check
+    assert [c.supported for c in memory.citations_for(stored.id)] == [c["supported"] for c in done.citations]
     assert memory.get_conversation(cid).model == Path(engine.model_path).stem  # one model id, no ".gguf"
     ctx, m = done.result.context, done.result.metrics
     planned = sum(ctx[k] for k in ("system", "summaries", "history", "evidence", "user", "template"))

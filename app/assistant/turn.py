@@ -3,7 +3,8 @@
 A turn is: find evidence for the message (when the assistant has documents; limited to the documents chosen
 for the conversation) → assemble the context (``app.memory.ChatSession``: system prompt, summaries, history,
 evidence trimmed passage by passage, the message) → generate on the engine → store the streamed answer
-(``incomplete`` → ``complete``, or ``error`` with what was said) → parse and store the citations. It yields
+(``incomplete`` → ``complete``, or ``error`` with what was said) → parse, check (does each cited passage
+support the sentence citing it: ``app.retrieval.citecheck``) and store the citations. It yields
 typed events; adapters differ only in how they show them:
 
     EvidenceFound(evidence, notice)    the passages the model is given (after trimming), before any token
@@ -125,8 +126,10 @@ class ReasoningDelta:
 @dataclass(frozen=True)
 class TurnDone:
     """The end of a turn. ``result``: the stored answer (``TurnResult``: ids, text, finish_reason, metrics,
-    context breakdown); ``citations``: what the answer cites (stored with it); ``evidence``: what the model was
-    given (``evidence.given`` dicts); ``notice``: the search notice, if any."""
+    context breakdown); ``citations``: what the answer cites, each with the citation check
+    (``evidence.checked_citations``: ``supported``, ``sentence_start`` / ``sentence_end``, ``support``; stored
+    with it); ``evidence``: what the model was given (``evidence.given`` dicts); ``notice``: the search notice,
+    if any."""
 
     result: TurnResult
     citations: list[dict]
@@ -396,7 +399,10 @@ class Assistant:
         return self.session.stream(conversation_id, text or "", parent_id=parent_id, evidence=block, **opts)
 
     def _done(self, result: TurnResult, given: tuple[Evidence, ...], notice: str | None) -> TurnDone:
-        cites = ev.citations(result.text, given)
+        """The turn's end: the answer's citations checked (``evidence.checked_citations`` with the source's
+        checker) and stored with the check, so a reopened conversation shows the same marks."""
+        checker = self.documents.checker() if given and self.documents is not None else None
+        cites = ev.checked_citations(result.text, given, checker)
         if cites:
             self.store.add_citations(result.message_id, cites)
         return TurnDone(result, cites, ev.given(given), notice)
