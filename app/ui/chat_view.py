@@ -14,10 +14,17 @@ shown only while thinking streams (``set_thinking``) and emits ``stop_thinking``
 conversation's thinking effort picker (``effort``: auto = the model's default, none, low, medium, high;
 ``effort_changed(str)``, "" for auto) and the self-consistency samples (``samples``: 1, 3, 5;
 ``samples_changed(int)``).
+
+Citations: the Sources list under an answer marks each cited passage with the citation check
+(``app.retrieval.citecheck``, stored with the citation): ✓ supported, "⚠ not supported: <reason>" (the
+reason says what the cited passage lacks) in the notice colour, "not checked" for citations stored before
+the check; the unsupported sentence itself gets a wavy underline in the answer, the reason as its tooltip
+(``mark_unsupported``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from PySide6.QtCore import QModelIndex, Qt, QTimer, QUrl, Signal
@@ -214,6 +221,9 @@ class MessageWidget(QFrame):
     def render(self) -> None:
         r = self.row
         self.body.set_content(r.content or ("…" if r.streaming else ""), markdown=r.role == "assistant")
+        if r.citations and not r.streaming:
+            mark_unsupported(self.body.document(), unsupported_sentences(r.content, r.citations),
+                             theme.PALETTES[theme.current()].notice)
         self.body.setVisible(bool(r.content or r.streaming or not r.tool_calls))
         self.thinking.setVisible(bool(r.reasoning))
         self._label_thinking()
@@ -246,7 +256,8 @@ def _status_text(r: ChatRow) -> str:
 
 
 def citations_html(r: ChatRow) -> str:
-    """The citation list under an answer: cited passages, else the passages the model was given."""
+    """The citation list under an answer: cited passages, else the passages the model was given. Each cited
+    passage carries the citation check's mark (``citation_mark``)."""
     items, title = (r.citations, "Sources") if r.citations else (r.retrieved, "Passages given to the model "
                                                                            "(not cited)")
     if not items:
@@ -257,8 +268,62 @@ def citations_html(r: ChatRow) -> str:
         page = f", page {c['page']}" if c.get("page") else ""
         quote = " ".join(str(c.get("quote") or c.get("text") or "").split())
         quote = quote if len(quote) <= 90 else quote[:89] + "…"
-        parts.append(f'<a href="cite:{n}">[{n + 1}] {name}{page}</a> — “{_esc(quote)}”')
+        mark = citation_mark(c) if r.citations else ""
+        parts.append(f'<a href="cite:{n}">[{n + 1}] {name}{page}</a> — “{_esc(quote)}”{mark}')
     return f"<small><b>{title}</b><br>" + "<br>".join(parts) + "</small>"
+
+
+def citation_mark(c: dict) -> str:
+    """The citation check's mark after a source (rich text): ``supported`` True ``✓``; False, on a line of its
+    own in the theme's notice colour, ``⚠ not supported: <reason>`` (each reason says what the cited passage
+    lacks); absent or None (stored before the check existed) a muted "not checked"."""
+    colors = theme.PALETTES[theme.current()]
+    supported = c.get("supported")
+    if supported is None:
+        return f' <span style="color:{colors.muted}">· not checked</span>'
+    if supported:
+        return f' <span style="color:{colors.muted}">✓</span>'
+    reason = str((c.get("support") or {}).get("reason") or "no reason recorded")
+    return f'<br>&nbsp;&nbsp;<span style="color:{colors.notice}">⚠ not supported: {_esc(reason)}</span>'
+
+
+def unsupported_sentences(content: str, citations: list[dict]) -> list[tuple[str, str]]:
+    """``(text, reason)`` for each sentence of ``content`` that a citation marks unsupported, the text as the
+    rendered Markdown shows it (its last line, emphasis and code marks dropped), once per sentence."""
+    out: dict[str, str] = {}
+    for c in citations:
+        start, end = c.get("sentence_start"), c.get("sentence_end")
+        if c.get("supported") is not False or start is None or end is None or not 0 <= start < end <= len(content):
+            continue
+        text = content[start:end].strip().splitlines()[-1] if content[start:end].strip() else ""
+        text = _MD_MARKS.sub("", text).strip().lstrip("-*+ ").strip()
+        reason = str((c.get("support") or {}).get("reason") or "")
+        if text and text not in out:
+            out[text] = reason
+        elif text and reason not in out[text]:
+            out[text] += "; " + reason
+    return list(out.items())
+
+
+_MD_MARKS = re.compile(r"\*\*|__|\*|`")
+
+
+def mark_unsupported(doc: QTextDocument, sentences: list[tuple[str, str]], color: str) -> int:
+    """Underline (wavy, ``color``) each of ``sentences`` (``unsupported_sentences``) where ``doc`` shows it,
+    with its reason as the tooltip. A sentence the rendering changed beyond finding is left as it is. Returns
+    how many were marked."""
+    marked = 0
+    for text, reason in sentences:
+        cursor = doc.find(text, 0, QTextDocument.FindFlag.FindCaseSensitively)
+        if cursor.isNull():
+            continue
+        cf = QTextCharFormat()
+        cf.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
+        cf.setUnderlineColor(QColor(color))
+        cf.setToolTip(f"Not supported by the cited passage: {reason}")
+        cursor.mergeCharFormat(cf)
+        marked += 1
+    return marked
 
 
 def _esc(s: str) -> str:

@@ -269,8 +269,10 @@ class DocumentListModel(_ListModel):
 @dataclass
 class ChatRow:
     """One message on the shown branch. ``siblings``: (1-based position, count) among its parent's replies;
-    ``citations``: dicts with evidence_id, path, page, quote; ``retrieved``: passages given to the model
-    (shown when the answer cited none).
+    ``citations``: dicts with evidence_id, path, page, quote and the citation check when it ran
+    (``supported`` bool, ``sentence_start`` / ``sentence_end``: the citing sentence's str indices in
+    ``content``, ``support``: ``{missing, similarity, threshold, reason}``; absent: not checked);
+    ``retrieved``: passages given to the model (shown when the answer cited none).
 
     Tool use: an assistant row's ``tool_calls`` are the calls it made; a ``tool`` row is one call and its
     result (``content``): ``call_id``, ``tool_name`` (the name the model used), ``server`` / ``tool`` (MCP
