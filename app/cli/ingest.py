@@ -164,17 +164,20 @@ class _ProgressBar:
 
 
 def render_bar(p: Progress, width: int = 100) -> str:
-    """The progress line for ``p``, at most ``width`` characters (the current file's name is cut first)."""
-    filled = int(_BAR_WIDTH * p.fraction)
-    eta = p.eta_s
-    parts = [f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {p.fraction * 100:3.0f}%",
-             f"{p.files_done}/{p.files_total} files", f"{p.chunks_embedded or p.chunks} chunks"]
-    if p.tokens_embedded:
-        parts.append(f"{p.tokens_per_s:,.0f} tok/s")
-    if eta is not None and p.files_done < p.files_total:
-        parts.append(f"ETA {_duration(eta)}")
+    """The progress line for ``p``, at most ``width`` characters (the current file's name is cut first). The
+    percentage, rate and ETA are ``app.retrieval.progress.figures``, which the window draws too."""
+    from app.retrieval.progress import figures, format_duration
+
+    f = figures(p)
+    filled = int(_BAR_WIDTH * f.fraction)
+    parts = [f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {f.percent:3d}%",
+             f"{f.files_done}/{f.files_total} files", f"{p.chunks_embedded or p.chunks} chunks"]
+    if f.tokens_per_s is not None:
+        parts.append(f"{f.tokens_per_s:,.0f} tok/s")
+    if f.eta_s is not None:
+        parts.append(f"ETA {format_duration(f.eta_s)}")
     line = "  ".join(parts)
-    if p.current and p.files_done < p.files_total:
+    if p.current and not f.finished:
         from pathlib import Path
 
         room = width - len(line) - 2
@@ -182,12 +185,3 @@ def render_bar(p: Progress, width: int = 100) -> str:
         if room >= 8:
             line += "  " + (name if len(name) <= room else name[:room - 1] + "…")
     return line[:width]
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
