@@ -1,7 +1,16 @@
 """``DocumentsController``: the document index (``app.retrieval``) for the window.
 
-Ingest and rescan run on a worker with their own ``DocumentStore`` (sqlite connections stay on one thread) and
-report each file as it is handled (``file_done``). Listing and removal are small queries on the GUI thread's
+Ingest and rescan run on a worker with their own ``DocumentStore`` (sqlite connections stay on one thread).
+Each ``Progress`` of the run crosses to the GUI thread as a snapshot (the ingest thread goes on changing the
+original) and is folded there into an ``app.retrieval.progress.IngestRun``: the overall figures and ETA, the
+files being read or embedded with their own progress, and every finished file with its chunks or reason. The
+run goes to the panel as ``run_changed`` at most every ``RUN_RENDER_MS`` (a trailing timer sends the last
+state; qutebrowser's throttle), and at once when it starts and ends. ``file_done`` still updates the document
+list per file.
+
+``cancel()`` stops the run after the document being written (``stop_after_document``: every document is its
+own transaction, so nothing finished is lost and the next run goes on with the rest); ``WorkerPool.shutdown()``
+reaches it the same way through ``StoppableWorker``. Listing and removal are small queries on the GUI thread's
 own store. An embedding model is used when one is installed (``hearth setup`` converts the packaged one);
 without it, chunks are sized by the approximate counter and search is keyword (BM25) only, which the panel
 says. ``source()`` is the ``app.assistant.DocumentSource`` that chat turns and the local port search (its own
@@ -13,16 +22,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.ui.models import DocRow
-from app.ui.workers import WorkerPool
+from app.ui.workers import StoppableWorker, WorkerPool
 
 log = logging.getLogger(__name__)
 
-
+RUN_RENDER_MS = 100  # the panel redraws a run's progress at most this often
 
 def retrieval_available() -> bool:
     try:
@@ -44,12 +54,14 @@ def doc_row(d: Any) -> DocRow:
 
 
 class DocumentsController(QObject):
-    """Signals: ``busy_changed(bool)``, ``progress(done, total)``, ``file_done(DocRow)``, ``report(obj)``,
-    ``failed(exc)``."""
+    """Signals: ``busy_changed(bool)``, ``progress(done, total)``, ``file_done(DocRow)``, ``run_changed(IngestRun)``
+    (throttled; the same object each time, read it on the GUI thread), ``report(IngestReport)`` (a cancelled
+    run's has the files it finished), ``failed(exc)``. ``run``: the current or last ``IngestRun``."""
 
     busy_changed = Signal(bool)
     progress = Signal(int, int)
     file_done = Signal(object)
+    run_changed = Signal(object)
     report = Signal(object)
     failed = Signal(object)
     _progress_item = Signal(object)  # from the worker thread: queued to the GUI thread
@@ -63,6 +75,11 @@ class DocumentsController(QObject):
         self._source: Any = None
         self._embedder_lock = threading.Lock()
         self._busy = False
+        self._worker: StoppableWorker | None = None
+        self.run: Any = None
+        self._last_render = 0.0
+        self._render_timer = QTimer(self, singleShot=True, interval=RUN_RENDER_MS)
+        self._render_timer.timeout.connect(self._render_now)
         self._progress_item.connect(self._on_progress)
 
     # -- reading ------------------------------------------------------------------------------------------
@@ -91,38 +108,85 @@ class DocumentsController(QObject):
         return self._busy
 
     def ingest(self, paths: list[str]) -> bool:
-        return self._run(lambda ing, cb: ing.ingest(paths, cb))
+        label = f"{len(paths)} item{'s' if len(paths) != 1 else ''}"
+        return self._run(lambda ing, cb: ing.ingest(paths, cb), label)
 
     def rescan(self) -> bool:
-        return self._run(lambda ing, cb: ing.rescan(cb))
+        return self._run(lambda ing, cb: ing.rescan(cb), "the remembered folders")
 
-    def _run(self, action: Any) -> bool:
-        if not self.available or self._busy:
+    def cancel(self) -> bool:
+        """Stop the run after the document being written; False when none runs."""
+        if not self._busy or self._worker is None:
             return False
-        self._busy = True
-        self.busy_changed.emit(True)
-        self.pool.run(self._ingest_job, action, on_return=self.report.emit, on_error=self.failed.emit,
-                      on_finish=self._finished)
+        self._worker.quit()
+        self.run.cancelling = True
+        self._render_now()
         return True
 
-    def _ingest_job(self, action: Any) -> Any:
+    def _run(self, action: Any, label: str) -> bool:
+        if not self.available or self._busy:
+            return False
+        from app.retrieval.progress import IngestRun
+
+        self._busy = True
+        self.run = IngestRun(label)
+        self.busy_changed.emit(True)
+        self._render_now()
+        self._worker = self.pool.start(StoppableWorker(self._ingest_job, action), on_return=self._returned,
+                                       on_error=self._errored, on_finish=self._finished)
+        return True
+
+    def _ingest_job(self, stop: threading.Event, action: Any) -> tuple[Any, bool]:
+        """On the worker: (the report or None, cancelled)."""
         from app.assistant import prune_stale_citations
         from app.retrieval.ingest import Ingester
+        from app.retrieval.progress import IngestCancelled, stop_after_document
         from app.retrieval.store import DocumentStore
 
         with DocumentStore() as store:
-            report = action(Ingester(store, self.embedder()), self._progress_item.emit)
-            prune_stale_citations(doc_store=store)  # edited, renamed or deleted files: citations follow
-            return report
+            try:
+                report = action(Ingester(store, self.embedder()),
+                                stop_after_document(lambda p: self._progress_item.emit(p.snapshot()), stop))
+            except IngestCancelled:
+                report = None
+            finally:
+                prune_stale_citations(doc_store=store)  # edited, renamed or deleted files: citations follow
+            return report, report is None
 
     def _on_progress(self, p: Any) -> None:
         self.progress.emit(p.files_done, p.files_total)
-        if p.last is not None:
+        if p.event == "file" and p.last is not None:
             self.file_done.emit(doc_row(p.last))
+        if self.run is not None:
+            self.run.update(p)
+            self._render_soon()
+
+    def _render_soon(self) -> None:
+        if time.monotonic() - self._last_render >= RUN_RENDER_MS / 1000:
+            self._render_now()
+        elif not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def _render_now(self) -> None:
+        self._render_timer.stop()
+        self._last_render = time.monotonic()
+        if self.run is not None:
+            self.run_changed.emit(self.run)
+
+    def _returned(self, result: tuple[Any, bool]) -> None:
+        report, cancelled = result
+        self.run.finish(report, cancelled=cancelled)
+        self.report.emit(report if report is not None else self.run.report())
+
+    def _errored(self, exc: BaseException) -> None:
+        self.run.finish(None, error=str(exc) or type(exc).__name__)
+        self.failed.emit(exc)
 
     def _finished(self) -> None:
         self._busy = False
+        self._worker = None
         self.busy_changed.emit(False)
+        self._render_now()
 
     def remove(self, path: str) -> None:
         store = self.store()

@@ -76,6 +76,15 @@ class FunctionWorker(_Worker):
         return self.fn(*self.args, **self.kwargs)
 
 
+class StoppableWorker(FunctionWorker):
+    """Runs ``fn(stop, *args, **kwargs)``: ``stop`` is a ``threading.Event`` that ``quit()`` sets, for a slow
+    plain function that checks it itself between steps (an ingest run between documents), so a Cancel button
+    and ``WorkerPool.shutdown()`` reach it as they reach a ``GeneratorWorker``."""
+
+    def work(self) -> Any:
+        return self.fn(self._quit, *self.args, **self.kwargs)
+
+
 class GeneratorWorker(_Worker):
     """Iterates ``fn(*args, **kwargs)`` (a generator), emitting each item as ``yielded``; the generator's
     return value is ``returned``. ``quit()`` closes the generator before its next item (its ``finally``
