@@ -165,15 +165,14 @@ def evidence_text(evidence: Sequence[Evidence], repeated: Sequence[Evidence] = (
                   instructions: bool = True) -> EvidenceText | None:
     """``evidence`` as prompt text (None for none): the citation instructions once, then each passage.
     ``repeated``: passages that also match but are already in the prompt from an earlier turn; they are
-    named in one last line (``Also relevant, given above: [E:<id>] <path>, ...``) instead of being given
-    again. ``instructions`` False: a short ``LATER_HEADER`` instead of the instructions, for a turn whose
+    named by ID in one last line (``Also relevant, given above: [E:<id>], ...``; their paths are in the
+    earlier turn) instead of being given again. ``instructions`` False: a short ``LATER_HEADER`` instead of the instructions, for a turn whose
     prompt already holds them (~70 tokens a turn saved)."""
     if not evidence and not repeated:
         return None
     passages = [format_passage(e) for e in evidence]
     if repeated:
-        passages.append("Also relevant, given above: " + ", ".join(f"[E:{e.evidence_id}] {e.path}"
-                                                                  for e in repeated))
+        passages.append("Also relevant, given above: " + ", ".join(f"[E:{e.evidence_id}]" for e in repeated))
     header = evidence_header(list(evidence) or list(repeated)) if instructions else LATER_HEADER
     return EvidenceText(header, tuple(passages))
 
