@@ -94,6 +94,17 @@ def test_each_citation_gets_its_own_verdict_and_sentence_span():
     assert set(CITATION_KEYS) | {"supported", "sentence_start", "sentence_end", "support"} == set(dicts[0])
 
 
+def test_a_failing_embedding_call_falls_back_to_the_facts_check():
+    def crashed(texts):
+        raise RuntimeError("the embedding process died")
+
+    good, bad = _evidence(STORAGE, "aaaaaaaaaaaa"), _evidence(RENT, "bbbbbbbbbbbb")
+    answer = "Store below 25 °C [E:aaaaaaaaaaaa]. The rent is £990 a month [E:bbbbbbbbbbbb]."
+    dicts = checked_citations(answer, [good, bad], CitationChecker(crashed))
+    assert [d["supported"] for d in dicts] == [True, False]
+    assert [d["support"]["similarity"] for d in dicts] == [None, None]
+
+
 def test_a_marker_after_the_full_stop_checks_the_sentence_before_it():
     ev = _evidence(STORAGE)
     answer = "It is fine. Store it below 30 °C. [E:0123456789ab]"
