@@ -68,11 +68,11 @@ def test_a_single_question_gets_the_stored_turns_text(docs):
 
 
 def test_the_oldest_turns_lose_their_evidence_first_when_it_does_not_fit(docs):
-    engine = FakeEngine(n_ctx=1500)  # one character per token; long answers leave room for two turns' evidence
+    engine = FakeEngine(n_ctx=1420)  # one character per token; long answers leave room for two turns' evidence
     prompts, groundings = chat(engine, docs, QUESTIONS[:3], answer=" blah" * 60)
     assert [e.text.split()[0] for e in groundings[-1].evidence] == ["Error", "Descale"]
     assert "30 minutes" not in prompts[-1]  # the first question's evidence was left out, the second's kept
-    assert len(prompts[-1]) <= 1500 - 32 and prompts[-1].count("Answer from the evidence below") == 1
+    assert len(prompts[-1]) <= 1420 - 32 and prompts[-1].count("Answer from the evidence below") == 1
 
 
 def test_searches_are_remembered_while_the_index_is_unchanged(docs, tmp_path: Path):

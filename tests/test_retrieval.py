@@ -396,7 +396,7 @@ def test_evidence_block_and_citation_parsing():
     a = _ev("3f2a9c1b7d04", "Intro. The code word is OSPREY. More text.", page=4)
     b = _ev("aa11bb22cc33", "Birds fly south in winter.")
     block = format_evidence_block([a, b])
-    assert "[E:3f2a9c1b7d04] /docs/3f2a9c1b7d04.pdf (page 4)\nIntro." in block
+    assert "[E:3f2a9c1b7d04] 3f2a9c1b7d04.pdf (page 4)\nIntro." in block
     assert "[E:aa11bb22cc33]" in block and "cite" in block
     assert len(format_evidence_block([a, b], max_chars=len(block) - 5)) < len(block)  # second one dropped
 

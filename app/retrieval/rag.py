@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import PurePath
 from typing import Any
 
 from app.retrieval.types import Evidence
@@ -51,8 +52,10 @@ def evidence_header(evidence: Iterable[Evidence]) -> str:
 
 
 def format_passage(e: Evidence) -> str:
-    """One passage as the model sees it: ``[E:<id>] <path> (page N)``, then its text verbatim."""
-    where = e.path + (f" (page {e.page})" if e.page is not None else "")
+    """One passage as the model sees it: ``[E:<id>] <file name> (page N)``, then its text verbatim. The file
+    name, not the whole path: the ID already names the passage exactly (citations map it back to the path,
+    page and offsets), and a folder path costs 10-30 tokens a passage that tell the model nothing."""
+    where = PurePath(e.path).name + (f" (page {e.page})" if e.page is not None else "")
     return f"[E:{e.evidence_id}] {where}\n{e.text.strip()}"
 
 
