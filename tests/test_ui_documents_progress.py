@@ -200,3 +200,23 @@ def test_a_stoppable_worker_sees_quit_from_the_pool_shutdown(qtbot):
     qtbot.waitUntil(lambda: pool.pool.activeThreadCount() == 1, timeout=5_000)
     assert pool.shutdown(5_000)
     qtbot.waitUntil(lambda: got == [7], timeout=5_000)
+
+
+@pytest.mark.model
+def test_a_real_embedder_run_shows_its_rate_and_chunk_counts_real(qtbot, panel, tmp_path, embedding_model):
+    pytest.importorskip("llama_cpp")
+    from app.retrieval.embedder import Embedder
+
+    w = panel
+    for name, text in (("kettle.md", "Descale the kettle monthly with citric acid."),
+                       ("ferry.txt", "The ferry to Lindholm leaves at 7:45 from pier 4.")):
+        (tmp_path / name).write_text(text + "\n")
+    w.docs._embedder = Embedder(embedding_model, workers=1)  # closed by the controller's shutdown
+    shown: list[str] = []
+    w.docs.run_changed.connect(lambda run: shown.append(run.status_text()))
+    assert w.ingest([str(tmp_path / "kettle.md"), str(tmp_path / "ferry.txt")])
+    qtbot.waitUntil(lambda: not w.docs.busy, timeout=60_000)
+    assert w.state.text().startswith("Done in ") and "2 indexed" in w.state.text()
+    assert sorted(_listed(w)) == ["ferry.txt — indexed, 1 chunk", "kettle.md — indexed, 1 chunk"]
+    assert any("tok/s" in t for t in shown)  # the measured embedding rate was drawn while it ran
+    assert _indexed(w) == ["ferry.txt", "kettle.md"]

@@ -148,9 +148,8 @@ class DocumentsController(QObject):
                 report = action(Ingester(store, self.embedder()),
                                 stop_after_document(lambda p: self._progress_item.emit(p.snapshot()), stop))
             except IngestCancelled:
-                report = None
-            finally:
-                prune_stale_citations(doc_store=store)  # edited, renamed or deleted files: citations follow
+                report = None  # the documents finished before it are committed: their citations follow too
+            prune_stale_citations(doc_store=store)  # edited, renamed or deleted files: citations follow
             return report, report is None
 
     def _on_progress(self, p: Any) -> None:
