@@ -128,3 +128,58 @@ def test_the_reranker_reorders_the_top_by_relevance_and_blends_with_the_fused_sc
     assert [e.text for e in Scripted(engine, depth=3, blend=0.0).rerank("q", ev)] == ["a", "b", "c", "d"]
     with pytest.raises(ValueError):
         Reranker(engine, depth=0)
+
+
+# ---------------------------------------------------------------------------- structure and headings in ranking
+
+def test_a_signature_line_of_api_reference_text_starts_a_section():
+    from app.retrieval.chunking import SIGNATURE_LEVEL, ApproxTokenCounter, chunk_document, find_headings
+
+    text = ("# os\n\nOperating system services.\n\nos.lseek(fd, position, whence, /)\nSet the position.\n\n"
+            "os.makedirs(name, mode=511, exist_ok=False) -> None\nSuper-mkdir; create a leaf directory.\n\n"
+            "Call it like f(x) in prose.\nprint(x)\n")
+    hs = find_headings(text, "markdown")
+    assert [(h.title, h.level) for h in hs] == [("os", 1), ("os.lseek", SIGNATURE_LEVEL),
+                                                ("os.makedirs", SIGNATURE_LEVEL)]  # print(x) opens no paragraph
+    chunks = chunk_document(text, ApproxTokenCounter(), 256, 32, headings=hs)
+    assert [c.heading_path for c in chunks] == [("os",), ("os", "os.lseek"), ("os", "os.makedirs")]
+    assert chunks[2].text.startswith("os.makedirs(") and "Super-mkdir" in chunks[2].text
+    assert [h.title for h in find_headings("math.gcd(*integers)\nGreatest common divisor.\n", "text")] == ["math.gcd"]
+    assert find_headings("a lone(call)\n", "text") == []  # no description under it
+
+
+def test_heading_path_words_are_in_the_keyword_index_with_their_weight(doc_store, tmp_path: Path):
+    from app.retrieval.query import bm25_ranking
+
+    (tmp_path / "lease.md").write_text("# Notice period\n\nTwo months in writing.\n\n# Deposit\n\n"
+                                       "Returned within thirty days.\n", encoding="utf-8")
+    Ingester(doc_store).ingest([str(tmp_path / "lease.md")])
+    texts = dict(doc_store.db.conn.execute("SELECT id, text FROM chunks").fetchall())
+    hits = bm25_ranking(doc_store, "notice period", 5)
+    assert texts[hits[0][0]].startswith("# Notice period")
+    hits = bm25_ranking(doc_store, "deposit", 5, heading_weight=0.0)  # the text column alone still matches
+    assert len(hits) == 1 and "Returned" in texts[hits[0][0]]
+    assert doc_store.check() == []
+
+
+def test_m008_rebuilds_the_keyword_index_of_an_existing_store(tmp_path: Path):
+    """A store made before m008 (one FTS column) is searchable by its heading paths once reopened."""
+    import sqlite3
+
+    from app.retrieval.query import bm25_ranking
+    from app.retrieval.store import DocumentStore, NewChunk
+
+    path = tmp_path / "documents.db"
+    with DocumentStore(path) as s:
+        s.write_document("/x.md", sha256="ab", size=1, mtime_ns=1, type="text", page_count=None,
+                         chunks=[NewChunk("Two months in writing.", None, 0, 22, 5, ("Notice period",))])
+    conn = sqlite3.connect(path)  # back to the m007 shape: one column, triggers on text only
+    conn.executescript("""
+        DROP TRIGGER chunks_ai; DROP TRIGGER chunks_ad; DROP TRIGGER chunks_au; DROP TABLE chunks_fts;
+        CREATE VIRTUAL TABLE chunks_fts USING fts5(text, content='chunks', content_rowid='id');
+        INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild');
+        DELETE FROM _sqlite_migrations WHERE name = 'm008_fts_heading_path';""")
+    conn.close()
+    with DocumentStore(path) as s:
+        assert [r[0] for r in bm25_ranking(s, "notice", 5)] == [1]
+        assert s.check() == []

@@ -355,7 +355,8 @@ def test_store_migrations_are_named_applied_once_and_wal(tmp_path: Path):
     s = DocumentStore(path)  # reopening applies nothing twice
     names = [m.name for m in migrations.applied(s.db)]
     assert names == ["m001_create_documents", "m002_create_chunks", "m003_create_chunks_fts",
-                     "m004_create_embeddings", "m005_create_meta", "m006_create_roots", "m007_chunk_heading_path"]
+                     "m004_create_embeddings", "m005_create_meta", "m006_create_roots", "m007_chunk_heading_path",
+                     "m008_fts_heading_path"]
     assert migrations.pending(s.db) == []
     assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     s.close()

@@ -24,7 +24,13 @@ a chunk never spans two sections and carries the ``heading_path`` of its section
 headings, outermost first). Headings come from the format:
 
 - Markdown: ATX (``## Title``) and setext (``Title`` over ``===`` / ``---``) headings, not inside ``` / ~~~
-  fences; reStructuredText: a title line over (and optionally under) a line of one punctuation character,
+  fences; in Markdown and plain text also *signature lines* of API reference text (pydoc, ``help()``, man-page
+  style): a paragraph that opens with a line that is nothing but a call signature, ``name(...)`` or
+  ``pkg.mod.name(...)`` (optionally ``-> type``), with its description on the next line, starts a section
+  titled by the name, one level below any heading (``SIGNATURE_LEVEL``). One entry of such a reference is
+  one function; packed with its neighbours it shared a chunk (and a vector) with five unrelated ones and
+  its signature could end one chunk while its description began the next (docs/retrieval.md, "Quality");
+  reStructuredText: a title line over (and optionally under) a line of one punctuation character,
   levels in order of first use, as docutils assigns them;
 - source code: definitions (Python ``def``/``class`` nested by indentation; ``function``/``class``/``fn``/
   ``func``/``struct``/``impl``/``interface``... in other languages), each a section titled by its name;
@@ -324,6 +330,27 @@ _SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*$")
 _RST_ADORN = re.compile(r"([=\-~^\"'`#*+_:.])\1{2,}[ \t]*$")
 
 
+SIGNATURE_LEVEL = 7  # below <h6>: a signature section nests in the document's headings
+_SIGNATURE = re.compile(r"[ \t]*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)\((?:[^()]|\([^()]*\))*\)[ \t]*(?:->[^\n]*)?$")
+
+
+def _signature(text: str, lines: list[tuple[int, int]], i: int) -> Heading | None:
+    """Line ``i`` as a signature heading: it opens a paragraph (first line or after a blank one), is at most
+    200 characters of ``name(...)`` and the next line holds its description."""
+    a, b = lines[i]
+    if b - a > 200 or i + 1 >= len(lines) or not text[lines[i + 1][0]:lines[i + 1][1]].strip():
+        return None
+    if i > 0 and text[lines[i - 1][0]:lines[i - 1][1]].strip():
+        return None
+    m = _SIGNATURE.match(text, a, b)
+    return Heading(a, b, SIGNATURE_LEVEL, m.group(1)) if m else None
+
+
+def _text_headings(text: str) -> list[Heading]:
+    lines = _lines(text)
+    return [h for i in range(len(lines)) if (h := _signature(text, lines, i)) is not None]
+
+
 def format_of(suffix: str) -> str:
     """The structure rules for a file suffix: ``markdown``, ``rst``, ``python``, ``code`` or ``text``."""
     suffix = suffix.lower()
@@ -340,9 +367,9 @@ def format_of(suffix: str) -> str:
 
 def find_headings(text: str, fmt: str) -> list[Heading]:
     """Headings of ``text`` under the rules of ``fmt`` (``format_of``; ``pdf`` for one PDF page's text), as
-    spans of ``text``; an empty list for plain text."""
+    spans of ``text``; for plain text only signature lines."""
     finder = {"markdown": _markdown_headings, "rst": _rst_headings, "python": _python_headings,
-              "code": _code_headings, "pdf": _pdf_headings}.get(fmt)
+              "code": _code_headings, "pdf": _pdf_headings, "text": _text_headings}.get(fmt)
     return finder(text) if finder else []
 
 
@@ -371,6 +398,10 @@ def _markdown_headings(text: str) -> list[Heading]:
         m = _ATX.match(line)
         if m:
             out.append(Heading(a, b, len(m.group(1)), m.group(2).strip()))
+            continue
+        sig = _signature(text, lines, i)
+        if sig is not None:
+            out.append(sig)
             continue
         if i + 1 < len(lines) and line.strip() and (i == 0 or not text[lines[i - 1][0]:lines[i - 1][1]].strip()):
             nxt = text[lines[i + 1][0]:lines[i + 1][1]]

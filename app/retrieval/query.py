@@ -14,6 +14,11 @@ words only:
 - every term is double-quoted (a quote inside is doubled), so FTS5 syntax in a question (``AND``, ``NEAR``,
   ``*``, ``:``, ``^``, parentheses) is inert; terms are OR-ed.
 
+The FTS5 table has two columns (``app.retrieval.store`` m008): the chunk's text and its heading path (the
+titles of the sections that enclose it). A match in the heading path counts ``HEADING_WEIGHT`` times a match
+in the text (FTS5 ``bm25()`` column weights): a question that names a section or a document's title lifts
+the chunks under it, while the text still decides among them (measured in docs/retrieval.md, "Quality").
+
 ``bm25_ranking(store, question, limit)`` runs it against a ``DocumentStore``'s FTS5 table through its SQL
 connection (the store's own ``bm25()`` takes free text, not an expression), with the store's latency bound:
 when the terms together match more than ``MAX_POSTINGS`` chunks the most frequent are left out.
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 from app.errors import StoreError
 
+HEADING_WEIGHT = 0.5  # bm25() weight of the heading_path column, text = 1.0 (chosen on the benchmark's dev halves)
 MAX_POSTINGS = 8000  # as ``app.retrieval.store.MAX_BM25_POSTINGS``: chunks scored before common words go
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -80,18 +86,21 @@ def _quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
 
-def bm25_ranking(store, question: str, limit: int, max_postings: int = MAX_POSTINGS) -> list[tuple[int, float]]:
+def bm25_ranking(store, question: str, limit: int, max_postings: int = MAX_POSTINGS,
+                 heading_weight: float = HEADING_WEIGHT) -> list[tuple[int, float]]:
     """``(chunk id, -bm25 score)`` best first (larger is better) for ``question`` over ``store``'s
-    ``chunks_fts`` (a ``DocumentStore``; read through its ``db.conn``). ``limit``: results (>= 1). Raises
-    ``StoreError`` on a database error. [] when the question has no words."""
+    ``chunks_fts`` (a ``DocumentStore``; read through its ``db.conn``), the heading path weighted
+    ``heading_weight`` against the text's 1.0. ``limit``: results (>= 1). Raises ``StoreError`` on a
+    database error. [] when the question has no words."""
     q = keyword_query(question)
     terms = q.terms
     if not terms:
         return []
     if len(terms) > 1 and max_postings:
         terms = _prune_common(store, terms, max_postings)
-    rows = _rows(store, "SELECT rowid, -bm25(chunks_fts) FROM chunks_fts WHERE chunks_fts MATCH ? "
-                        "ORDER BY bm25(chunks_fts) LIMIT ?", [" OR ".join(terms), limit])
+    w = float(heading_weight)
+    rows = _rows(store, f"SELECT rowid, -bm25(chunks_fts, 1.0, {w!r}) FROM chunks_fts WHERE chunks_fts MATCH ? "
+                        f"ORDER BY bm25(chunks_fts, 1.0, {w!r}) LIMIT ?", [" OR ".join(terms), limit])
     return [(int(r[0]), float(r[1])) for r in rows]
 
 
