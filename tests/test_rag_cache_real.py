@@ -1,12 +1,11 @@
 """A 10-turn document chat on the real bundled model (Gemma 3 270M) with real retrieval (all-MiniLM-L6-v2),
-each question's evidence kept in its own turn (``app.assistant.grounding.ground``): every turn reuses every
-whole ``n_batch`` chunk of the previous turn's prompt (the prompt only grows at its end; the engine reuses
-whole 256-token chunks of a laid-out prompt and never the answer's tokens), and from the 5th turn on at least
-70 % of its prompt tokens (cached_tokens / prompt_tokens, live KV, default n_batch). Turns 2-4 are below
-70 % by arithmetic, not placement: with a prompt of 600-1,900 tokens, up to 255 tokens lost to chunk
-alignment plus the answer and the new passages are more than 30 % of the next prompt (docs/retrieval.md,
-"Evidence placement"). The chat and the documents are ``benchmarks/rag_cache.py``'s, which also measures the
-stored chat's placement."""
+each question's evidence kept in its own turn (``app.assistant.grounding.ground``): every turn reuses the
+whole previous prompt up to the turn break that opens its answer (the canonical layout cuts there,
+``app.engine.layout``; the answer's own tokens were decoded one by one and are never reused), which is at
+least 70 % of the prompt from the 4th turn on and on average over turns 2-10. Turn 3 is at 66-70 % here
+(turn 2 at 71-79 %): the answer plus two new passages are about a third of its prompt
+(docs/retrieval.md, "Evidence placement"). The chat and the documents are ``benchmarks/rag_cache.py``'s, which
+also measures the stored chat's placement."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from benchmarks.rag_cache import N_CTX, QUESTIONS, grounding_chat, ingest
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 MIN_REUSE = 0.70
-FROM_TURN = 5
+FROM_TURN = 4
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +33,21 @@ def docs(tmp_path_factory, embedding_model: Path):
     source.close()
 
 
-def test_ten_turns_reuse_the_previous_prompt_and_70_percent_from_turn_5(bundled_model: Path, docs):
+def test_ten_turns_reuse_the_previous_prompt_and_70_percent(bundled_model: Path, docs):
     from app.assistant.turn import DEFAULT_K
     from app.engine.engine import Engine
     from app.engine.types import LoadSettings
 
     with Engine(bundled_model, LoadSettings(n_ctx=N_CTX, n_parallel=1), prefix_cache=None) as engine:
         rows = grounding_chat(engine, docs, QUESTIONS, DEFAULT_K, 64)
-        chunk = engine.settings.n_batch
     print("\n".join(f"turn {r['turn']}: {r['cached_tokens']}/{r['prompt_tokens']} = {r['reuse']:.3f} "
                     f"({r['passages']} passages)" for r in rows))
     assert len(rows) == 10 and rows[0]["passages"] > 0
-    whole = [b for a, b in zip(rows, rows[1:]) if b["cached_tokens"] < (a["prompt_tokens"] - 1) // chunk * chunk]
-    assert not whole, whole  # each turn's prompt begins with the previous one: all its whole chunks reused
+    # The previous prompt ended "...Assistant:"; its break ("Assistant") is where the answer's turn opens.
+    short = [b for a, b in zip(rows, rows[1:]) if b["cached_tokens"] < a["prompt_tokens"] - 2]
+    assert not short, short
     low = [r for r in rows[FROM_TURN - 1:] if r["reuse"] < MIN_REUSE]
     assert not low, low
+    later = [r["reuse"] for r in rows[1:]]
+    assert sum(later) / len(later) >= MIN_REUSE and min(later) >= 0.6, later
     assert all(b["prompt_tokens"] > a["prompt_tokens"] for a, b in zip(rows, rows[1:]))  # the prompt only grows

@@ -109,7 +109,10 @@ def test_samples_started_after_the_first_copy_its_prompt_instead_of_prefilling(e
     for t in threads:
         t.join(120)
     L = first.done.metrics.prompt_tokens
-    assert L > 100 and first.done.metrics.cached_tokens in (0, L - 1)
+    # the first sample prefills (reusing at most an earlier test's prompt up to a cut of the layout: the
+    # transcript's preamble, which names the Assistant), it copies from no slot
+    assert L > 100 and first.done.metrics.cached_tokens < L - 1
+    assert "copied from slot" not in first.done.metrics.cache_reuse_reason
     for d in others:
         assert d.metrics.prompt_tokens == L and d.metrics.cached_tokens == L - 1, d.metrics.cache_reuse_reason
         assert "copied from slot" in d.metrics.cache_reuse_reason and d.metrics.cache_reuse == "exact"

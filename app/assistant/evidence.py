@@ -166,8 +166,8 @@ def evidence_text(evidence: Sequence[Evidence], repeated: Sequence[Evidence] = (
     """``evidence`` as prompt text (None for none): the citation instructions once, then each passage.
     ``repeated``: passages that also match but are already in the prompt from an earlier turn; they are
     named by ID in one last line (``Also relevant, given above: [E:<id>], ...``; their paths are in the
-    earlier turn) instead of being given again. ``instructions`` False: a short ``LATER_HEADER`` instead of the instructions, for a turn whose
-    prompt already holds them (~70 tokens a turn saved)."""
+    earlier turn) instead of being given again. ``instructions`` False: a short ``LATER_HEADER`` instead of
+    the instructions, for a turn whose prompt already holds them (~70 tokens a turn saved)."""
     if not evidence and not repeated:
         return None
     passages = [format_passage(e) for e in evidence]

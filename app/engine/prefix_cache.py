@@ -6,7 +6,8 @@ Here an entry is llama.cpp's context state (``llama_state_get_data``: the KV cel
 logits in it) after the prefill of a prompt's first L−1 tokens, written with a header that says exactly what it
 is, and indexed in SQLite. Restoring the same prompt then evaluates only its last token, exactly as a cold
 prefill does (same canonical layout, see ``Runtime.prefill``), so the logits belong to this prompt, never to a
-longer older one. A shorter stored prefix gives back its whole chunks and the rest is prefilled.
+longer older one. A shorter stored prefix gives back its chunks of the layout (``app.engine.layout``) and the
+rest is prefilled.
 
 Keys (as vLLM ``kv_cache_utils.hash_block_tokens``): the prompt is cut into blocks of ``BLOCK`` tokens;
 each block's hash covers its parent's hash and its token IDs, so a hash names one exact token prefix. An entry
@@ -64,12 +65,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from app.engine.layout import usable
 from app.fileio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"HEARTHKV"
 FORMAT_VERSION = 1
+# The prefill layout an entry's KV was laid out in (app.engine.layout), part of the fingerprint: 1 = chunks of
+# n_batch from position 0; 2 = also cut before each turn break. An entry of another layout is never restored.
+LAYOUT_VERSION = 2
 BLOCK = 64  # tokens per hash block
 _HDR = struct.Struct("<8sI64sI")
 
@@ -121,7 +126,7 @@ def fingerprint(model_sha256: str, settings: Any, extra: dict | None = None) -> 
         sysinfo = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     except Exception:  # noqa: BLE001 - pure tests run without the library
         lib, sysinfo = "unknown", ""
-    d = {"format": FORMAT_VERSION, "llama_cpp_python": lib, "llama_cpp_system": sysinfo,
+    d = {"format": FORMAT_VERSION, "layout": LAYOUT_VERSION, "llama_cpp_python": lib, "llama_cpp_system": sysinfo,
          "model_sha256": model_sha256, "type_k": settings.type_k, "type_v": settings.type_v,
          "flash_attn": bool(settings.flash_attn), "swa_full": bool(settings.swa_full), "n_ctx": settings.n_ctx,
          "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch, "n_gpu_layers": settings.n_gpu_layers,
@@ -485,20 +490,23 @@ class PrefixCache:
         return cls(PrefixStore(dir, budget_bytes), fp, info, min_tokens)
 
     # called by Runtime.prefill
-    def restore_longest(self, rt: Any, slot: Any, tokens: list[int], live: int, metrics: dict) -> int:
+    def restore_longest(self, rt: Any, slot: Any, tokens: list[int], live: int, metrics: dict,
+                        bounds: list[int] | None = None) -> int:
         """Restore the stored entry that gives back the most of ``tokens``, if it beats the ``live`` reuse.
 
-        An entry holds the KV state of a prompt's first L−1 tokens, prefilled in the canonical layout (see
-        ``Runtime.prefill``). If that is exactly this prompt's first L−1 tokens, all of it is used (then only the
-        last token is evaluated, as in a cold run). If it is a shorter prefix, only its whole chunks are kept
-        and the rest is prefilled. ``slot``: the runtime's slot (``seq_id``, ``tokens``, ``canonical_upto``)
+        An entry holds the KV state of a prompt's first n tokens (its L−1), prefilled in the canonical layout
+        (``app.engine.layout``; ``Runtime.begin``). It shares every chunk end below n with this prompt and ends
+        a chunk at n, so the tokens kept are this prompt's last chunk end ≤ n (``layout.usable`` over
+        ``bounds``, this prompt's layout; all of it when n = L−1: then only the last token is evaluated, as in
+        a cold run); the rest is prefilled. ``slot``: the runtime's slot (``seq_id``, ``tokens``, ``bounds``)
         whose sequence receives the entry. Returns the number of tokens now valid (≤ len(tokens) − 1). On a bad
         entry, empties the slot's sequence and returns 0."""
         st = self.store.stats
         st.lookups += 1
         st.prompt_tokens += len(tokens)
-        C = rt.settings.n_batch
         L = len(tokens)
+        if bounds is None:
+            bounds = rt.layout(tokens)
         if L - 1 < self.min_tokens:
             return self._count_live(live)
         self.flush()  # an entry saved a moment ago is still being written
@@ -506,7 +514,7 @@ class PrefixCache:
         if found is None:
             return self._count_live(live)
         n, path = found
-        use = n if n == L - 1 else min(n - n % C, (L - 1) - (L - 1) % C)
+        use = usable(bounds, n)
         if use <= live:
             return self._count_live(live)
         t0 = time.perf_counter()
@@ -517,7 +525,7 @@ class PrefixCache:
             metrics["cache_error"] = str(exc)
             self._clear(rt, slot)
             return 0
-        slot.canonical_upto = n - n % C
+        slot.bounds = {b for b in bounds if b < n} | {n}
         metrics["restore_s"] = time.perf_counter() - t0
         st.restores += 1
         st.restore_s += metrics["restore_s"]

@@ -30,10 +30,11 @@ from typing import Any
 from app.engine.process import default_threads
 from app.engine.reasoning import markers_for
 from app.engine.reasoning_budget import BudgetForcer, ReasoningBudget, plan_prompt, render_kwargs
+from app.engine.layout import layout_bounds, next_bound, turn_break_token, usable
 from app.engine.templates import RenderedPrompt, choose_template_name, render, template_tool_caps, tool_format
 from app.engine.scheduler import Seq
 from app.engine import speculative as spec
-from app.engine.types import GenerateRequest, LoadSettings
+from app.engine.types import ChatMessage, GenerateRequest, LoadSettings
 from app.errors import ContextLengthExceeded, HearthError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
 # starts the answer (s1's "Final Answer:"): measured on the bundled base model, without it the model wrote the
 # next "User:" turn at once, so the answer was empty; with it, "Answer: France." (docs/reasoning.md).
 PREFILL_ANSWER_NOW = "Answer:"
+MIN_LIVE_REUSE = 16  # a shorter live prefix (the BOS before the first turn break) is prefilled, not reused
 MIN_COPY_TOKENS = 32  # a shorter prefix is prefilled rather than copied from another slot (measured below)
 
 
@@ -122,27 +124,27 @@ def peak_rss_bytes() -> int:
 
 class _Slot:
     """One sequence of the context: ``seq_id``, the tokens its KV holds (positions 0 … n−1, in cells 0 … n−1 of
-    its own stream), how far they were laid out in whole canonical chunks (``canonical_upto``), the prompt
-    length whose first L−1 tokens it holds in that prompt's layout (``layout_len``), and when it was last
-    used (``time.perf_counter`` seconds)."""
+    its own stream), ``bounds``: the positions where its KV ends a chunk of the canonical layout (the KV of
+    tokens 0 … b−1 is a cold prefill's for each b in it; ``app.engine.layout``), and when it was last used
+    (``time.perf_counter`` seconds)."""
 
     def __init__(self, seq_id: int) -> None:
         self.seq_id = seq_id
         self.tokens: list[int] = []
-        self.canonical_upto = 0
-        self.layout_len = 0
+        self.bounds: set[int] = set()
         self.last_used = 0.0
 
     def forget(self) -> None:
-        self.tokens, self.canonical_upto, self.layout_len = [], 0, 0
+        self.tokens, self.bounds = [], set()
 
 
 class LlamaSeq(Seq):
     """A request in a llama.cpp slot: its prompt ``tokens``, the next prompt index to evaluate (``pos``), the
-    prefix it reused (``reused`` tokens), its sampler chain (None: plain greedy). The KV length is its slot's
-    ``len(tokens)``."""
+    prefix it reused (``reused`` tokens), its sampler chain (None: plain greedy), ``bounds``: where the chunks
+    of its prompt's canonical layout end. The KV length is its slot's ``len(tokens)``."""
 
     tokens: list[int]
+    bounds: list[int]  # where its layout's chunks end (``Runtime.layout``)
     pos: int = 0
     reused: int = 0
     sampler: Any = None
@@ -199,6 +201,7 @@ class Runtime:
         self.eos_text = self._piece(self.llm.token_eos(), special=True) if self.llm.token_eos() >= 0 else ""
         self.markers = markers_for(self.template_name, self.chat_template, self.architecture,
                                    self.meta.get("thinking_markers"))
+        self.turn_breaks = self._turn_breaks()
         self.spec_default = self.meta.get("speculative")  # the model's default mode (a request's own wins)
         self._spec_cap: int | None = None  # guesses per step that keep decoding exact (measured on first use)
         self.draft = None
@@ -215,6 +218,26 @@ class Runtime:
     # -- tokens ---------------------------------------------------------------------------------------
     def _piece(self, token: int, special: bool = False) -> str:
         return self.llm._model.detokenize([token], special=special).decode("utf-8", errors="replace")
+
+    def _turn_breaks(self) -> frozenset[int]:
+        """The prefill layout's turn-break token (``layout.turn_break_token`` on two one-message prompts of
+        the model's template), as a set; empty when the template has none or does not render."""
+        lib, vocab = self._lib, self.llm._model.vocab
+        try:
+            a, b = (self.render(GenerateRequest(messages=(ChatMessage("user", text),)))
+                    for text in ("Hello there.", "What is the capital of France?"))
+            ta = self.tokenize(a.text, add_bos=a.add_bos, special=True)
+            tb = self.tokenize(b.text, add_bos=b.add_bos, special=True)
+            found = turn_break_token(ta, tb, lambda t: bool(lib.llama_vocab_is_control(vocab, t)),
+                                     lambda t: not self._piece(t, special=True).strip())
+        except Exception:  # noqa: BLE001 - a template that cannot render a plain message: no breaks
+            return frozenset()
+        return frozenset() if found is None else frozenset({found})
+
+    def layout(self, tokens: list[int]) -> list[int]:
+        """Where the canonical chunks of ``tokens`` end (``layout.layout_bounds`` with ``n_batch`` and this
+        model's turn break)."""
+        return layout_bounds(tokens, self.settings.n_batch, self.turn_breaks)
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
@@ -391,20 +414,18 @@ class Runtime:
         return lasts
 
     # -- a request's life in its slot -----------------------------------------------------------------
-    def live_prefix(self, slot: _Slot, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` that ``slot``'s live KV gives back exactly (see ``begin`` for the layout):
-        all but the last token when its previous prompt had the same length and the same tokens up to its
-        last one; otherwise the common prefix cut down to whole canonical chunks."""
+    def live_prefix(self, slot: _Slot, tokens: list[int], bounds: list[int] | None = None) -> int:
+        """Tokens of ``tokens`` that ``slot``'s live KV gives back exactly (see ``begin``): the common prefix
+        cut down to the last chunk end of ``tokens``' layout (``bounds``, ``layout``) that the slot's KV also
+        ends a chunk at (``layout.usable``); all but the last token for a repeat of the same prompt."""
         L = len(tokens)
         have = slot.tokens
         limit = min(len(have), L - 1)
         n = 0
         while n < limit and have[n] == tokens[n]:
             n += 1
-        if n == L - 1 and slot.layout_len == L:
-            return n
-        n = min(n, slot.canonical_upto)
-        return n - n % self.settings.n_batch
+        got = usable(self.layout(tokens) if bounds is None else bounds, n, slot.bounds) if n else 0
+        return got if got >= MIN_LIVE_REUSE or got == L - 1 else 0
 
     def begin(self, rid: int, request: GenerateRequest, free: list[int]) -> LlamaSeq:
         """Render and tokenize ``request``, check it fits, pick a slot among ``free`` and make that slot's KV
@@ -413,10 +434,12 @@ class Runtime:
         Exactness: llama.cpp's CPU kernels give slightly different numbers for the same row in batches of
         different shapes (measured here: a prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few
         greedy tokens). So every prompt of L tokens is prefilled in one *canonical* layout fixed by absolute
-        positions: chunks [0,C), [C,2C), … (C = n_batch) cut at L−1, then the last token alone, each chunk in
-        a ``llama_decode`` of its own (never merged with other slots' tokens). A reused prefix is either whole
-        chunks, or all L−1 tokens when they were laid out for a prompt of the same length; so the KV and the
-        last token's logits are bit for bit those of a cold prefill. Each position also sits in the same KV
+        positions and tokens (``app.engine.layout``): cut before each turn break (the template's turn-opening
+        control token), every C = n_batch tokens after a cut, and at L−1, then the last token alone, each chunk
+        in a ``llama_decode`` of its own (never merged with other slots' tokens). A reused prefix ends where a
+        chunk of this layout ends and the reused KV was laid out the same way up to there (a chat's next turn
+        reuses its previous prompt up to the turn that now holds the answer); so the KV and the last token's
+        logits are bit for bit those of a cold prefill. Each position also sits in the same KV
         cell as in the cold prefill (position p in cell p of the slot's stream, head after the last): attention
         sums cells in cell order (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes
         back to the reuse point). The state saved to the disk cache is the KV after the first L−1 tokens.
@@ -439,14 +462,15 @@ class Runtime:
         sampler = self._sampler(d)
         allowed = request.prefix_cache and self.reuse_ok
         busy = set(range(self.n_slots)) - set(free)
-        live = {i: self.live_prefix(self.slots[i], tokens) if allowed else 0 for i in free}
+        bounds = self.layout(tokens)
+        live = {i: self.live_prefix(self.slots[i], tokens, bounds) if allowed else 0 for i in free}
         slot = max((self.slots[i] for i in free),
                    key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
-        copied = self._copy_longer(slot, tokens, live[slot.seq_id]) if allowed else None
+        copied = self._copy_longer(slot, tokens, live[slot.seq_id], bounds) if allowed else None
         if copied is not None:
             live[slot.seq_id] = len(slot.tokens)
         seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
-        seq.tokens, seq.sampler = tokens, sampler
+        seq.tokens, seq.sampler, seq.bounds = tokens, sampler, bounds
         seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
         seq.room = n_ctx - len(tokens)
         if thinks:
@@ -468,7 +492,7 @@ class Runtime:
             seq.metrics["cache_reuse_reason"] += f" (copied from slot {copied})"
         return seq
 
-    def _copy_longer(self, dst: _Slot, tokens: list[int], have: int) -> int | None:
+    def _copy_longer(self, dst: _Slot, tokens: list[int], have: int, bounds: list[int]) -> int | None:
         """Give ``dst`` another slot's live prefix of ``tokens`` when it is longer than ``have`` tokens and
         worth a copy (at least ``MIN_COPY_TOKENS``): llama.cpp copies the whole KV stream of a non-unified
         cache (``llama_memory_seq_cp`` across streams, applied at the next ``llama_decode``), so every cell
@@ -479,7 +503,7 @@ class Runtime:
         for other in self.slots:
             if other is dst or not other.tokens:
                 continue
-            n = self.live_prefix(other, tokens)
+            n = self.live_prefix(other, tokens, bounds)
             if n > best:
                 best, src = n, other
         if src is None or best - have < MIN_COPY_TOKENS:
@@ -489,22 +513,20 @@ class Runtime:
         if best < len(src.tokens):
             lib.llama_memory_seq_rm(self.mem, dst.seq_id, best, -1)
         dst.tokens = src.tokens[:best]
-        dst.canonical_upto = min(src.canonical_upto, best)
-        dst.layout_len = src.layout_len if best == len(tokens) - 1 else 0
+        dst.bounds = {b for b in src.bounds if b <= best}
         return src.seq_id
 
     def _reuse(self, seq: LlamaSeq, slot: _Slot, reuse: int, allow_reuse: bool, disk: bool = True) -> None:
         """Keep (``reuse`` tokens of the live KV, ``live_prefix``) or restore (disk) the longest exact prefix of
         ``seq.tokens`` in ``slot``; drop the rest. ``disk`` False: no disk lookup (a stream copy into the slot
         is pending until the next ``llama_decode`` and would overwrite a restored state)."""
-        C = self.settings.n_batch
         tokens, metrics = seq.tokens, seq.metrics
         L = len(tokens)
         allowed = allow_reuse and self.reuse_ok
         cache = self.prefix_cache if allowed and disk else None
         source = "memory" if reuse else "none"
         if cache is not None:
-            got = cache.restore_longest(self, slot, tokens, reuse, metrics)
+            got = cache.restore_longest(self, slot, tokens, reuse, metrics, seq.bounds)
             if got > reuse:
                 reuse, source = got, "disk"
             elif not slot.tokens:  # a rejected entry: the slot was cleared, nothing is reusable
@@ -514,8 +536,7 @@ class Runtime:
             lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
             reuse, source = 0, "none"
         slot.tokens = tokens[:reuse]
-        slot.canonical_upto = min(slot.canonical_upto, reuse - reuse % C)
-        slot.layout_len = L if reuse == L - 1 else 0
+        slot.bounds = {b for b in slot.bounds if b <= reuse}
         seq.pos = seq.reused = reuse
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
@@ -529,7 +550,7 @@ class Runtime:
         if reuse:
             where = "restored from disk" if source == "disk" else "live KV cache"
             part = ("all but the last prompt token" if reuse == L - 1
-                    else f"{reuse // C} whole chunk(s) of {C} tokens")
+                    else f"{reuse} tokens, up to a chunk end of the prompt's layout")
             return "exact", f"{where}: {part}"
         if not allow_reuse:
             return "cold", "prefix reuse off for this request"
@@ -538,14 +559,14 @@ class Runtime:
                             "equal a cold prefill")
         if metrics.get("cache_error"):
             return "cold", f"prefix-cache entry rejected: {metrics['cache_error']}"
-        if L - 1 < C:
+        if L - 1 < C and not self.turn_breaks:
             return "cold", f"prompt shorter than one chunk ({C} tokens) and not a repeat of the last prompt"
         return "cold", "no cached prefix of this prompt (live or on disk)"
 
     def chunk_tokens(self, seq: LlamaSeq) -> int:
         """Prompt tokens the next ``prefill_step`` of ``seq`` evaluates (0 when only the last one is left: it
         joins the next decode step)."""
-        return min(seq.pos + self.settings.n_batch, len(seq.tokens) - 1) - seq.pos
+        return next_bound(seq.bounds, seq.pos) - seq.pos if seq.pos < len(seq.tokens) - 1 else 0
 
     def prefill_step(self, seqs: list[LlamaSeq]) -> None:
         """Evaluate the next canonical chunk of each of ``seqs``' prompts (at most ``n_batch`` tokens each),
@@ -579,11 +600,10 @@ class Runtime:
             slot, tokens = self.slots[seq.slot], seq.tokens
             L = len(tokens)
             if seq.pos < L - 1:
-                start, end = seq.pos, min(seq.pos + C, L - 1)
+                start, end = seq.pos, next_bound(seq.bounds, seq.pos)
                 self._decode([(slot.seq_id, start, tokens[start:end])])
                 slot.tokens.extend(tokens[start:end])
-                if end - start == C:
-                    slot.canonical_upto = end
+                slot.bounds.add(end)
                 seq.pos = end
             if seq.pos == L - 1:
                 self._prompt_in(seq)
@@ -593,8 +613,8 @@ class Runtime:
         make the last prompt token pending."""
         slot, tokens = self.slots[seq.slot], seq.tokens
         L = len(tokens)
-        slot.layout_len = 0 if merged else L
         if merged:
+            slot.bounds = set()  # merged with other prompts' tokens: not a cold prefill's KV
             seq.metrics["prefill_shared"] = True
         cache = self.prefix_cache if seq.request.prefix_cache and self.reuse_ok else None
         if seq.reused < L - 1 and cache is not None and not merged:

@@ -1,0 +1,96 @@
+"""The canonical prefill layout: where a prompt's chunks begin and end (pure logic, no llama.cpp).
+
+llama.cpp's CPU kernels give slightly different numbers for the same row in batches of different shapes (a
+prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few greedy tokens; docs/prefix-cache.md). So
+the runtime prefills every prompt in one layout that depends on its tokens alone, and reuses (live KV, another
+slot's, or a disk entry) only a prefix that ends where a chunk of that layout ends and was laid out the same
+way: the KV and the last prompt token's logits are then bit for bit those of a cold prefill.
+
+The layout of a prompt of L tokens: cut before every *turn break* (the token that opens the assistant's turn
+in the model's chat template, and with it every turn where one token opens them all: Gemma's
+``<start_of_turn>``, ChatML's ``<|im_start|>``, Llama 3's ``<|start_header_id|>``, ``Assistant`` of a base
+model's plain transcript; ``turn_break_token``), cut each piece into chunks of at most ``chunk`` (``n_batch``)
+tokens from its start, and cut at L−1 (the last prompt token is evaluated alone with the first decode step).
+Cutting at turn breaks is what lets a chat's next turn reuse all of the previous turn's prompt up to its
+answer, instead of the previous prompt cut down to a multiple of ``chunk``: the previous prompt ended inside
+the turn that now holds the answer, and that turn begins at a break, which is a cut in both layouts.
+
+Why the bounds agree between two prompts: a cut at position p other than the final L−1 depends only on
+tokens ≤ p (a break token at p, or p − chunk being a cut with no break in between), so two prompts that
+share their first n tokens have the same cuts below n, but for the shorter one's final cut. A cut at n
+itself, and that final cut, are checked on both sides (``Slot.bounds`` keeps where the slot's KV ends a
+chunk; ``usable``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Iterable
+
+
+def layout_bounds(tokens: list[int], chunk: int, breaks: Iterable[int] = ()) -> list[int]:
+    """The positions (sorted, each in 1 … L−1) where the canonical chunks of ``tokens`` (L tokens) end: every
+    turn break's position (a chunk never spans one), every ``chunk`` tokens after a cut, and L−1 (the
+    prefill's end). [] when L ≤ 1. ``chunk``: tokens per chunk at most (>= 1). Raises ``ValueError`` for a
+    chunk < 1."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    end = len(tokens) - 1
+    if end < 1:
+        return []
+    brk = frozenset(breaks)
+    out: list[int] = []
+    start = 0
+    for p in range(1, end):
+        if tokens[p] in brk or p - start == chunk:
+            out.append(p)
+            start = p
+    out.append(end)
+    return out
+
+
+def next_bound(bounds: list[int], pos: int) -> int:
+    """The first of ``bounds`` after ``pos`` (where the chunk starting at ``pos`` ends). Raises
+    ``ValueError`` when none is: the prefill is complete."""
+    i = bisect.bisect_right(bounds, pos)
+    if i == len(bounds):
+        raise ValueError(f"no chunk of this layout starts at token {pos}")
+    return bounds[i]
+
+
+def usable(bounds: list[int], n: int, have: set[int] | frozenset[int] | None = None) -> int:
+    """The most tokens of a prompt whose layout ends chunks at ``bounds`` that a KV holding the same first
+    ``n`` tokens gives back exactly: the largest bound ≤ ``n`` that the KV also ends a chunk at (``have``:
+    the KV's own bounds, a ``Slot.bounds``; None: any bound ≤ ``n``, e.g. a disk entry of exactly ``n``
+    tokens, which ends at ``n`` and shares every cut below it). 0 when none."""
+    i = bisect.bisect_right(bounds, n)
+    while i > 0:
+        b = bounds[i - 1]
+        if have is None or b in have:
+            return b
+        i -= 1
+    return 0
+
+
+def turn_break_token(tokens_a: list[int], tokens_b: list[int], is_control: Callable[[int], bool],
+                     is_blank: Callable[[int], bool]) -> int | None:
+    """The token that opens the assistant's turn in a chat template, from the tokens of two one-user-message
+    prompts with different messages, each rendered with the generation prompt (``tokens_a``, ``tokens_b``).
+    Their common tail is the user turn's close and the generation prompt. In it: the control token
+    (``is_control``) that also occurs earlier in ``tokens_a`` (it opens every turn: Gemma's
+    ``<start_of_turn>``, ChatML's ``<|im_start|>``, Llama 3's ``<|start_header_id|>``); else the tail's first
+    token that is not blank (``is_blank``: whitespace only), e.g. ``Assistant`` of a plain transcript. None
+    when the tails share nothing (a template whose generation prompt is empty): the layout then cuts every
+    ``chunk`` tokens only."""
+    n = 0
+    while n < min(len(tokens_a), len(tokens_b)) and tokens_a[-1 - n] == tokens_b[-1 - n]:
+        n += 1
+    if n == 0:
+        return None
+    tail_at = len(tokens_a) - n
+    tail = tokens_a[tail_at:]
+    before = set(tokens_a[:tail_at])
+    for t in tail:
+        if is_control(t) and t in before:
+            return t
+    return next((t for t in tail if not is_control(t) and not is_blank(t)), None)

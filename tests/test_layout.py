@@ -1,0 +1,68 @@
+"""The canonical prefill layout (app/engine/layout.py): where chunks end, what a KV of a shared prefix gives
+back, and which control token opens a turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.layout import layout_bounds, next_bound, turn_break_token, usable
+
+B = 9  # the turn break in these token lists
+
+
+def test_chunks_of_n_batch_without_breaks_cut_at_l_minus_1():
+    assert layout_bounds(list(range(10)), 4) == [4, 8, 9]
+    assert layout_bounds(list(range(9)), 4) == [4, 8]
+    assert layout_bounds([1], 4) == [] and layout_bounds([], 4) == []
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        layout_bounds([1, 2], 0)
+
+
+def test_a_break_starts_a_chunk_and_the_count_restarts_there():
+    toks = [0, B, 1, 2, 3, 4, 5, B, 6, 7, 8]
+    assert layout_bounds(toks, 4, {B}) == [1, 5, 7, 10]
+    assert [next_bound([1, 5, 7, 10], p) for p in (0, 1, 5, 7)] == [1, 5, 7, 10]
+    with pytest.raises(ValueError, match="no chunk"):
+        next_bound([1, 5, 7, 10], 10)
+
+
+def test_the_next_turn_reuses_the_previous_prompt_up_to_the_turn_that_now_holds_the_answer():
+    # turn 1: [bos] B user… B model \n | turn 2 adds the answer, its end, and a new user turn
+    t1 = [0, B, 11, 12, 13, 14, 15, 16, B, 21, 22]
+    t2 = t1 + [31, 32, 33, 40, B, 17, 18, B, 21, 22]
+    b1, b2 = layout_bounds(t1, 4, {B}), layout_bounds(t2, 4, {B})
+    have = set(b1)  # the slot after turn 1's prefill
+    common = len(t1)  # the answer's tokens follow in both (decoded, not laid out)
+    assert usable(b2, common, have) == 8  # up to the break that opens the model turn
+    # without breaks only whole chunks of 4 would be kept
+    assert usable(layout_bounds(t2, 4), common, set(layout_bounds(t1, 4))) == 8
+    assert usable(layout_bounds(t2, 8), common, set(layout_bounds(t1, 8))) == 8
+    assert usable(layout_bounds(t2, 16, {B}), common, set(layout_bounds(t1, 16, {B}))) == 8
+    assert usable(layout_bounds(t2, 16), common, set(layout_bounds(t1, 16))) == 0
+
+
+def test_a_bound_at_the_shared_length_counts_only_when_the_kv_ends_a_chunk_there():
+    toks = list(range(10, 20)) + [B] + list(range(10, 20))
+    b = layout_bounds(toks, 4, {B})
+    assert b == [4, 8, 10, 14, 18, 20]
+    assert usable(b, 10, {4, 8, 10}) == 10
+    assert usable(b, 10, {4, 8}) == 8  # the KV's chunk did not end at 10 (another token there, no break)
+    assert usable(b, 10) == 10  # a disk entry of exactly 10 tokens ends there
+    assert usable(b, 9) == 8 and usable(b, 3, {4}) == 0
+
+
+def test_turn_break_token_from_the_common_tail_of_two_renders():
+    control = {2, 105, 106, 128006, 128007, 128009}.__contains__
+    blank = {10, 11}.__contains__  # "\n", "\n\n"
+    # gemma: <bos> <start_of_turn> user \n MSG <end_of_turn> \n <start_of_turn> model \n
+    gemma_a, gemma_b = [2, 105, 50, 10, 7, 106, 10, 105, 51, 10], [2, 105, 50, 10, 8, 9, 106, 10, 105, 51, 10]
+    assert turn_break_token(gemma_a, gemma_b, control, blank) == 105
+    # llama 3: <|start_header_id|> user <|end_header_id|> MSG <|eot_id|> <|start_header_id|> assistant <|e_h|>
+    l3_a = [128006, 60, 128007, 7, 128009, 128006, 61, 128007, 10]
+    l3_b = [128006, 60, 128007, 8, 9, 128009, 128006, 61, 128007, 10]
+    assert turn_break_token(l3_a, l3_b, control, blank) == 128006
+    # a transcript: preamble User : MSG \n Assistant :
+    tr_a, tr_b = [2, 40, 41, 70, 71, 7, 10, 80, 71], [2, 40, 41, 70, 71, 8, 9, 10, 80, 71]
+    assert turn_break_token(tr_a, tr_b, control, blank) == 80
+    assert turn_break_token([2, 7], [2, 8], control, blank) is None  # nothing after the message
+    assert turn_break_token([], [], control, blank) is None
