@@ -133,3 +133,23 @@ def test_adjacent_markers_cite_the_same_sentence():
     cites = check_citations(answer, parse_citations(answer, [a, b]), [a, b])
     spans = {answer[c.sentence_start:c.sentence_end].split("[")[0].strip() for c in cites}
     assert spans == {"Store below 25 °C"} and [c.supported for c in cites] == [True, False]
+
+
+def test_break_it_signs_marker_first_stacked_markers_and_a_bare_marker():
+    from app.assistant.evidence import checked_citations
+    from app.retrieval.citecheck import missing_facts
+    from app.retrieval.rag import parse_citations
+    from app.retrieval.types import Evidence
+
+    assert missing_facts("Freeze at −18 °C.", "Freeze at 18 °C.") == ["-18 °C"]
+    assert missing_facts("It is 18 °C.", "It is -18 °C.") == ["18 °C"]
+    assert missing_facts("Freeze at -18 °C.", "Freeze at −18 °C.") == []
+    assert missing_facts("Use 5-10 g, dated 2024-03-05.", "Use 5-10 g of tea (2024-03-05).") == []  # not signs
+    a = Evidence("a1b2c3d4e5f6", "/a", None, 1, "X is PELICAN.", 0, 13)
+    b = Evidence("0f0e0d0c0b0a", "/b", None, 1, "Y.", 0, 2)
+    s = "X is PELICAN [E:a1b2c3d4e5f6] [E:0f0e0d0c0b0a]."
+    assert [s[c.sentence_start:c.sentence_end] for c in parse_citations(s, [a, b])] == ["X is PELICAN "] * 2
+    first = checked_citations("[E:a1b2c3d4e5f6] X is 99 kg.", [a])  # the marker opens its sentence
+    assert (first[0]["sentence_start"], first[0]["sentence_end"], first[0]["supported"]) == (17, 28, False)
+    bare = checked_citations("[E:a1b2c3d4e5f6]", [a])
+    assert bare[0]["supported"] is False and "no sentence" in bare[0]["support"]["reason"]

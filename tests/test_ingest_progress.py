@@ -152,3 +152,12 @@ def test_stop_after_document_without_a_stop_is_the_plain_callback():
     cb(Progress(files_total=1, files_done=1))
     assert len(seen) == 1
     stop_after_document(None, threading.Event())(Progress(files_total=1))  # no callback: fine
+
+
+def test_break_it_bytes_past_the_total_are_not_done_until_every_file_is():
+    from app.retrieval.progress import eta_text, figures
+    from app.retrieval.types import Progress
+
+    f = figures(Progress(files_total=3, files_done=1, bytes_read=120, bytes_total=100, elapsed_s=5))
+    assert f.percent == 99 and not f.finished
+    assert eta_text(f).startswith("Finishing: 2 file(s)")

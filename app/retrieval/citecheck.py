@@ -24,6 +24,7 @@ Sentences with no marker are not checked (nothing is claimed from a source).
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -61,8 +62,9 @@ _UNIT_ALIASES = {
 }
 _CURRENCY = {"£": "£", "€": "€", "$": "$", "¥": "¥"}
 _UNIT_RE = "|".join(sorted((re.escape(u) for u in _UNIT_ALIASES), key=len, reverse=True))
-_NUMBER = re.compile(
-    r"(?P<cur>[£€$¥])?\s?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
+_NUMBER = re.compile(  # a sign only where it cannot be a range or a date's dash ("5-10", "2024-03-05")
+    r"(?P<cur>[£€$¥])?\s?(?:(?<![\w.-])(?P<sign>-)(?=\d))?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
     r"(?:\s?(?P<unit>" + _UNIT_RE + r")(?![\w°]))?", re.IGNORECASE)
 _CODE = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z][\w]*(?:-\w+)*\b")
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
@@ -131,13 +133,20 @@ def facts(sentence: str) -> list[Fact]:
         if _inside_code(text, m.start("num"), m.end("num")):
             continue
         unit = m.group("unit")
-        out.append(Fact("number", _num(m.group("num")), m.group(0).strip(),
+        out.append(Fact("number", _signed(m), m.group(0).strip(),
                         _UNIT_ALIASES.get(unit.lower()) if unit else None, m.group("cur")))
     for w in _WORD.findall(text):
         lw = w.lower()
         if lw in _MONTH_WORDS or lw in _DAY_WORDS:
             out.append(Fact("date", lw[:3] if lw in _MONTH_WORDS else lw, w))
     return out
+
+
+def _signed(m: re.Match) -> str:
+    """A ``_NUMBER`` match's value with its sign: ``-18`` and ``18`` are different facts (a freezer at
+    −18 °C is not one at 18 °C)."""
+    n = _num(m.group("num"))
+    return f"-{n}" if m.group("sign") and n != "0" else n
 
 
 def _inside_code(text: str, a: int, b: int) -> bool:
@@ -156,7 +165,7 @@ def _passage_facts(passage: str) -> tuple[set, set, set, set]:
     text = _fold(passage)
     numbers, with_unit, with_cur = set(), set(), set()
     for m in _NUMBER.finditer(text):
-        n = _num(m.group("num"))
+        n = _signed(m)
         numbers.add(n)
         if m.group("unit"):
             with_unit.add((n, _UNIT_ALIASES.get(m.group("unit").lower())))
@@ -253,6 +262,7 @@ class CitationChecker:
         if not pairs:
             return []
         sims: list[float | None] = list(self.similarities(pairs)) if self.embed is not None else [None] * len(pairs)
+        sims = [x if x is None or math.isfinite(x) else None for x in sims]  # a broken vector: facts only
         return [self._verdict(missing_facts(s, p), sim) for (s, p), sim in zip(pairs, sims)]
 
     def _verdict(self, missing: list[str], sim: float | None) -> SupportCheck:

@@ -29,6 +29,7 @@ Plain Python, no Qt: tested in ``tests/test_ingest_progress.py``.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,8 @@ class Figures:
 
     @property
     def percent(self) -> int:
-        return int(self.fraction * 100 + 1e-9)
+        done = int(min(1.0, self.fraction) * 100 + 1e-9)
+        return done if self.finished else min(done, 99)  # a file that grew while read: not done until it is
 
     @property
     def finished(self) -> bool:
@@ -130,8 +132,10 @@ def eta_text(f: Figures) -> str:
     """What the ETA estimates, in words; "" once every file is done."""
     if f.finished:
         return ""
-    if f.eta_s is None:
+    if f.eta_s is None or not math.isfinite(f.eta_s):
         return "Estimating the time left (after the first file)…"
+    if f.eta_s < 1:  # the bytes are read but files are still being embedded or written (or grew while read)
+        return f"Finishing: {f.files_total - f.files_done:,} file(s) still being indexed"
     return (f"ETA {format_duration(f.eta_s)}: time until all {f.files_total:,} files are indexed, "
             f"at the rate measured so far")
 

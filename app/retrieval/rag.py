@@ -117,13 +117,42 @@ def parse_citations(answer: str, evidence: Iterable[Evidence] | Mapping[str, Evi
     pool = list(evidence.values()) if isinstance(evidence, Mapping) else list(evidence)
     out: list[Citation] = []
     for m in _MARKER.finditer(answer):
-        start = _sentence_start(answer, m.start())
+        start, end = _claim_span(answer, m)
         for raw in _ID.findall(m.group(1)):
             ev = _lookup(raw.lower(), pool)
             if ev is not None:
-                c = _citation(ev, answer[start:m.start()], m.start(), m.end())
-                out.append(replace(c, sentence_start=start, sentence_end=m.start()))
+                c = _citation(ev, answer[start:end], m.start(), m.end())
+                out.append(replace(c, sentence_start=start, sentence_end=end))
     return out
+
+
+def _claim_span(answer: str, m: re.Match) -> tuple[int, int]:
+    """The span of the sentence marker ``m`` cites (str indices, markers excluded): the sentence before it,
+    ending before the first of a run of markers ("claim [E:a] [E:b]"); when nothing is before it (a marker
+    that opens its sentence, "[E:a] The jug holds 1.7 litres."), the sentence after it."""
+    start = _sentence_start(answer, m.start())
+    end = m.start()
+    while True:
+        head = answer[start:end].rstrip()
+        prev = next((p for p in _MARKER.finditer(answer, start, start + len(head))
+                     if p.end() == start + len(head)), None)
+        if prev is None:
+            break
+        end = prev.start()
+    if answer[start:end].strip():
+        return start, end
+    after = m.end()
+    nxt = _MARKER.search(answer, after)
+    while nxt is not None and not answer[after:nxt.start()].strip():  # "[E:a] [E:b] The claim."
+        after = nxt.end()
+        nxt = _MARKER.search(answer, after)
+    while after < len(answer) and answer[after] in " \t\n":
+        after += 1
+    stop = _SENTENCE_END.search(answer, after)
+    end = stop.end() if stop is not None and answer[stop.start()] != "\n" else (stop.start() if stop else len(answer))
+    if nxt is not None:
+        end = min(end, nxt.start())
+    return (after, end) if answer[after:end].strip() else (start, start)
 
 
 def check_citations(answer: str, citations: Sequence[Citation], evidence: Iterable[Evidence],
@@ -131,13 +160,19 @@ def check_citations(answer: str, citations: Sequence[Citation], evidence: Iterab
     """``citations`` (of ``answer``, from ``parse_citations``) with ``supported`` and ``support`` set: each
     citing sentence checked against its cited passage's full text by ``checker`` (an
     ``app.retrieval.citecheck.CitationChecker``; None: one without embeddings, facts only). One embedding
-    call for the whole answer."""
+    call for the whole answer. A marker with no sentence next to it (a bare ``[E:id]``) is not supported:
+    it claims nothing that could be checked."""
     from app.retrieval.citecheck import CitationChecker
 
     checker = checker or CitationChecker(None)
     texts = {e.evidence_id: e.text for e in evidence}
+    from app.retrieval.citecheck import SupportCheck
+
     pairs = [(answer[c.sentence_start:c.sentence_end], texts.get(c.evidence_id, c.quote)) for c in citations]
-    verdicts = checker.check_many(pairs)
+    claims = [i for i, (sentence, _p) in enumerate(pairs) if _MARKER.sub("", sentence).strip()]
+    verdicts: list = [SupportCheck(False, (), None, None, "no sentence next to the marker to check")] * len(pairs)
+    for i, v in zip(claims, checker.check_many([pairs[i] for i in claims]) if claims else ()):
+        verdicts[i] = v
     return [replace(c, supported=v.supported, support=v.to_dict()) for c, v in zip(citations, verdicts)]
 
 
