@@ -114,6 +114,10 @@ def test_thinking_block(fake):
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "invalid_request_error"),
     ({"max_tokens": 8, "messages": HI, "model": "claude-3-opus"}, 404, "not_found_error"),
+    ({"max_tokens": "8", "messages": HI}, 400, "invalid_request_error"),  # a string is not coerced
+    ({"max_tokens": 8, "messages": HI, "thinking": {"type": "enabled"}}, 400, "invalid_request_error"),
+    ({"max_tokens": 8, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": -1}}, 400,
+     "invalid_request_error"),
 ])
 def test_errors_in_anthropic_shape(fake, body, status, kind):
     _eng, srv, _ = fake
@@ -121,8 +125,10 @@ def test_errors_in_anthropic_shape(fake, body, status, kind):
     assert r.status_code == status, r.text
     j = r.json()
     assert j["type"] == "error" and j["error"]["type"] == kind and j["error"]["message"]
-    if body.get("max_tokens") is None:
+    if body.get("max_tokens") is None or isinstance(body.get("max_tokens"), str):
         assert "max_tokens" in j["error"]["message"]
+    if "thinking" in body:
+        assert "thinking.budget_tokens" in j["error"]["message"]
 
 
 def test_x_api_key_is_accepted_like_the_bearer_key():

@@ -158,6 +158,7 @@ class Generation(StreamHandle):
         self.done: Done | None = None
         self.thinks: bool | None = None  # the request may think (known once admitted)
         self.thought_closed = False  # answer text came after thinking text
+        self._stopped = False  # stop_thinking was sent
         self._call: Optional[MuxCall] = None
         self._iter = engine._run(self)
 
@@ -165,11 +166,12 @@ class Generation(StreamHandle):
         """End this request's thinking at its next token (budget forcing: the end-of-thinking text is inserted
         and the model goes on with its answer). True when it will: the request runs (or waits) and may think,
         and its thinking has not ended yet; False otherwise (finished, a model and request without thinking,
-        or the answer already began after thinking). Any thread."""
+        or the answer already began after thinking, or an earlier call already asked). Any thread."""
         call = self._call
-        if self.done is not None or call is None or self.thinks is False or self.thought_closed:
+        if self.done is not None or call is None or self.thinks is False or self.thought_closed or self._stopped:
             return False
-        return call.control("stop_thinking")
+        self._stopped = call.control("stop_thinking")  # a second call: already asked, the end is on its way
+        return self._stopped
 
     def cancel(self) -> None:
         """Stop this request (only this one): within one scheduler step, or before it starts."""

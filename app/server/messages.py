@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from app.engine.tool_parser import ArgsPiece, CallStart, TextPiece
 from app.errors import InvalidRequest
@@ -63,7 +63,7 @@ class MessagesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: Optional[str] = None
-    max_tokens: int = Field(..., description="required, as in Anthropic's API")
+    max_tokens: StrictInt = Field(..., description="required, as in Anthropic's API (a number, not a string)")
     messages: list[MessageIn]
     system: Optional[Union[str, list[dict[str, Any]]]] = None
     stop_sequences: Optional[list[str]] = None
@@ -189,7 +189,11 @@ def chat_body(body: MessagesRequest) -> ChatCompletionRequest:
     effort = None
     t = body.thinking or {}
     if t.get("type") == "enabled":
-        hearth.setdefault("reasoning_budget", t.get("budget_tokens"))
+        budget = t.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidRequest(f"thinking.budget_tokens must be a whole number of tokens >= 0 when thinking is "
+                                 f"enabled, got {budget!r}", param="thinking.budget_tokens")
+        hearth.setdefault("reasoning_budget", budget)
     elif t.get("type") == "disabled":
         effort = "none"
     elif t:
