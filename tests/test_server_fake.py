@@ -215,6 +215,20 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(c, path, body):
     assert e["param"] in ("messages[0].content", "prompt") and "surrogate" in e["message"]
 
 
+@pytest.mark.parametrize("path,body,param,says", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0]",
+     "valid dictionary"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text", "needs a string 'text'"),
+    ("/v1/responses", {"input": [1, 2]}, "input[0]", "valid dictionary"),
+])
+def test_a_list_of_parts_that_are_not_objects_names_the_part(c, path, body, param, says):
+    """A string-or-parts field fails once per union branch; the error names the deepest one, not "should be
+    a valid string"."""
+    e = err(c.post(path, json={"model": "fake-model", **body}), 400)
+    assert e["param"] == param and says in e["message"] and "valid string" not in e["message"]
+
+
 # -- SSE ---------------------------------------------------------------------------------------------------
 def test_stream_format_finish_reason_and_usage(c):
     plain = c.post("/v1/chat/completions", json={"messages": USER}).json()

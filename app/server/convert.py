@@ -210,9 +210,13 @@ def _content(content: Any, i: int) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if part.get("type") != "text":
             raise InvalidRequest(f"{param}[{j}]: only text content parts are supported, got type "
                                  f"{part.get('type')!r}", param=f"{param}[{j}]")
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"{param}[{j}].text: a text content part needs a string 'text', got "
+                                 f"{type(part.get('text')).__name__ if 'text' in part else 'none'}",
+                                 param=f"{param}[{j}].text")
         texts.append(part["text"])
     return "\n".join(texts)
 

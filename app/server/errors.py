@@ -202,6 +202,14 @@ def from_validation(exc: RequestValidationError) -> ApiError:
     if kind == "json_invalid":
         return ApiError(400, "invalid_request_error", "the request body is not valid JSON", None, "invalid_json")
     param = _loc_to_param(tuple(e.get("loc", ())))
+    if param is not None and kind != "missing":
+        # A union (a string or a list of parts) fails once per branch, the string's first: the deepest error
+        # under the same parameter names what is wrong ("messages[0].content[0]: a valid dictionary").
+        deeper = [(len(q), x) for x in errs[1:]
+                  if (q := _loc_to_param(tuple(x.get("loc", ())))) and q.startswith(param) and len(q) > len(param)]
+        if deeper:
+            e = max(deeper, key=lambda t: t[0])[1]
+            kind, param = e.get("type", ""), _loc_to_param(tuple(e.get("loc", ())))
     if param is None:
         return ApiError(400, "invalid_request_error", "the request body must be a JSON object", None,
                         "invalid_request")
