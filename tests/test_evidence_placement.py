@@ -98,3 +98,62 @@ def test_an_elliptical_follow_up_is_searched_with_the_question_before_it(questio
                 ChatMessage("user", question))
     want = f"How much water can the kettle hold?\n{question}" if follow_up else question
     assert search_query(messages, 2) == want and search_query(messages, 0) == messages[0].content
+
+
+def stored_chat(engine, docs, store, questions, k=1):
+    """The same chat through the stored chat's turn pipeline (``Assistant.send``): the prompts the engine got."""
+    from app.assistant import Assistant
+    from app.engine.types import DecodingParams
+
+    a = Assistant(engine, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=32), documents=docs, k=k,
+                  system_prompt="Answer briefly.")
+    cid = a.new_conversation()
+    dones = [a.send(cid, q) for q in questions]
+    return [render_text(r) for r in engine.seen], dones
+
+
+def test_the_stored_chat_places_evidence_as_grounding_does(docs, memory_store):
+    """The window's chat (``Assistant.turn``) grounds its context with ``ground``: each question's evidence in
+    its own turn, so each prompt begins with the previous one and its answer; the same text as the stateless
+    path, the evidence shown and cited is every passage in the prompt, the breakdown counts all of it."""
+    engine = FakeEngine(n_ctx=8192)
+    prompts, dones = stored_chat(engine, docs, memory_store, QUESTIONS)
+    for i in range(1, len(prompts)):
+        answer = dones[i - 1].result.text
+        assert prompts[i].startswith(prompts[i - 1] + f" {answer}\n"), i
+    stateless, _ = chat(FakeEngine(n_ctx=8192), docs, QUESTIONS[:1])
+    assert prompts[0] == stateless[0]  # one question: the same prompt as the port's
+    first = dones[0].evidence[0]
+    assert [len(d.evidence) for d in dones] == [1, 2, 3, 3]
+    assert dones[-1].evidence[0] == first and prompts[-1].count(first["text"]) == 1
+    assert f"Also relevant, given above: [E:{first['evidence_id']}]" in prompts[-1]
+    ctx = dones[-1].result.context
+    blocks = sum(engine.count_tokens(b) for b in _blocks(prompts[-1]))
+    assert ctx["evidence"] == blocks > 0
+
+
+def _blocks(prompt: str) -> list[str]:
+    """The evidence blocks of a fake-rendered prompt: each user turn's text before its question."""
+    out = []
+    for line in prompt.split("\nuser: ")[1:]:
+        body = line.split("\nassistant:")[0]
+        for q in QUESTIONS:
+            if body.endswith(q) and body != q:
+                out.append(body[: -len(q)])
+                break
+    return out
+
+
+def test_stored_chat_citations_resolve_against_earlier_turns_passages(docs, memory_store):
+    from app.assistant import Assistant
+    from app.engine.types import DecodingParams
+
+    first = docs.search(QUESTIONS[0], 1).evidence[0]
+    engine = FakeEngine(n_ctx=8192, reply=lambda req: f"Thirty minutes [E:{first.evidence_id}].")
+    a = Assistant(engine, memory_store, decoding=DecodingParams.make(temperature=0.0, max_tokens=32), documents=docs,
+                  k=1)
+    cid = a.new_conversation()
+    a.send(cid, QUESTIONS[0])
+    done = a.send(cid, QUESTIONS[1])  # its own search finds the error passage; the answer cites turn 1's
+    assert [c["evidence_id"] for c in done.citations] == [first.evidence_id]
+    assert "supported" in done.citations[0]

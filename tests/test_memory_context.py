@@ -175,3 +175,47 @@ def test_a_passage_too_long_for_the_room_is_skipped_whole_and_a_shorter_one_stil
     assert plan.evidence_kept == (1, 2) and plan.evidence_dropped == 1
     assert "big" not in final and final.index("small passage") < final.index("mid mid")  # rank order kept
     assert final.count(EVIDENCE_HEADER) == 1
+
+
+@dataclass
+class G:
+    tokens: int
+
+
+def word_grounder(n: int):
+    """A ``Grounder`` that puts ``n`` evidence words before each user message's text (and records its calls)."""
+    calls: list[tuple[ChatMessage, ...]] = []
+
+    def ground(messages):
+        calls.append(messages)
+        out = tuple(ChatMessage("user", " ".join(["ev"] * n) + " " + m.content) if m.role == "user" else m
+                    for m in messages)
+        return out, G(n * sum(m.role == "user" for m in messages))
+    return ground, calls
+
+
+def test_a_grounder_puts_evidence_in_every_user_message_and_is_counted() -> None:
+    ground, calls = word_grounder(5)
+    b = builder()
+    plan = b.build(history(2), "q", ground=ground)
+    users = [m.content for m in plan.messages if m.role == "user"]
+    assert len(users) == 3 and all(u.startswith("ev ev ev ev ev ") for u in users)
+    assert plan.breakdown["evidence"] == 15 and plan.grounding.tokens == 15
+    plain = b.build(history(2), "q")
+    assert calls == [tuple(plain.messages)]  # the grounder sees the plan without evidence, once
+    assert plan.breakdown["free"] == plain.breakdown["free"] - 15
+    nxt = b.build([*history(2), M("u2", "user", "q"), M("a2", "assistant", "answer")], "q2", ground=ground)
+    assert [m.content for m in nxt.messages[:len(plan.messages)]] == [m.content for m in plan.messages]
+
+
+def test_a_grounded_plan_keeps_room_for_the_messages_own_evidence_before_older_turns() -> None:
+    b = builder()
+    room = b.evidence_room(0)
+    ground, calls = word_grounder(room // 2)
+    long = history(40)  # more than the budget: history is summarized / left out
+    plain = b.build(long, "q")
+    plan = b.build(long, "q", ground=ground)
+    assert calls[0] == (ChatMessage("user", "q"),)  # the message grounded alone, to size the room it needs
+    assert len(plan.history_ids) < len(plain.history_ids)  # older turns gave way to the evidence
+    b_ = plan.breakdown  # the history left room for the message's own evidence (this grounder ignores the budget)
+    assert b_["history"] + room // 2 <= b.available - b_["system"] - b_["summaries"] - b_["user"]

@@ -1,5 +1,7 @@
-"""Stateless grounding: evidence for a request that carries its own history (the HTTP port's
-``"hearth": {"documents": true}``), placed so that the next request's prompt begins with this one's.
+"""Grounding: evidence for a request that carries its own history (the HTTP port's
+``"hearth": {"documents": true}``), placed so that the next request's prompt begins with this one's. The
+stored chat (``Assistant.turn``: the window, ``hearth chat``) grounds the prompt its ``ContextBuilder`` plans
+with the same ``ground`` (``ContextBuilder.build(ground=...)``), so both place evidence one way.
 
 **Each question keeps its own evidence, in its own turn.** Every user message of the request is grounded, not
 only the last: its passages go into that user turn before its text (``app.memory.context.with_evidence``),

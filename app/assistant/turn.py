@@ -1,13 +1,16 @@
 """``Assistant``: one chat turn of a stored conversation, for every adapter (CLI, desktop, HTTP).
 
-A turn is: find evidence for the message (when the assistant has documents; limited to the documents chosen
-for the conversation) → assemble the context (``app.memory.ChatSession``: system prompt, summaries, history,
-evidence trimmed passage by passage, the message) → generate on the engine → store the streamed answer
-(``incomplete`` → ``complete``, or ``error`` with what was said) → parse, check (does each cited passage
-support the sentence citing it: ``app.retrieval.citecheck``) and store the citations. It yields
-typed events; adapters differ only in how they show them:
+A turn is: assemble the context (``app.memory.ChatSession``: system prompt, summaries, history, the message)
+and ground it (when the assistant has documents; limited to the documents chosen for the conversation): every
+user message of the prompt gets its own question's evidence, trimmed passage by passage, placed as the port's
+stateless ``app.assistant.grounding.ground`` places it, so the next turn's prompt begins with this one's →
+generate on the engine → store the streamed answer (``incomplete`` → ``complete``, or ``error`` with what was
+said) → parse, check (does each cited passage support the sentence citing it: ``app.retrieval.citecheck``)
+and store the citations (resolved against every passage in the prompt, earlier turns' too). It yields typed
+events; adapters differ only in how they show them:
 
-    EvidenceFound(evidence, notice)    the passages the model is given (after trimming), before any token
+    EvidenceFound(evidence, notice)    the passages the model is given (after trimming; every turn's, in
+                                       prompt order: earlier questions' first, this one's last), before any token
     ReasoningDelta(text)               a piece of the model's thinking (kept apart from the answer)
     TextDelta(text)                    a piece of the answer
     ToolCallRequested, ToolResultShown, ToolNotice   with a ``ToolBox``: the model's tool calls, each asked
@@ -72,7 +75,7 @@ from app.engine.tool_stream import ToolsDone, ToolStream
 from app.engine.tools import ToolChoice, ToolSpec
 from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, ReasoningRequest
 from app.memory.chat_session import ChatSession, TurnResult
-from app.memory.context import ContextPlan
+from app.memory.context import ContextPlan, Grounder
 from app.retrieval.types import Evidence
 
 log = logging.getLogger(__name__)
@@ -339,11 +342,11 @@ class Assistant:
             self.tools.reset()
         thinking = {"reasoning": self.reasoning_for(conversation_id, reasoning), "samples": self.samples}
         query = text if regenerate_of is None else self.store.get_message(regenerate_of).content
-        found = self._search(conversation_id, query or "")
+        grounder = self._grounder(conversation_id, query or "")
         specs = self.calls.tools = self.tools.specs() if self.tools is not None else ()
         opts = {**(self.tools.options(specs, 1) if self.tools is not None else {}), **thinking}
-        stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, found.evidence, opts)
-        seen = _Seen(found)
+        stream = self._stream(conversation_id, text, parent_id, edit, regenerate_of, grounder, opts)
+        seen = _Seen()
         for step in range(1, (self.tools.max_steps if self.tools is not None else 1) + 1):
             result = yield from self._relay(stream, seen)
             if result.tool_errors:
@@ -353,7 +356,7 @@ class Assistant:
                 break
             tip = yield from self.tools.run_calls(self.session, conversation_id, result.tool_calls,
                                                   result.message_id, step)
-            stream = self.session.continue_after(conversation_id, tip, evidence=ev.evidence_text(found.evidence),
+            stream = self.session.continue_after(conversation_id, tip, ground=grounder,
                                                  **self.tools.options(specs, step + 1), **thinking)
         yield self._done(result, seen.given, seen.notice)
 
@@ -362,10 +365,11 @@ class Assistant:
         ``TurnResult``."""
         for item in stream:
             if isinstance(item, ContextPlan):
-                seen.given = tuple(seen.found.evidence[i] for i in item.evidence_kept)
+                grounding = item.grounding
+                seen.given = grounding.evidence if grounding is not None else ()
                 if not seen.shown:
                     seen.shown = True
-                    seen.notice = ev.join_notices(seen.notice, ev.dropped_notice(item.evidence_dropped))
+                    seen.notice = grounding.notice if grounding is not None else None
                     if seen.given:
                         yield EvidenceFound(seen.given, seen.notice)
             elif isinstance(item, Delta):
@@ -377,26 +381,27 @@ class Assistant:
                 return item
         raise AssertionError("the session's stream ended without a TurnResult")
 
-    def _search(self, conversation_id: str, query: str) -> ev.Found:
-        """Evidence for ``query`` among the conversation's chosen documents (its ``documents`` setting; absent:
-        all). A broken index does not stop the chat: the turn is answered without evidence and says why."""
+    def _grounder(self, conversation_id: str, query: str) -> Grounder | None:
+        """What grounds this turn's prompt (``ContextBuilder.build(ground=...)``): ``grounding.ground`` over the
+        conversation's chosen documents (its ``documents`` setting; absent: all), so that each user message of
+        the prompt carries its own question's evidence, the same text on every later turn (docs/retrieval.md,
+        "Evidence placement"). None without documents or without a question."""
         if self.documents is None or not query.strip():
-            return ev.Found(())
+            return None
+        from app.assistant.grounding import ground
+
         paths = self.store.get_conversation(conversation_id).settings.get("documents")
-        try:
-            return self.documents.search(query, self.k, None if paths is None else list(paths))
-        except Exception as exc:  # noqa: BLE001 - logged with its traceback; the answer goes on without documents
-            log.exception("document search failed; answering without documents")
-            return ev.Found((), f"document search failed ({type(exc).__name__}: {exc}); answered without documents")
+        source = _ChosenDocuments(self.documents, None if paths is None else list(paths))
+        reserve = self.session.builder.max_tokens
+        return lambda messages: ground(self.engine, source, messages, k=self.k, max_tokens=reserve)
 
     def _stream(self, conversation_id: str, text: str | None, parent_id: str | None, edit: bool,
-                regenerate_of: str | None, evidence: tuple[Evidence, ...], opts: dict) -> Iterator[Any]:
-        block = ev.evidence_text(evidence)
+                regenerate_of: str | None, grounder: Grounder | None, opts: dict) -> Iterator[Any]:
         if regenerate_of is not None:
-            return self.session.regenerate(conversation_id, regenerate_of, evidence=block, **opts)
+            return self.session.regenerate(conversation_id, regenerate_of, ground=grounder, **opts)
         if edit and parent_id is None:
             self.store.set_current(conversation_id, None)  # editing the first message: a new first message
-        return self.session.stream(conversation_id, text or "", parent_id=parent_id, evidence=block, **opts)
+        return self.session.stream(conversation_id, text or "", parent_id=parent_id, ground=grounder, **opts)
 
     def _done(self, result: TurnResult, given: tuple[Evidence, ...], notice: str | None) -> TurnDone:
         """The turn's end: the answer's citations checked (``evidence.checked_citations`` with the source's
@@ -410,16 +415,30 @@ class Assistant:
 
 @dataclass
 class _Seen:
-    """What a turn has shown so far: the search's result, the passages given on the latest plan, the notice,
-    and whether ``EvidenceFound`` went out."""
+    """What a turn has shown so far: the passages in the latest plan's prompt (all its turns', prompt order),
+    the notice, and whether ``EvidenceFound`` went out."""
 
-    found: ev.Found
     given: tuple[Evidence, ...] = ()
     notice: str | None = None
     shown: bool = False
 
-    def __post_init__(self) -> None:
-        self.notice = self.found.notice
+
+class _ChosenDocuments:
+    """``documents`` searched among ``paths`` only (None: all), as ``grounding.ground`` searches a source. A
+    broken index does not stop the chat: that question is answered without evidence, and the notice says why."""
+
+    def __init__(self, documents: ev.DocumentSource, paths: list[str] | None) -> None:
+        self.documents, self.paths = documents, paths
+
+    def search(self, query: str, k: int) -> ev.Found:
+        try:
+            return self.documents.search(query, k, self.paths)
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback; the answer goes on without documents
+            log.exception("document search failed; answering without documents")
+            return ev.Found((), f"document search failed ({type(exc).__name__}: {exc}); answered without documents")
+
+    def checker(self) -> Any:
+        return self.documents.checker()
 
 
 def _model_layer(value: Layer) -> ReasoningSettings:

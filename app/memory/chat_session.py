@@ -43,7 +43,7 @@ from app.engine.tool_stream import ToolsDone
 from app.engine.tools import ToolCall
 from app.engine.types import ChatMessage, Delta, Done
 from app.errors import HearthError
-from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, SummaryRequest, Summarizer
+from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, Grounder, SummaryRequest, Summarizer
 from app.memory.records import reasoning_info_from
 from app.memory.store import Citation, Store
 
@@ -139,30 +139,32 @@ class ChatSession:
 
     def stream(self, conversation_id: str, text: str, *, parent_id: str | None = None,
                evidence: EvidenceInput = None, citations: Sequence[Citation | dict] = (),
-               **options: Any) -> Iterator[Any]:
+               ground: Grounder | None = None, **options: Any) -> Iterator[Any]:
         """Store ``text`` as a user message under ``parent_id`` (default: the conversation's tip; give the
         edited message's parent to edit), then answer it. Yields the ``ContextPlan``, the engine's events, then a
         ``TurnResult``. ``evidence``: retrieved passages for this turn (``EvidenceText``, trimmed passage by
-        passage to fit); ``citations``: stored with the answer."""
+        passage to fit, in the message); ``ground``: a ``Grounder`` instead, which puts each question's
+        evidence in its own user message (``ContextBuilder.build``); ``citations``: stored with the answer."""
         conv = self.store.get_conversation(conversation_id)
         parent = parent_id if parent_id is not None else conv.current_message_id
         user_id = self.store.append_message(conversation_id, "user", text, parent,
                                             token_count=self.builder.count(text))
         if not conv.title:
             self.store.rename(conversation_id, _title_from(text))
-        yield from self._answer(conversation_id, user_id, evidence, citations, options)
+        yield from self._answer(conversation_id, user_id, evidence, citations, options, ground)
 
     def regenerate(self, conversation_id: str, user_message_id: str, *,
                    evidence: EvidenceInput = None, citations: Sequence[Citation | dict] = (),
-                   **options: Any) -> Iterator[Any]:
+                   ground: Grounder | None = None, **options: Any) -> Iterator[Any]:
         """A new answer to an existing user message: a sibling branch of the earlier answers."""
-        yield from self._answer(conversation_id, user_message_id, evidence, citations, options)
+        yield from self._answer(conversation_id, user_message_id, evidence, citations, options, ground)
 
     def continue_after(self, conversation_id: str, message_id: str, *, evidence: EvidenceInput = None,
-                       citations: Sequence[Citation | dict] = (), **options: Any) -> Iterator[Any]:
+                       citations: Sequence[Citation | dict] = (), ground: Grounder | None = None,
+                       **options: Any) -> Iterator[Any]:
         """The next step of a turn with tools: an answer under ``message_id`` (the turn's last tool result),
         given the turn's message and its calls and results so far. Yields as ``stream`` does."""
-        yield from self._answer(conversation_id, message_id, evidence, citations, options)
+        yield from self._answer(conversation_id, message_id, evidence, citations, options, ground)
 
     def add_tool_result(self, conversation_id: str, parent_id: str, call: ToolCall, text: str, *,
                         meta: dict | None = None) -> str:
@@ -180,8 +182,8 @@ class ChatSession:
         u = max((i for i, m in enumerate(path) if m.role == "user"), default=len(path) - 1)
         return path[:u], path[u], path[u + 1:]
 
-    def plan(self, conversation_id: str, user_message_id: str,
-             evidence: EvidenceInput = None) -> tuple[ContextPlan, list[str]]:
+    def plan(self, conversation_id: str, user_message_id: str, evidence: EvidenceInput = None,
+             ground: Grounder | None = None) -> tuple[ContextPlan, list[str]]:
         """The context for answering ``user_message_id`` (or for the next step after a tool result: the turn's
         message and its calls and results so far), summarizing first while the history does not fit.
         Returns the plan and the ids of summaries added."""
@@ -190,7 +192,7 @@ class ChatSession:
         seen: set[tuple[str, str]] = set()
         for _ in range(16):
             plan = self.builder.build(history, user.content, summaries=self.store.summaries_for(conversation_id),
-                                      evidence=evidence, tail=tail)
+                                      evidence=evidence, tail=tail, ground=ground)
             req = plan.summary_request
             if req is None or plan.needs_summary in seen:
                 return plan, added
@@ -238,8 +240,8 @@ class ChatSession:
         return "".join(parts)
 
     def _answer(self, conversation_id: str, after_id: str, evidence: Any, citations: Sequence[Any],
-                options: dict) -> Iterator[Any]:
-        plan, added = self.plan(conversation_id, after_id, evidence)
+                options: dict, ground: Grounder | None = None) -> Iterator[Any]:
+        plan, added = self.plan(conversation_id, after_id, evidence, ground)
         yield plan
         meta = {"model": self.model, "context": plan.breakdown, "summary_ids": plan.summary_ids}
         aid = self.store.begin_streaming_message(conversation_id, after_id, meta=meta)

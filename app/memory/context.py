@@ -24,10 +24,15 @@ Order (stable parts first, so the next turn's prompt starts with this turn's and
   request is a roll-up: its range starts at the first message and its prompt includes the earlier summaries,
   so one summary replaces them all. A caller that cannot summarize still gets a plan that fits: the oldest
   uncovered turns are left out and listed in ``dropped_ids`` (the originals stay in the store).
-- Evidence goes into the final user message (before the question), never between history messages: it changes
-  every turn and must not break the cached prefix, and some templates (Gemma) require user/assistant turns
-  to alternate. For the same reason consecutive history messages of the same role are joined, and messages
-  with empty text (an answer that failed before its first token) are skipped.
+- Evidence goes into user messages (before the question), never between history messages: some templates
+  (Gemma) require user/assistant turns to alternate. For the same reason consecutive history messages of the
+  same role are joined, and messages with empty text (an answer that failed before its first token) are
+  skipped. Given ``evidence``, it goes into the final user message only. Given ``ground`` instead (a
+  ``Grounder``: the turn pipeline passes ``app.assistant.grounding.ground`` over the conversation's
+  documents), the builder plans the messages without evidence, with room kept for what the grounder added
+  (at most ``evidence_fraction`` of the budget), and hands them to it: each user message then carries its
+  own question's evidence, the same text in every later turn, so the next turn's prompt begins with this
+  one's (docs/retrieval.md, "Evidence placement"). This module never searches: the grounder is a callable.
 - **Tool use** (docs/ui.md, "Tools"): an assistant message with ``tool_calls`` and the ``tool`` messages that
   answer it are history like the rest (never joined with a neighbour; a call left without its result, or a
   result whose call is not in the prompt, is left out, since a template cannot render it). The current turn's
@@ -72,6 +77,18 @@ class EvidenceText:
 
 
 EvidenceInput = "EvidenceText | str | Sequence[str] | None"  # what ``build`` accepts as evidence
+
+
+class Grounded(Protocol):
+    """What a ``Grounder`` reports with the grounded messages (``app.assistant.grounding.Grounding`` fits):
+    ``tokens``, the evidence blocks' size in all turns (0 when nothing was given)."""
+
+    tokens: int
+
+
+Grounder = Callable[[tuple[ChatMessage, ...]], tuple[tuple[ChatMessage, ...], Grounded]]
+"""Puts evidence into the user messages of a planned prompt: ``messages -> (grounded messages, Grounded)``; it
+must keep the grounded prompt within the builder's budget (``available``) and change user messages only."""
 
 
 def as_evidence(evidence: EvidenceInput) -> EvidenceText | None:
@@ -217,6 +234,7 @@ class ContextPlan:
     evidence_dropped: int = 0
     evidence_kept: tuple[int, ...] = ()
     content_tokens: dict[str, int] = field(default_factory=dict, repr=False)
+    grounding: Grounded | None = None  # what ``build(ground=...)``'s grounder reported (None without one)
 
     @property
     def prompt_tokens(self) -> int:
@@ -386,13 +404,23 @@ class ContextBuilder:
     # ---- the plan ---------------------------------------------------------------------------------------------
 
     def build(self, history: Sequence[HistoryItem], user_message: str, *, summaries: Sequence[SummaryItem] = (),
-              evidence: EvidenceInput = None, tail: Sequence[HistoryItem] = ()) -> ContextPlan:
+              evidence: EvidenceInput = None, tail: Sequence[HistoryItem] = (),
+              ground: Grounder | None = None) -> ContextPlan:
         """Plan one turn. ``history``: the branch before the new message, oldest first (``Store.path_to``);
         ``summaries``: stored summaries of the conversation (any branch; those not on this one are ignored);
-        ``evidence``: retrieved passages (a string, or a list in rank order); ``tail``: what this turn already
-        holds after the message (tool calls and their results, oldest first), always given. The plan always
-        fits."""
-        plan = self._build(history, user_message, summaries, evidence, tail, self.margin)
+        ``evidence``: retrieved passages for the message (a string, or a list in rank order); ``ground``: a
+        ``Grounder`` instead (evidence in every user message, module docstring); ``tail``: what this turn
+        already holds after the message (tool calls and their results, oldest first), always given. The plan
+        always fits."""
+        if ground is not None:
+            return self._grounded(history, user_message, summaries, tail, ground)
+        return self._planned(history, user_message, summaries, evidence, tail)
+
+    def _planned(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
+                 evidence: EvidenceInput, tail: Sequence[HistoryItem], reserve: int = 0) -> ContextPlan:
+        """The plan (``reserve``: tokens kept free for evidence a grounder adds), checked against
+        ``count_messages`` when there is one."""
+        plan = self._build(history, user_message, summaries, evidence, tail, self.margin, reserve)
         if self.count_messages is None:
             return plan
         for _ in range(3):
@@ -400,12 +428,32 @@ class ContextBuilder:
             over = exact - (self.n_ctx - self.max_tokens)
             if over <= 0:
                 break
-            plan = self._build(history, user_message, summaries, evidence, tail, self.margin + over + 8)
+            plan = self._build(history, user_message, summaries, evidence, tail, self.margin + over + 8, reserve)
             exact = self.count_messages(plan.messages)
         return _exact_breakdown(plan, exact)
 
+    def _grounded(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
+                  tail: Sequence[HistoryItem], ground: Grounder) -> ContextPlan:
+        """The plan without evidence, its messages grounded by ``ground``. When the history leaves less than
+        ``evidence_room`` free, it is planned again with the room kept that the message's own evidence takes
+        (the message grounded alone), so that evidence goes before older turns as with ``evidence``; the
+        grounder leaves out the oldest turns' evidence first when the prompt still does not fit."""
+        plan = self._planned(history, user_message, summaries, None, tail)
+        if plan.breakdown["free"] < self.evidence_room(0):
+            alone = int(ground((ChatMessage("user", user_message),))[1].tokens)
+            if alone:
+                plan = self._planned(history, user_message, summaries, None, tail,
+                                     min(alone, self.evidence_room(0)))
+        messages, grounded = ground(tuple(plan.messages))
+        plan.messages, plan.grounding = list(messages), grounded
+        plan.content_tokens["evidence"] = plan.breakdown["evidence"] = int(grounded.tokens)
+        if self.count_messages is not None:
+            return _exact_breakdown(plan, self.count_messages(plan.messages))
+        plan.breakdown["free"] = self.n_ctx - self.max_tokens - plan.prompt_tokens
+        return plan
+
     def _build(self, history: Sequence[HistoryItem], user_message: str, summaries: Sequence[SummaryItem],
-               evidence: EvidenceInput, tail: Sequence[HistoryItem], margin: int) -> ContextPlan:
+               evidence: EvidenceInput, tail: Sequence[HistoryItem], margin: int, reserve: int = 0) -> ContextPlan:
         avail = self.n_ctx - self.max_tokens - margin
         history = [m for m in history if m.role in ("user", "assistant", "tool")]
         chain = self.summary_chain(history, summaries)
@@ -425,11 +473,11 @@ class ContextBuilder:
         ev_text = as_evidence(evidence)
         ev_block, ev, ev_kept = self.fit_evidence(ev_text, self.evidence_room(system + summ + user, avail))
         ev_dropped = len(ev_text.passages) - len(ev_kept) if ev_text else 0
-        room = avail - system - summ - ev - user
+        room = avail - system - summ - ev - reserve - user
         request = None
         if sum(self._cost(m) for m in uncovered) > room or len(shown) < len(chain):
             summ_all = self._system_costs(self._summary_block(chain))[1]
-            request = self._summary_request(history, chain, uncovered, avail - system - ev - user, summ_all,
+            request = self._summary_request(history, chain, uncovered, avail - system - ev - reserve - user, summ_all,
                                             force_rollup=len(shown) < len(chain))
         kept, dropped = self._fit_turns(uncovered, room)
         messages = self._messages(self._summary_block(shown), kept, ev_block, user_message, tail, cap)
