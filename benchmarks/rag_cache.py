@@ -8,8 +8,9 @@ reuse is in whole 256-token chunks, docs/prefix-cache.md). Two placements of the
 - ``grounding``: the stateless path (``app.assistant.grounding.ground``, the port's ``hearth.documents``):
   each question keeps its evidence in its own turn, a passage is given once (docs/retrieval.md, "Evidence
   placement");
-- ``stored``: the stored chat (``app.assistant.Assistant.turn``): evidence in the last user message only, as
-  ``app.memory.context.ContextBuilder`` places it.
+- ``stored``: the stored chat (``app.assistant.Assistant.turn``, the window and ``hearth chat``): its
+  ``app.memory.context.ContextBuilder`` plans the context and the same ``ground`` places the evidence, so it
+  should reuse as much as ``grounding``.
 
 Run: ``python -m benchmarks.rag_cache [--json] [--turns N] [--paths grounding,stored]``.
 """
