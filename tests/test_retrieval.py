@@ -449,3 +449,14 @@ def test_docx_reads_in_memory_bytes(tmp_path: Path):
         extract(Path("x.docx"), data[:100])
     with pytest.raises(IngestError, match="corrupt"):
         extract(Path("x.docx"), io.BytesIO(b"PK\x03\x04 not a zip").getvalue())
+
+
+def test_split_balanced_keeps_order_and_minimises_the_largest_part():
+    from app.retrieval.embedder import _split_balanced
+
+    assert [[len(x) for x in p] for p in _split_balanced(["a" * 5000, "a" * 5000, "a"], 2)] == [[5000], [5000, 1]]
+    assert _split_balanced(["a", "b", "c"], 5) == [["a"], ["b"], ["c"]] and _split_balanced([], 3) == []
+    texts = ["x" * k for k in (30, 1, 1, 1, 30, 2, 2, 30)]
+    parts = _split_balanced(texts, 3)
+    assert sum(parts, []) == texts and len(parts) == 3
+    assert max(sum(len(t) + 1 for t in p) for p in parts) == 36  # [30,1,1] [1,30,2] [2,30]: 35, 36, 34

@@ -198,8 +198,9 @@ def checked_citations(answer: str, evidence: Sequence[Evidence], checker: Any = 
       ``similarity`` (cosine or None), ``threshold``, ``reason`` (a sentence for a person).
 
     ``checker``: a ``CitationChecker`` (``DocumentSource.checker()``, with embeddings when the source has an
-    embedder); None: facts only. Costs one embedding call per answer (~10-40 ms for a few citations); when
-    that call fails (the embedding process crashed), the facts check alone is returned (``similarity`` None)."""
+    embedder); None: facts only. Costs one embedding call per answer (~0.2 s per citation on the loaded
+    2-core dev machine, docs/retrieval.md); when that call fails (the embedding process crashed), the facts
+    check alone is returned (``similarity`` None)."""
     if not evidence:
         return []
     from app.retrieval.rag import check_citations

@@ -272,21 +272,34 @@ def default_workers(n_threads: int) -> int:
 
 
 def _split_balanced(texts: list[str], n: int) -> list[list[str]]:
-    """At most ``n`` contiguous, non-empty parts of ``texts`` with about equal characters each (characters
-    stand for tokens: the parent does not tokenize)."""
+    """At most ``n`` contiguous, non-empty parts of ``texts`` whose largest part is as small as it can be
+    (characters + 1 per text stand for tokens: the parent does not tokenize): the smallest part size that a
+    greedy left-to-right packing fits into ``n`` parts, found by bisection (the linear-partition problem;
+    ``[5000, 5000, 1]`` in 2 parts is ``[5000] [5000, 1]``, not ``[5000, 5000] [1]``). [] for no texts."""
+    if not texts:
+        return []
     n = max(1, min(n, len(texts)))
-    if n == 1:
-        return [texts]
-    total = sum(len(t) for t in texts) or 1
-    parts: list[list[str]] = [[]]
-    acc = 0
-    for i, t in enumerate(texts):
-        left = len(texts) - i
-        if parts[-1] and len(parts) < n and (acc >= total * len(parts) / n or left <= n - len(parts)):
-            parts.append([])
-        parts[-1].append(t)
-        acc += len(t)
-    return parts
+    w = [len(t) + 1 for t in texts]
+
+    def pack(cap: int) -> list[list[str]]:
+        parts: list[list[str]] = [[]]
+        size = 0
+        for t, x in zip(texts, w):
+            if parts[-1] and size + x > cap:
+                parts.append([])
+                size = 0
+            parts[-1].append(t)
+            size += x
+        return parts
+
+    lo, hi = max(w), sum(w)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(pack(mid)) <= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    return pack(lo)
 
 
 # ------------------------------------------------------------------------------------------- child process
