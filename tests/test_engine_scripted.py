@@ -86,3 +86,34 @@ def test_a_crash_is_reported_counted_and_the_runtime_restarts():
     assert eng.stats.crashes == 1 and not eng.alive
     assert eng.complete(chat("again")).text == "echo: again"
     assert eng.runtime.seen[-1].messages[-1].content == "again"  # the same script serves the new thread
+
+
+def test_closing_mid_stream_never_lets_an_old_reader_take_the_next_engines_messages():
+    """Closing an engine closed its pipe while its reader thread was reading it; the next engine's pipe could
+    get the same descriptor and the old reader took its "ready" (CI: "the process died while loading (it
+    was stopped)"). The reader is now joined before the pipe is closed."""
+    def ask(engine, n):
+        return engine.complete(GenerateRequest(messages=(ChatMessage("user", "hi"),),
+                                               decoding=DecodingParams.make(max_tokens=n)))
+
+    for i in range(100):
+        eng = FakeEngine(reply=lambda r: "word " * 200, token_delay_s=0.001)
+        streams = [threading.Thread(target=lambda: _quietly(ask, eng, 300)) for _ in range(3)]
+        for t in streams:
+            t.start()
+        time.sleep(0.003 * (i % 5))
+        eng.close()
+        for t in streams:
+            t.join(5)
+        nxt = FakeEngine()  # loads: its "ready" reached it
+        try:
+            assert ask(nxt, 3).metrics.completion_tokens >= 1
+        finally:
+            nxt.close()
+
+
+def _quietly(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the engine was closed under the stream: that is the point
+        pass

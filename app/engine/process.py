@@ -323,6 +323,7 @@ class _Child:
         # multiplexed lane (mux hosts): open requests by id, and whether the reader saw the child end
         self.calls: dict[int, "MuxCall"] = {}
         self.reader_gone: Optional["_Dead"] = None
+        self.reader: Optional[threading.Thread] = None  # the mux lane's reader thread (``_demux``)
 
     def alive(self) -> bool:
         return not self._dead and self.runner.is_alive()
@@ -364,6 +365,13 @@ class _Child:
             if self.runner.is_alive() and not self.in_thread:
                 self.runner.kill()
                 self.runner.join(timeout_s)
+        # The reader must be done with ``main`` before it is closed: closing a pipe another thread is reading
+        # frees its descriptor, the next pipe opened (another engine's) can get the same number, and the old
+        # reader then reads that engine's messages (seen in CI: a new engine's "ready" was taken, and its
+        # load failed with "the process died while loading"). It ends within one poll once the child is gone.
+        reader = self.reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout_s + 2 * _POLL_S)
         _close(self.main, self.side)
 
 
@@ -449,7 +457,9 @@ class ChildHost:
                                      path=self.model_path)
             self._child = child
             if self.mux:
-                threading.Thread(target=self._demux, args=(child,), name=f"{self.name}-demux", daemon=True).start()
+                child.reader = threading.Thread(target=self._demux, args=(child,), name=f"{self.name}-demux",
+                                                daemon=True)
+                child.reader.start()
             return child.info
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -562,7 +572,7 @@ class ChildHost:
         while True:
             try:
                 msg = conn.recv() if conn.poll(_POLL_S) else None
-            except (EOFError, OSError, ValueError):
+            except (EOFError, OSError, ValueError, TypeError):  # TypeError: closed under us (a handle of None)
                 break
             now = time.monotonic()
             if msg is not None and msg[0] == "events":  # one step's events for several requests
