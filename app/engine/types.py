@@ -38,9 +38,10 @@ class LoadSettings:
 
     n_ctx: context window in tokens. n_batch / n_ubatch: logical / physical batch in tokens (prefill chunk =
     n_batch; prefix-cache reuse ends at a cut of the canonical layout, app.engine.layout: every n_batch tokens
-    and before each turn; 256 prefilled as fast as 512 here and halves the logits buffer of a 262k vocabulary). n_threads: CPU threads (None: llama.cpp's default). n_gpu_layers:
-    layers offloaded to the GPU (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16,
-    q8_0, q4_0; a quantized V needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV
+    and before each turn; 256 prefilled as fast as 512 here and halves the logits buffer of a 262k
+    vocabulary). n_threads: CPU threads (None: llama.cpp's default). n_gpu_layers: layers offloaded to the
+    GPU (-1 all; ignored by a CPU build). type_k / type_v: KV cache element type (f16, q8_0, q4_0; a
+    quantized V needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV
     cache on the GPU. use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window
     cache (needed so prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md). n_parallel: sequences
     served at once (continuous batching; each has its own n_ctx tokens of KV, so the KV cache is n_parallel ×
