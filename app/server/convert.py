@@ -206,17 +206,29 @@ def _content(content: Any, i: int) -> str:
     param = f"messages[{i}].content"
     if content is None:
         raise InvalidRequest(f"{param} is required", param=param)
+    return join_text(content, param, ("text",), "text content parts")
+
+
+def join_text(content: Any, at: str, kinds: tuple[str, ...], what: str) -> str:
+    """``content`` as one string: a string as given, or a list of text parts (objects whose ``type`` is one of
+    ``kinds``, each with a string ``text``) joined with a newline; what every API's message content reads
+    (chat ``content`` parts, Anthropic text blocks, Responses ``input_text``/``output_text``). ``at``: the
+    parameter's name in errors; ``what``: the parts' name ("text blocks"). Raises ``InvalidRequest`` naming
+    the part: not a list, another type of part, or a text part without a string ``text`` (``at[j].text``)."""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{at} must be a string or a list of {what}", param=at)
     texts = []
     for j, part in enumerate(content):
-        if part.get("type") != "text":
-            raise InvalidRequest(f"{param}[{j}]: only text content parts are supported, got type "
-                                 f"{part.get('type')!r}", param=f"{param}[{j}]")
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if not isinstance(part, dict) or kind not in kinds:
+            raise InvalidRequest(f"{at}[{j}]: only {what} are supported ({', '.join(kinds)}), got {kind!r}",
+                                 param=f"{at}[{j}]")
         if not isinstance(part.get("text"), str):
-            raise InvalidRequest(f"{param}[{j}].text: a text content part needs a string 'text', got "
+            raise InvalidRequest(f"{at}[{j}].text: a text part needs a string 'text', got "
                                  f"{type(part.get('text')).__name__ if 'text' in part else 'none'}",
-                                 param=f"{param}[{j}].text")
+                                 param=f"{at}[{j}].text")
         texts.append(part["text"])
     return "\n".join(texts)
 

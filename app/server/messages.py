@@ -79,21 +79,6 @@ class MessagesRequest(BaseModel):
     hearth: Optional[HearthOptions] = None
 
 
-def _blocks_text(content: Any, at: str) -> str:
-    """A string, or text blocks joined with a newline."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{at} must be a string or a list of text blocks", param=at)
-    out = []
-    for j, b in enumerate(content):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise InvalidRequest(f"{at}[{j}]: only text blocks are supported here, got {kind!r}", param=f"{at}[{j}]")
-        out.append(b["text"])
-    return "\n".join(out)
-
-
 def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
     """``system`` and ``messages`` as chat-completions messages; raises ``InvalidRequest`` naming
     ``messages[i].content[j]...``."""
@@ -128,6 +113,11 @@ def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
         elif texts or not m.content:
             out.append({"role": m.role, "content": "\n".join(texts)})
     return out
+
+
+def _blocks_text(content: Any, at: str) -> str:
+    """A string, or Anthropic text blocks joined with a newline (``convert.join_text``)."""
+    return convert.join_text(content, at, ("text",), "text blocks")
 
 
 def _call(b: dict, at: str) -> dict[str, Any]:

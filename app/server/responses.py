@@ -185,28 +185,17 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _text(content: Any, at: str) -> str:
+    """A string, or text parts (``input_text``, ``output_text``, ``text``) joined with a newline
+    (``convert.join_text``)."""
+    return convert.join_text(content, at, ("input_text", "output_text", "text"), "text parts")
+
+
 def _str(item: dict, key: str, at: str) -> str:
     v = item.get(key)
     if not isinstance(v, str) or not v:
         raise InvalidRequest(f"{at}.{key} must be a non-empty string", param=f"{at}.{key}")
     return v
-
-
-def _text(content: Any, at: str) -> str:
-    """A string, or text parts (``input_text``, ``output_text``, ``text``) joined with a newline."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{at} must be a string or a list of text parts", param=at)
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
-                or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise InvalidRequest(f"{at}[{j}]: only text parts are supported (input_text, output_text), got "
-                                 f"{kind!r}", param=f"{at}[{j}]")
-        texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def _tools(raw: Optional[list]) -> Optional[list]:
