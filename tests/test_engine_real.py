@@ -115,6 +115,29 @@ def test_live_prefix_is_reused(engine):
     assert longer.metrics.cached_tokens == (first.metrics.prompt_tokens - 1) // 256 * 256 == 512
 
 
+def test_an_idle_engine_lays_the_answer_out_again_so_the_next_turn_reuses_it(engine):
+    """After a chat answer the idle engine prefills the answer's turn again in the canonical layout
+    (``Runtime.idle_step``): the next turn reuses the previous prompt *and* the answer, up to the cut that
+    opens the new user turn, and answers exactly as a cold prefill does."""
+    d = DecodingParams.make(temperature=0.0, max_tokens=24)
+    history = (ChatMessage("user", "Tell me about the rivers of Europe and the towns along them. " * 8),)
+    before = engine.cache_stats()["settled_answers"]
+    first = engine.complete(GenerateRequest(messages=history, decoding=d))
+    deadline = time.monotonic() + 30
+    while engine.cache_stats()["settled_answers"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.cache_stats()["settled_answers"] == before + 1
+    nxt = history + (ChatMessage("assistant", first.text), ChatMessage("user", "Which one is the longest?"))
+    warm = engine.complete(GenerateRequest(messages=nxt, decoding=d))
+    cold = engine.complete(GenerateRequest(messages=nxt, decoding=d, prefix_cache=False))
+    assert cold.metrics.cached_tokens == 0 and warm.metrics.cache_reuse == "exact"
+    assert warm.text == cold.text
+    m1, m2 = first.metrics, warm.metrics
+    # the old rule stopped at the answer's turn break (prompt − 2: "Assistant" ":"); now the answer is reused
+    assert m2.cached_tokens >= m1.prompt_tokens + m1.completion_tokens - 3, (m1, m2)
+    assert m2.cached_tokens <= m2.prompt_tokens - len(engine.tokenize("Which one is the longest?"))
+
+
 def test_cancel_mid_decode(engine):
     gen = engine.generate(raw("List of numbers: 1, 2, 3,", max_tokens=1500))
     n = 0

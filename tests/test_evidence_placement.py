@@ -157,3 +157,25 @@ def test_stored_chat_citations_resolve_against_earlier_turns_passages(docs, memo
     done = a.send(cid, QUESTIONS[1])  # its own search finds the error passage; the answer cites turn 1's
     assert [c["evidence_id"] for c in done.citations] == [first.evidence_id]
     assert "supported" in done.citations[0]
+
+
+def test_the_relevance_floor_keeps_the_best_passage_and_those_close_to_it():
+    from app.assistant.evidence import RELEVANCE_FLOOR, above_floor
+    from app.retrieval.types import Evidence
+
+    def ev(i, score):
+        return Evidence(f"{i:012x}", f"/d/{i}.md", None, score, f"text {i}", 0, 6)
+
+    got = above_floor([ev(1, 0.9), ev(2, 0.6), ev(3, 0.45), ev(4, 0.2)])
+    assert [e.evidence_id[-1] for e in got] == ["1", "2", "3"] and RELEVANCE_FLOOR == 0.5
+    assert above_floor([ev(1, 0.9), ev(2, 0.1)], floor=0.0) == [ev(1, 0.9), ev(2, 0.1)]
+    assert above_floor([ev(1, 0.05)]) == [ev(1, 0.05)]  # the best passage is always given
+    assert above_floor([ev(1, 0.0), ev(2, 0.0)]) == [ev(1, 0.0), ev(2, 0.0)]  # no scale: nothing to compare
+    assert above_floor([]) == []
+
+
+def test_keyword_only_search_is_not_floored(docs):
+    """Without an embedding model the scores are BM25's, on another scale: the floor applies to fused scores
+    only (the kettle corpus here has no vectors)."""
+    found = docs.search("kettle water", 3)
+    assert len(found.evidence) == 3 and found.notice and "BM25" in found.notice

@@ -1,11 +1,11 @@
 """The canonical prefill layout (app/engine/layout.py): where chunks end, what a KV of a shared prefix gives
-back, and which control token opens a turn."""
+back, which control token opens a turn and which token closes an answer."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.engine.layout import layout_bounds, next_bound, turn_break_token, usable
+from app.engine.layout import answer_end_token, layout_bounds, next_bound, turn_break_token, usable
 
 B = 9  # the turn break in these token lists
 
@@ -66,3 +66,31 @@ def test_turn_break_token_from_the_common_tail_of_two_renders():
     assert turn_break_token(tr_a, tr_b, control, blank) == 80
     assert turn_break_token([2, 7], [2, 8], control, blank) is None  # nothing after the message
     assert turn_break_token([], [], control, blank) is None
+
+
+def test_answer_end_token_is_the_user_turn_opener_only_where_the_break_does_not_open_it():
+    control = {2, 105, 106, 128006, 128009, 3}.__contains__
+    blank = {10, 11}.__contains__
+    # a transcript: ... Assistant : ANSWER \n\n User : MSG \n Assistant :   (answer ends at 4, MSG at 8)
+    tr = [2, 80, 71, 7, 11, 70, 71, 12, 9, 10, 80, 71]
+    assert answer_end_token(tr, 4, 8, {80}, control, blank) == 70
+    # gemma: ... ANSWER <end_of_turn> \n <start_of_turn> user \n MSG ...: <start_of_turn> opens every turn
+    gemma = [2, 105, 51, 10, 7, 106, 10, 105, 50, 10, 9]
+    assert answer_end_token(gemma, 5, 10, {105}, control, blank) is None
+    # a template whose user turn opens with a control token that is not the break (</s> [INST])
+    mistral = [2, 40, 7, 3, 41, 9]
+    assert answer_end_token(mistral, 3, 5, {40}, control, blank) == 3
+    assert answer_end_token(tr, 4, 4, {80}, control, blank) is None  # nothing between: no closer
+    assert answer_end_token([7, 10, 11, 9], 1, 3, {80}, control, blank) is None  # blank only
+
+
+def test_a_cut_after_the_answer_lets_the_next_turn_reuse_the_answer_laid_out_again():
+    # turn 1 prompt: U(70) q q A(80) :   -> answer x x, then the next turn U q A :
+    brk = {80, 70}
+    p1 = [2, 70, 5, 6, 80, 71]
+    settled = [2, 70, 5, 6, 80, 71, 8, 8, 11]  # ... Assistant: answer \n\n  (the next user turn opens after)
+    p2 = settled + [70, 5, 80, 71]
+    b1, b2 = layout_bounds(p1, 4, brk), layout_bounds(p2, 4, brk)
+    assert 4 in b1 and 4 in b2  # the answer's turn opens at a cut in both
+    kv = {b for b in layout_bounds(settled + [70], 4, brk) if b <= len(settled)}  # the idle re-prefill's cuts
+    assert len(settled) in b2 and usable(b2, len(settled), kv) == len(settled)

@@ -1,14 +1,13 @@
 """A 10-turn document chat on the real bundled model (Gemma 3 270M) with real retrieval (all-MiniLM-L6-v2),
 each question's evidence kept in its own turn (``app.assistant.grounding.ground``): every turn reuses the
-whole previous prompt up to the turn break that opens its answer (the canonical layout cuts there,
-``app.engine.layout``; the answer's own tokens were decoded one by one and are never reused), which is at
-least 70 % of the prompt from the 4th turn on and on average over turns 2-10. Turn 3 is at 66-70 % here
-(turn 2 at 71-79 %): the answer plus two new passages are about a third of its prompt
-(docs/retrieval.md, "Evidence placement"). The stored chat (``Assistant.send``, what the window and ``hearth
+whole previous prompt *and its answer*, up to the cut that opens the new user turn (the canonical layout cuts
+there, ``app.engine.layout``; the idle engine laid the answer's turn out again after it was decoded,
+``Runtime.idle_step``), and passages under the relevance floor are not given (``evidence.above_floor``), so
+every turn from the 2nd on reuses at least 70 % of its prompt (80-93 % here; turn 3 was 66 % before the two,
+docs/retrieval.md "Evidence placement"). The stored chat (``Assistant.send``, what the window and ``hearth
 chat`` run) grounds its context with the same ``ground``, so it must reuse as much: the assertions run on its
 ten turns, and the port's path must give the same rows on the first three (no summaries: the 10 turns take
-~2,500 of the 8,192 tokens). The chat and the documents are
-``benchmarks/rag_cache.py``'s."""
+~2,000 of the 8,192 tokens). The chat and the documents are ``benchmarks/rag_cache.py``'s."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from benchmarks.rag_cache import N_CTX, QUESTIONS, grounding_chat, ingest, store
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 MIN_REUSE = 0.70
-FROM_TURN = 4
+FROM_TURN = 2
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +52,10 @@ def test_ten_turns_reuse_the_previous_prompt_and_70_percent(bundled_model: Path,
                                   f"{r['reuse']:.3f} ({r['passages']} passages)" for r in rows))
     assert port == rows[:3]
     assert len(rows) == 10 and rows[0]["passages"] > 0
-    # The previous prompt ended "...Assistant:"; its break ("Assistant") is where the answer's turn opens.
-    short = [b for a, b in zip(rows, rows[1:]) if b["cached_tokens"] < a["prompt_tokens"] - 2]
+    # The previous prompt ended "...Assistant:" and the answer followed: both are reused (the answer's turn
+    # was prefilled again while idle), so every turn reuses more than the whole previous prompt.
+    short = [b for a, b in zip(rows, rows[1:]) if b["cached_tokens"] <= a["prompt_tokens"]]
     assert not short, short
     low = [r for r in rows[FROM_TURN - 1:] if r["reuse"] < MIN_REUSE]
     assert not low, low
-    later = [r["reuse"] for r in rows[1:]]
-    assert sum(later) / len(later) >= MIN_REUSE and min(later) >= 0.6, later
     assert all(b["prompt_tokens"] > a["prompt_tokens"] for a, b in zip(rows, rows[1:]))  # the prompt only grows

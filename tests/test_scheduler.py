@@ -192,3 +192,61 @@ def test_runs_of_consecutive_slots():
     from app.engine.runtime import _runs
 
     assert [_runs(s) for s in (set(), {2}, {0, 1, 2, 3}, {0, 1, 3}, {0, 2, 4})] == [0, 1, 1, 2, 3]
+
+
+def test_idle_work_runs_only_while_nothing_waits_or_runs_and_yields_to_a_new_request():
+    """``SeqRuntime.idle_step`` (the last answer laid out for the next turn) runs after a request leaves,
+    one step per loop turn while the inbox is empty; a request that arrives meanwhile is admitted at the next
+    loop turn, and idle work resumes after it."""
+    import threading
+
+    class WithIdle(Scripted):
+        def __init__(self):
+            super().__init__(n_slots=1)
+            self.idle_left = 0
+
+        def end(self, seq, clean):
+            self.idle_left = 50
+
+        def idle_step(self):
+            self.steps.append(("idle",))
+            self.idle_left -= 1
+            time.sleep(0.002)
+            return self.idle_left > 0
+
+    rt = WithIdle()
+    inbox: queue.Queue = queue.Queue()
+    sent: list[tuple] = []
+
+    def send(m):
+        sent.extend(("event", *ev) for ev in m[1]) if m[0] == "events" else sent.append(m)
+        return True
+
+    def feed():
+        inbox.put(("submit", 1, "generate", req(2)))
+        while not any(s == ("idle",) for s in rt.steps):
+            time.sleep(0.001)
+        inbox.put(("submit", 2, "generate", req(2)))
+        while len(replies(sent)) < 2:
+            time.sleep(0.001)
+        time.sleep(0.3)
+        inbox.put(("close",))
+
+    t = threading.Thread(target=feed)
+    t.start()
+    Scheduler(rt, send).run(inbox)
+    t.join()
+    kinds = [s[0] for s in rt.steps]
+    first_idle = kinds.index("idle")
+    second = rt.steps.index(("prefill", 2))
+    assert "decode" not in kinds[first_idle:second]  # nothing else ran between
+    assert all(k == "idle" for k in kinds[first_idle:second]) and second - first_idle < 50  # it yielded
+    assert kinds[-1] == "idle" and kinds.count("idle") >= 50  # resumed after request 2, until done
+    assert kinds[:first_idle].count("decode") >= 1
+    assert all(m[0] == "ok" for m in replies(sent).values())
+
+
+def test_a_runtime_without_idle_work_blocks_on_the_inbox():
+    rt = Scripted(n_slots=1)
+    sent = serve(rt, [("submit", 1, "generate", req(2))])
+    assert replies(sent)[1][0] == "ok" and not any(s[0] == "idle" for s in rt.steps)

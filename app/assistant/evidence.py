@@ -29,7 +29,7 @@ from typing import Any
 
 from app.memory.context import EvidenceText
 from app.retrieval.rag import evidence_header, format_passage, parse_citations
-from app.retrieval.types import Evidence
+from app.retrieval.types import MODE_HYBRID, Evidence
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen
 MAX_K = 20  # passages one turn may ask for (``--k``, ``hearth.k``)
 CITATION_KEYS = ("evidence_id", "path", "page", "quote")
 SEARCH_CACHE = 256  # searches remembered per source (a stateless chat re-grounds every earlier question)
+# A hybrid passage scoring under this share of the best passage's fused score is not given to the model
+# (``DocumentSource.search``); chosen on the benchmark's dev halves (``python -m benchmarks.evidence_floor``).
+RELEVANCE_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class DocumentSource:
         results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
+        if results.mode == MODE_HYBRID:
+            kept = above_floor(kept)
         return Found(tuple(kept), results.notice)
 
     def _version(self) -> tuple[int, int]:
@@ -134,6 +139,20 @@ class DocumentSource:
             self.embedder.close()
         if owns_store:
             self.store.close()
+
+
+def above_floor(evidence: Sequence[Evidence], floor: float = RELEVANCE_FLOOR) -> list[Evidence]:
+    """The passages of a hybrid result (best first) whose fused score is at least ``floor`` times the best
+    one's: the first always, the rest only while they come close to it. Fused scores
+    (``fusion.score_fusion``: min-max normalised per ranker, weighted) put a passage that matched neither the
+    question's words nor its meaning far below the one that did; given to the model anyway it is noise a
+    small model may quote, and prompt tokens every later turn carries. Measured on both benchmark sets
+    (docs/retrieval.md, "Relevance floor"): at 0.5 no question of the dev halves lost its relevant passage
+    from the top 4, and about half of the other passages were left out."""
+    if not evidence or evidence[0].score <= 0:
+        return list(evidence)
+    top = evidence[0].score
+    return [e for e in evidence if e.score >= floor * top]
 
 
 def check_k(k: object, param: str = "k") -> int:

@@ -9,11 +9,16 @@ way: the KV and the last prompt token's logits are then bit for bit those of a c
 The layout of a prompt of L tokens: cut before every *turn break* (the token that opens the assistant's turn
 in the model's chat template, and with it every turn where one token opens them all: Gemma's
 ``<start_of_turn>``, ChatML's ``<|im_start|>``, Llama 3's ``<|start_header_id|>``, ``Assistant`` of a base
-model's plain transcript; ``turn_break_token``), cut each piece into chunks of at most ``chunk`` (``n_batch``)
-tokens from its start, and cut at L−1 (the last prompt token is evaluated alone with the first decode step).
+model's plain transcript; ``turn_break_token``; and, where that token does not also open the user's turn, the
+first token after an answer: ``User`` of the transcript, ``answer_end_token``), cut each piece into chunks of
+at most ``chunk`` (``n_batch``) tokens from its start, and cut at L−1 (the last prompt token is evaluated
+alone with the first decode step).
 Cutting at turn breaks is what lets a chat's next turn reuse all of the previous turn's prompt up to its
 answer, instead of the previous prompt cut down to a multiple of ``chunk``: the previous prompt ended inside
-the turn that now holds the answer, and that turn begins at a break, which is a cut in both layouts.
+the turn that now holds the answer, and that turn begins at a break, which is a cut in both layouts. The cut
+after an answer is what lets the engine lay the answer out again while it is idle (``Runtime.idle_step``): its
+tokens were decoded one by one, and re-prefilled up to the next turn's break they become a prefix the next
+turn reuses too.
 
 Why the bounds agree between two prompts: a cut at position p other than the final L−1 depends only on
 tokens ≤ p (a break token at p, or p − chunk being a cut with no break in between), so two prompts that
@@ -94,3 +99,20 @@ def turn_break_token(tokens_a: list[int], tokens_b: list[int], is_control: Calla
         if is_control(t) and t in before:
             return t
     return next((t for t in tail if not is_control(t) and not is_blank(t)), None)
+
+
+def answer_end_token(tokens: list[int], answer_end: int, next_start: int, breaks: Iterable[int],
+                     is_control: Callable[[int], bool], is_blank: Callable[[int], bool]) -> int | None:
+    """The token that closes an assistant's turn, from the tokens of a rendered chat of a user message, an
+    answer and a second user message: ``tokens[answer_end:next_start]`` lies between the answer's text and
+    the second message's text (the answer's close and the user turn's opening). None when a token of
+    ``breaks`` (the assistant-turn break, ``turn_break_token``) is already in it: that token opens every
+    turn (Gemma, ChatML, Llama 3), so the user's turn already begins at a cut. Else its first control token
+    (``is_control``: ``</s>`` of Mistral), or its first token that is not blank (``is_blank``: whitespace
+    only): ``User`` of the plain transcript. None when the span is empty or blank."""
+    span = tokens[max(0, answer_end):max(0, next_start)]
+    brk = frozenset(breaks)
+    if any(t in brk for t in span):
+        return None
+    control = next((t for t in span if is_control(t)), None)
+    return control if control is not None else next((t for t in span if not is_blank(t)), None)

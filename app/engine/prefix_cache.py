@@ -73,8 +73,9 @@ log = logging.getLogger(__name__)
 MAGIC = b"HEARTHKV"
 FORMAT_VERSION = 1
 # The prefill layout an entry's KV was laid out in (app.engine.layout), part of the fingerprint: 1 = chunks of
-# n_batch from position 0; 2 = also cut before each turn break. An entry of another layout is never restored.
-LAYOUT_VERSION = 2
+# n_batch from position 0; 2 = also cut before each turn break; 3 = the break after an answer too (the
+# transcript's ``User``). An entry of another layout is never restored.
+LAYOUT_VERSION = 3
 BLOCK = 64  # tokens per hash block
 _HDR = struct.Struct("<8sI64sI")
 

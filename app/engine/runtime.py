@@ -30,7 +30,7 @@ from typing import Any
 from app.engine.process import default_threads
 from app.engine.reasoning import markers_for
 from app.engine.reasoning_budget import BudgetForcer, ReasoningBudget, plan_prompt, render_kwargs
-from app.engine.layout import layout_bounds, next_bound, turn_break_token, usable
+from app.engine.layout import answer_end_token, layout_bounds, next_bound, turn_break_token, usable
 from app.engine.templates import RenderedPrompt, choose_template_name, render, template_tool_caps, tool_format
 from app.engine.scheduler import Seq
 from app.engine import speculative as spec
@@ -46,6 +46,8 @@ GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
 PREFILL_ANSWER_NOW = "Answer:"
 MIN_LIVE_REUSE = 16  # a shorter live prefix (the BOS before the first turn break) is prefilled, not reused
 MIN_COPY_TOKENS = 32  # a shorter prefix is prefilled rather than copied from another slot (measured below)
+SETTLE_MAX_TOKENS = 2048  # tokens of an answer's turn re-laid out while idle, at most (``Runtime.idle_step``)
+SETTLE_PROBE = "\u2026"  # the next user message stand-in whose turn opening ends the settled prefix
 
 
 _LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
@@ -155,6 +157,19 @@ class LlamaSeq(Seq):
     lookup: Any = None  # speculative.PromptLookup over its prompt and answer
 
 
+class _Settle:
+    """An answer's turn being laid out again in its slot while the engine is idle (``Runtime.idle_step``):
+    ``tokens``, the next turn's prompt as far as it is known (the chat with the answer and a stand-in user
+    message, rendered and tokenized), ``bounds`` its canonical layout, ``pos`` the next position to evaluate,
+    ``target`` where it stops (the cut that opens the next user turn), ``started``: the slot was cut back to
+    ``pos`` already."""
+
+    __slots__ = ("tokens", "bounds", "pos", "target", "started")
+
+    def __init__(self, tokens: list[int], bounds: list[int], pos: int, target: int) -> None:
+        self.tokens, self.bounds, self.pos, self.target, self.started = tokens, bounds, pos, target, False
+
+
 class Runtime:
     """One loaded model in a context of ``n_slots`` sequences (``settings.n_parallel``; each with its own
     ``settings.n_ctx`` tokens of KV), driven by ``app.engine.scheduler.Scheduler`` (``SeqRuntime``)."""
@@ -182,6 +197,9 @@ class Runtime:
         self.prefill_budget = settings.n_batch
         self.batch = llama_cpp.llama_batch_init(settings.n_batch, 0, 1)  # tokens per llama_decode at most
         self.slots = [_Slot(i) for i in range(self.n_slots)]
+        self._settle_wanted: dict[int, LlamaSeq] = {}  # slot -> the request whose answer may be settled
+        self._settling: dict[int, _Settle] = {}
+        self.settled = {"settled_answers": 0, "settled_tokens": 0}
         self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
@@ -220,19 +238,49 @@ class Runtime:
         return self.llm._model.detokenize([token], special=special).decode("utf-8", errors="replace")
 
     def _turn_breaks(self) -> frozenset[int]:
-        """The prefill layout's turn-break token (``layout.turn_break_token`` on two one-message prompts of
-        the model's template), as a set; empty when the template has none or does not render."""
+        """The prefill layout's turn breaks: the assistant turn's opening token (``layout.turn_break_token`` on
+        two one-message prompts of the model's template) and, when that token does not also open the user's
+        turn, the token that follows an answer (``layout.answer_end_token`` on a user-answer-user chat: the
+        transcript's ``User``). Empty when the template has none or does not render."""
         lib, vocab = self._lib, self.llm._model.vocab
+
+        def is_control(t: int) -> bool:
+            return bool(lib.llama_vocab_is_control(vocab, t))
+
+        def is_blank(t: int) -> bool:
+            return not self._piece(t, special=True).strip()
+
         try:
             a, b = (self.render(GenerateRequest(messages=(ChatMessage("user", text),)))
                     for text in ("Hello there.", "What is the capital of France?"))
             ta = self.tokenize(a.text, add_bos=a.add_bos, special=True)
             tb = self.tokenize(b.text, add_bos=b.add_bos, special=True)
-            found = turn_break_token(ta, tb, lambda t: bool(lib.llama_vocab_is_control(vocab, t)),
-                                     lambda t: not self._piece(t, special=True).strip())
+            found = turn_break_token(ta, tb, is_control, is_blank)
         except Exception:  # noqa: BLE001 - a template that cannot render a plain message: no breaks
             return frozenset()
-        return frozenset() if found is None else frozenset({found})
+        if found is None:
+            return frozenset()
+        try:
+            answer, then = "Sure, it is Paris.", "Thanks a lot."
+            chat = self.render(GenerateRequest(messages=(ChatMessage("user", "Hello there."),
+                                                         ChatMessage("assistant", answer),
+                                                         ChatMessage("user", then))))
+            full = self.tokenize(chat.text, add_bos=chat.add_bos, special=True)
+            at = chat.text.index(answer) + len(answer)
+            starts = chat.text.rindex(then)
+            end = self._prefix_len(full, chat.text[:at], chat.add_bos)
+            start = self._prefix_len(full, chat.text[:starts], chat.add_bos)
+            closer = answer_end_token(full, end, start, {found}, is_control, is_blank)
+        except Exception:  # noqa: BLE001 - no multi-turn rendering: the assistant break alone
+            closer = None
+        return frozenset({found} if closer is None else {found, closer})
+
+    def _prefix_len(self, full: list[int], text: str, add_bos: bool) -> int:
+        """How many of ``full``'s tokens ``text`` (a prefix of the text ``full`` was tokenized from) covers:
+        its own token count, one less when the tokenizer merged its last token with what follows."""
+        part = self.tokenize(text, add_bos=add_bos, special=True)
+        n = len(part)
+        return n if full[:n] == part else max(0, n - 1)
 
     def layout(self, tokens: list[int]) -> list[int]:
         """Where the canonical chunks of ``tokens`` end (``layout.layout_bounds`` with ``n_batch`` and this
@@ -280,7 +328,9 @@ class Runtime:
         return {"tool_format": fmt.name, "template_tools": bool(caps and caps.tools)}
 
     def cache_stats(self) -> dict:
-        return self.prefix_cache.stats() if self.prefix_cache else {}
+        """The disk prefix cache's counters (``PrefixCache.stats``; none without one) and the answers laid
+        out again while idle (``settled_answers``, ``settled_tokens``: ``idle_step``)."""
+        return {**(self.prefix_cache.stats() if self.prefix_cache else {}), **self.settled}
 
     def close(self) -> None:
         """Finish the prefix cache's pending writes and close its index (the engine process is ending)."""
@@ -466,6 +516,8 @@ class Runtime:
         live = {i: self.live_prefix(self.slots[i], tokens, bounds) if allowed else 0 for i in free}
         slot = max((self.slots[i] for i in free),
                    key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
+        self._settle_wanted.pop(slot.seq_id, None)
+        self._settling.pop(slot.seq_id, None)  # its KV is consistent after every chunk: reused as it is
         copied = self._copy_longer(slot, tokens, live[slot.seq_id], bounds) if allowed else None
         if copied is not None:
             live[slot.seq_id] = len(slot.tokens)
@@ -787,13 +839,108 @@ class Runtime:
 
     def end(self, seq: LlamaSeq, clean: bool = True) -> None:
         """``seq`` left its slot. Its KV stays for the next request's reuse unless the step that ended it
-        failed (``clean=False``): then the slot is emptied."""
+        failed (``clean=False``): then the slot is emptied. A finished chat answer is remembered for
+        ``idle_step``."""
         slot = self.slots[seq.slot]
         slot.last_used = time.perf_counter()
+        self._settling.pop(slot.seq_id, None)
         if not clean:
             self._lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
             slot.forget()
+        if clean and self._may_settle(seq):
+            self._settle_wanted[slot.seq_id] = seq
+        else:
+            self._settle_wanted.pop(slot.seq_id, None)
         seq.metrics["peak_rss_bytes"] = peak_rss_bytes()
+
+    # -- while idle: the last answer laid out for the next turn ---------------------------------------
+    def _may_settle(self, seq: LlamaSeq) -> bool:
+        """A chat answer that ended normally (not cancelled), without thinking or tools, whose prompt may be
+        reused (``prefix_cache`` on, a reusable cache): its next turn will likely begin with it."""
+        r = seq.request
+        return (seq.finish is not None and r.prompt is None and bool(r.messages) and not r.tools
+                and seq.forcer is None and r.prefix_cache and self.reuse_ok and bool(self.turn_breaks))
+
+    def idle_step(self) -> bool:
+        """One step of idle work (the scheduler calls it while no request waits or runs): lay the last
+        answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call.
+        Returns True while more remains.
+
+        Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
+        decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
+        could reuse the previous prompt only up to the break that opens the answer (``app.engine.layout``).
+        Here the chat with the answer and a stand-in user message (``SETTLE_PROBE``) is rendered and
+        tokenized exactly as the next request will be, the slot's KV is cut back to the last common cut, and
+        the tokens up to the cut that opens the next user turn are prefilled in chunks of the canonical
+        layout: the next turn then reuses the answer's turn too, bit for bit as a cold prefill would compute
+        it. A request arriving meanwhile waits for at most the chunk in flight; the slot's tokens and bounds
+        are right after every chunk. When the next request does not repeat the answer verbatim the work is
+        wasted, never wrong (reuse is by token prefix and layout). The cost: a repeat of the same prompt
+        (regenerate) reuses the prompt up to its assistant break instead of all but its last token.
+        ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
+        try:
+            if not self._settling:
+                while self._settle_wanted and not self._settling:
+                    sid, seq = self._settle_wanted.popitem()
+                    plan = self._settle_plan(seq)
+                    if plan is not None:
+                        self._settling[sid] = plan
+            if self._settling:
+                sid = next(iter(self._settling))
+                if self._settle_chunk(sid, self._settling[sid]):
+                    self._settling.pop(sid, None)
+        except Exception:  # noqa: BLE001 - idle work must never end the engine; its slot starts over
+            log.exception("laying out the last answer again failed")
+            for sid in list(self._settling):
+                self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
+                self.slots[sid].forget()
+            self._settling.clear()
+        return bool(self._settling or self._settle_wanted)
+
+    def _settle_plan(self, seq: LlamaSeq) -> _Settle | None:
+        """What ``idle_step`` prefills for ``seq``'s answer, or None when nothing would be gained."""
+        slot = self.slots[seq.slot]
+        messages = tuple(seq.request.messages) + (ChatMessage("assistant", seq.streamer.text),
+                                                  ChatMessage("user", SETTLE_PROBE))
+        rp = self.render(replace(seq.request, messages=messages))
+        tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=True)
+        bounds = self.layout(tokens)
+        cuts = [b for b in bounds if tokens[b] in self.turn_breaks]
+        if len(cuts) < 2:
+            return None
+        target = cuts[-2]  # the stand-in's turn opens here; the last cut opens the answer after it
+        n, have = 0, slot.tokens
+        while n < min(len(have), len(tokens)) and have[n] == tokens[n]:
+            n += 1
+        start = usable(bounds, n, slot.bounds)
+        if target - start > SETTLE_MAX_TOKENS:
+            target = usable(bounds, start + SETTLE_MAX_TOKENS)
+        if start < MIN_LIVE_REUSE or target <= start or target >= self.settings.n_ctx:
+            return None
+        return _Settle(tokens, bounds, start, target)
+
+    def _settle_chunk(self, sid: int, plan: _Settle) -> bool:
+        """Prefill the next chunk of ``plan`` into slot ``sid``; True when it reached its target."""
+        slot, lib = self.slots[sid], self._lib
+        if not plan.started:
+            if len(slot.tokens) > plan.pos and not lib.llama_memory_seq_rm(self.mem, sid, plan.pos, -1):
+                lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
+                slot.forget()
+                return True
+            slot.tokens = plan.tokens[:plan.pos]
+            slot.bounds = {b for b in slot.bounds if b <= plan.pos}
+            plan.started = True
+        start = plan.pos
+        end = next_bound(plan.bounds, start)
+        self._decode([(sid, start, plan.tokens[start:end])])
+        slot.tokens.extend(plan.tokens[start:end])
+        slot.bounds.add(end)
+        plan.pos = end
+        self.settled["settled_tokens"] += end - start
+        if end >= plan.target:
+            self.settled["settled_answers"] += 1
+            return True
+        return False
 
     def _logprobs(self, idx: int, top_n: int):
         import numpy as np

@@ -194,6 +194,9 @@ class SeqRuntime(Protocol):
 
     def cache_stats(self) -> dict: ...
 
+    # Optional: ``idle_step() -> bool`` runs one short step of idle work (True while more remains); the
+    # scheduler calls it only while no request waits or runs (``Runtime.idle_step``).
+
 
 class _Waiting:
     __slots__ = ("rid", "request", "t_arrival", "order")
@@ -222,14 +225,17 @@ class Scheduler:
         self.stop_early: set[int] = set()  # stop_thinking asked before admission
         self.free = list(range(runtime.n_slots))
         self._order = 0
+        self._idle_work = False  # the runtime may have idle work (set when a request leaves)
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, inbox: "queue.Queue[tuple]") -> None:
-        """Serve until ``("close",)``."""
+        """Serve until ``("close",)``. While no request waits or runs, the runtime's idle work
+        (``SeqRuntime.idle_step``: the last answer laid out for the next turn) runs one short step at a time
+        between looks at the inbox."""
         while True:
             idle = not self.active and not self.waiting
             try:
-                msg = inbox.get() if idle else inbox.get_nowait()
+                msg = inbox.get() if idle and not self._idle_work else inbox.get_nowait()
                 while True:
                     if not self._handle(msg):
                         return
@@ -238,9 +244,22 @@ class Scheduler:
                 pass
             if idle and self.waiting and not self._gather(inbox):
                 return
+            if not self.active and not self.waiting:
+                if self._idle_work:
+                    self._idle_step()
+                continue
             self._expire()
             self._admit()
             self._step()
+
+    def _idle_step(self) -> None:
+        """One step of the runtime's idle work; a runtime without any (a scripted one) has none."""
+        step = getattr(self.rt, "idle_step", None)
+        try:
+            self._idle_work = bool(step()) if step is not None else False
+        except Exception:  # noqa: BLE001 - idle work must never end the engine
+            log.exception("idle work failed")
+            self._idle_work = False
 
     def _gather(self, inbox: "queue.Queue[tuple]") -> bool:
         """The idle engine just got a request: take the messages that follow it within ``GATHER_QUIET_S`` of
@@ -411,6 +430,7 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - bookkeeping must not hide the request's own reply
             log.exception("ending a sequence failed")
         self.free.append(seq.slot)
+        self._idle_work = True
         if bug:
             self.send(("bug", seq.rid, bug))
         elif error is not None:
