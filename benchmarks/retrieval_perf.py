@@ -7,8 +7,8 @@
    chunk size:
 
    - ``before``: the embedder path before issue 16 (``Embedder(batch_tokens=0)``: ``Llama.embed`` within 512
-     tokens, no flash attention) and each document embedded and written before the next is read
-     (``Ingester(embed_group_tokens=0, background=False)``);
+     tokens, no flash attention) and each document embedded and written before the next is read, one vector
+     per chunk (``Ingester(embed_group_tokens=0, background=False, leads=False)``);
    - ``before_N_threads``: the same path with all N foreground threads (``default_threads()``) in its one
      process, to show what the old path made of every core;
    - ``after_1_process``: the batched embedder (``DEFAULT_BATCH_TOKENS`` tokens per ``llama_decode``, flash
@@ -16,18 +16,21 @@
      while the next files are read), one embedding process of the same thread count as ``before``;
    - ``after``: what the app does now: the same with ``embedder.default_workers`` processes (2 on a 2-core
      machine; ``--workers N`` to choose), the extra ones at the lowest CPU priority;
+
+   every ``after`` run also embeds each chunk's lead (``chunking.lead_text``: a second, short vector per
+   chunk, docs/retrieval.md "Search"), which ``before`` did not: its cost is inside the ratio;
    - ``keyword_only``: no embedder, to show what embedding costs.
 
    ``--repeat N`` runs before/after alternately N times (the machine is shared: alternating spreads other
    load over both) and reports the median of each. The vectors of ``before`` and ``after`` are compared
    chunk by chunk (max abs difference, min cosine).
 2. Query latency at ``--chunks`` (default 50,000) chunks: a store filled with real docstring chunks (chunked at
-   64 tokens, repeated until the count is reached, each copy its own document) and one vector per chunk. The
-   vectors of the unique chunks are real embeddings; those of the copies are random unit vectors (a dot
-   product costs the same whatever the values). Queries: the 50 benchmark questions and 50 keyword queries,
-   each run twice after one warm-up. Reported: P50/P95 of query embedding (the embedding engine, a pipe
-   round trip included), BM25, vector search, and the whole ``Retriever.search`` in hybrid mode (embedding
-   included; also shown without it). Target: hybrid P95 < 50 ms.
+   64 tokens, repeated until the count is reached, each copy its own document) and two vectors per chunk
+   (its own and its lead's, as the app stores them). The vectors of the unique chunks are real embeddings;
+   those of the copies are random unit vectors (a dot product costs the same whatever the values). Queries:
+   the 50 benchmark questions and 50 keyword queries, each run twice after one warm-up. Reported: P50/P95 of
+   query embedding (the embedding engine, a pipe round trip included), BM25, vector search, and the whole
+   ``Retriever.search`` in hybrid mode (embedding included; also shown without it). Target: hybrid P95 < 50 ms.
 
 Run: ``python -m benchmarks.retrieval_perf [--chunks N] [--repeat N] [--skip-latency] [--json]``; exit status 0
 when ``after`` / ``before`` is >= 3 in chunks/s and tokens/s and hybrid P95 < 50 ms.
@@ -134,9 +137,11 @@ def _ingest_once(db: Path, docs: Path, embedder, **ingester_kw) -> dict:
         secs = time.perf_counter() - t0
         tokens = store.db.execute("SELECT COALESCE(SUM(token_count + 2), 0) FROM chunks").fetchone()[0]
         embedded = store.stats()["embeddings"]
+        leads = store.stats()["lead_vectors"]
     pages = sum((f.pages or 1) for f in report.files if f.status == "indexed")
     return {"files": len(report.files), "pages": pages, "chunks": report.chunks, "tokens": int(tokens),
-            "vectors": embedded, "seconds": round(secs, 2), "files_per_s": round(len(report.files) / secs, 2),
+            "vectors": embedded, "lead_vectors": leads, "seconds": round(secs, 2),
+            "files_per_s": round(len(report.files) / secs, 2),
             "pages_per_s": round(pages / secs, 2), "chunks_per_s": round(report.chunks / secs, 2),
             "tokens_per_s": round(tokens / secs, 1), "failed": len(report.failed)}
 
@@ -171,7 +176,7 @@ def bench_ingest(work: Path, model: Path, n_text: int, n_pdf: int, repeat: int =
     from app.retrieval.ingest import DEFAULT_EMBED_GROUP_TOKENS
 
     docs, pdf_pages = ingest_docs(work, n_text, n_pdf)
-    before_kw = {"embed_group_tokens": 0, "background": False}
+    before_kw = {"embed_group_tokens": 0, "background": False, "leads": False}
     new_kw = {} if batch_tokens is None else {"batch_tokens": batch_tokens}
     all_threads = default_threads()
     embedders = {"before": dict(batch_tokens=0, workers=1),
@@ -205,8 +210,9 @@ def bench_ingest(work: Path, model: Path, n_text: int, n_pdf: int, repeat: int =
 # ------------------------------------------------------------------------------------------------ query
 
 def build_big_store(work: Path, embedder, n_chunks: int, n_real_vectors: int):
-    """A store of ``n_chunks`` chunks: unique docstring chunks (64 tokens) repeated, one document per copy."""
-    from app.retrieval.chunking import chunk_text
+    """A store of ``n_chunks`` chunks: unique docstring chunks (64 tokens) repeated, one document per copy;
+    each chunk with its vector and its lead's."""
+    from app.retrieval.chunking import chunk_text, lead_text
     from app.retrieval.store import DocumentStore, NewChunk
 
     texts: list[str] = []
@@ -215,6 +221,7 @@ def build_big_store(work: Path, embedder, n_chunks: int, n_real_vectors: int):
                                                 overlap_tokens=0))
     rng = np.random.default_rng(0)
     real = embedder.embed(texts[:n_real_vectors])
+    real_leads = embedder.embed([lead_text(t) for t in texts[:n_real_vectors]])
     store = DocumentStore(work / "big.db")
     per_doc, made, copy = 50, 0, 0
     t0 = time.perf_counter()
@@ -223,16 +230,17 @@ def build_big_store(work: Path, embedder, n_chunks: int, n_real_vectors: int):
             if made >= n_chunks:
                 break
             batch = texts[start:start + per_doc][: n_chunks - made]
-            vecs = rng.standard_normal((len(batch), real.shape[1])).astype(np.float32)
+            vecs, leads = (rng.standard_normal((len(batch), real.shape[1])).astype(np.float32) for _ in range(2))
             if copy == 0:
                 for i in range(len(batch)):
                     if start + i < len(real):
-                        vecs[i] = real[start + i]
+                        vecs[i], leads[i] = real[start + i], real_leads[start + i]
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+            leads /= np.linalg.norm(leads, axis=1, keepdims=True)
             chunks = [NewChunk(t, None, 0, len(t), 0) for t in batch]
             store.write_document(f"/bench/copy{copy}/doc{start // per_doc}.md", sha256=f"{copy}-{start}",
                                  size=1, mtime_ns=0, type="text", page_count=None, chunks=chunks, vectors=vecs,
-                                 model=embedder.model_id)
+                                 model=embedder.model_id, lead_vectors=leads)
             made += len(batch)
         copy += 1
     return store, {"unique_chunks": len(texts), "real_vectors": len(real),

@@ -257,7 +257,9 @@ def test_chunks_of_many_documents_are_embedded_together_in_the_background(tmp_pa
     assert [e.files_done for e in files] == list(range(1, 31))
     embeds = [e for e in events if e.event == "embed"]
     assert embeds and any(e.in_flight for e in embeds)
-    assert embeds[-1].chunks_embedded == report.chunks and embeds[-1].tokens_embedded == report.chunks * 10
+    # each chunk and its lead (heading path and first sentence) are embedded: 10 tokens each for SlowFake
+    assert embeds[-1].chunks_embedded == report.chunks and embeds[-1].tokens_embedded == report.chunks * 2 * 10
+    assert stats["lead_vectors"] == stats["chunks"]
     assert all(0 <= done <= total for e in embeds for done, total in e.in_flight.values())
     assert files[-1].bytes_read == files[-1].bytes_total > 0 and files[-1].eta_s == 0.0
     assert {threading.main_thread().name} == {"MainThread"}  # callbacks ran on this (the ingest) thread

@@ -237,7 +237,8 @@ def test_pelican_edit_rename_delete_only_current_truth_is_retrievable(tmp_path: 
     g.unlink()
     assert [s.status for s in ing.ingest([folder]).files] == ["removed"]
     assert r.search("code word", k=5) == [] and r.search("OSPREY", k=5) == []
-    assert doc_store.stats() == {"documents": 0, "failed": 0, "chunks": 0, "embeddings": 0}
+    assert doc_store.stats() == {"documents": 0, "failed": 0, "chunks": 0, "embeddings": 0,
+                                 "lead_vectors": 0}
 
 
 def test_reindex_skips_unchanged_and_touch_does_not_reindex(corpus: Path, doc_store):
@@ -356,7 +357,7 @@ def test_store_migrations_are_named_applied_once_and_wal(tmp_path: Path):
     names = [m.name for m in migrations.applied(s.db)]
     assert names == ["m001_create_documents", "m002_create_chunks", "m003_create_chunks_fts",
                      "m004_create_embeddings", "m005_create_meta", "m006_create_roots", "m007_chunk_heading_path",
-                     "m008_fts_heading_path"]
+                     "m008_fts_heading_path", "m009_lead_vectors"]
     assert migrations.pending(s.db) == []
     assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     s.close()

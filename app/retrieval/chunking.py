@@ -531,3 +531,29 @@ def pdf_paragraphs(text: str, a: int, b: int) -> list[tuple[int, int]]:
 def page_of(offset: int, page_starts: Sequence[int]) -> int:
     """1-based page number of a document offset, given the sorted start offsets of its pages."""
     return bisect.bisect_right(page_starts, offset)
+
+
+# ------------------------------------------------------------------------------------------------ leads
+
+LEAD_RECIPE = "lead1"  # names how ``lead_text`` builds a lead; stored with each lead vector (store.m009)
+LEAD_MAX_CHARS = 300
+_LEAD_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"'])")
+
+
+def lead_text(text: str, heading_path: Sequence[str] = ()) -> str:
+    """A chunk's *lead*: its heading path (outermost first, joined by " > ") and its first sentence, e.g.
+    ``"shutil > shutil.which: Given a command, mode, and a PATH string, return the path which conforms to the
+    given mode on the PATH, or None if there is no such file."``. A first line that is only a call signature
+    (a signature section's own heading) is skipped; the sentence is cut at ``LEAD_MAX_CHARS`` characters.
+
+    The lead gets a vector of its own besides the chunk's (docs/retrieval.md, "Search"): all-MiniLM-L6-v2
+    mean-pools over every token, so a chunk whose first line says what it is about and whose rest is detail
+    (parameters, examples, caveats) gets a vector closer to the detail than to that line. Change the recipe
+    only with a new ``LEAD_RECIPE``: stored leads of another recipe are then ignored and embedded again."""
+    body = text.strip()
+    first, _, rest = body.partition("\n")
+    if rest.strip() and _SIGNATURE.match(first) and len(first) <= 200:
+        body = rest.strip()
+    sentence = _LEAD_SENTENCE_END.split(body, maxsplit=1)[0][:LEAD_MAX_CHARS]
+    title = " > ".join(heading_path)
+    return f"{title}: {sentence}" if title else sentence

@@ -17,10 +17,14 @@ Two methods, both over each ranker's top ``candidates``:
 The default (``DEFAULT_FUSION``) is the method and weights chosen on the development halves of the retrieval
 benchmark (``benchmarks/retrieval_quality.py --tune``, docs/retrieval.md "Fusion"): the best mean over both
 question sets of dev recall@5 + MRR@10, among settings never below the better single ranker there. Re-tuned
-after the signature sections and the heading column (1 December 2026), the rule preferred RRF (0.2, 0.8,
-k=10) by 0.031 of dev score; it was not adopted because on the whole everyday set it lowers MRR@10 (0.886
-against 0.900) and on its test half falls below vector alone, which issue 16 rules out; docs/retrieval.md
-says so with the table.
+after the lead vectors (a second vector per chunk, its heading path and first sentence; 2 December 2026):
+the rule picks weighted RRF (bm25 0.2, vector 0.8, k=10), dev score 1.832 against 1.826 for the next
+setting that is never below a single ranker (score fusion 0.1 / 0.9); score fusion (0.2, 0.8), the default
+before, fell below vector alone on the stdlib dev half's recall@5 (0.880 against 0.920). On the whole sets
+the pick is not below either single ranker (stdlib 0.960 / 0.879 against vector's 0.960 / 0.873; everyday
+1.000 / 0.908 against 1.000 / 0.899). The earlier re-tune (after the signature sections) preferred the same
+setting but it was not adopted then: it lowered everyday MRR@10 below vector alone on the test half, which
+it no longer does (0.870 against 0.866). docs/retrieval.md has the tables.
 """
 
 from __future__ import annotations
@@ -70,9 +74,9 @@ class FusionConfig:
         return f"{self.method}(bm25 {self.bm25_weight:g}, vector {self.vector_weight:g}{tail})"
 
 
-# Chosen on the dev splits of both benchmark question sets before the section chunker and kept at the re-tune
-# (docs/retrieval.md, "Fusion"; re-run with ``python -m benchmarks.retrieval_quality --tune``).
-DEFAULT_FUSION = FusionConfig("score", 0.2, 0.8)
+# Chosen on the dev splits of both benchmark question sets after the lead vectors (docs/retrieval.md,
+# "Fusion"; re-run with ``python -m benchmarks.retrieval_quality --tune``).
+DEFAULT_FUSION = FusionConfig("rrf", 0.2, 0.8, 10)
 
 
 def weighted_rrf(rankings: Sequence[Sequence[int]], weights: Sequence[float] | None = None,

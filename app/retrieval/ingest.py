@@ -60,6 +60,7 @@ from app.retrieval.chunking import (
     ApproxTokenCounter,
     TokenCounter,
     chunk_document,
+    lead_text,
     page_of,
 )
 from app.retrieval.extract import MAX_FILE_BYTES, Extracted, extract, kind_of
@@ -87,7 +88,8 @@ DEFAULT_EMBED_GROUP_TOKENS = 8192  # tokens per background embedding group (~4 d
 @dataclass
 class _Prepared:
     """A document read and chunked, waiting for its vectors: its place in the report, what to write, and
-    which chunks need embedding (``todo``: chunk indices) or reuse a stored vector (``known``)."""
+    which chunks need embedding (``todo``: chunk indices) or reuse a stored vector (``known``); the same for
+    the chunks' leads (``leads``: their texts, ``chunking.lead_text``)."""
 
     index: int
     path: Path
@@ -100,6 +102,10 @@ class _Prepared:
     vectors: np.ndarray | None = None
     note: str | None = None
     done: int = 0  # chunks of ``todo`` embedded so far (progress)
+    leads: list[str] = field(default_factory=list)
+    lead_todo: list[int] = field(default_factory=list)
+    lead_known: dict[int, bytes] = field(default_factory=dict)
+    lead_vectors: np.ndarray | None = None
 
     @property
     def tokens(self) -> int:
@@ -112,11 +118,13 @@ class Ingester:
     ``max_tokens`` / ``overlap_tokens``: chunk size (special tokens included) and overlap, in tokens.
     ``embed_group_tokens``: tokens of chunks gathered across documents before they are embedded together
     (0: each document alone); ``background``: embed on a worker thread while the next files are read (see
-    the module docstring)."""
+    the module docstring); ``leads``: also embed each chunk's lead (``chunking.lead_text``, embedded with the
+    chunk's group; False: one vector per chunk, what Hearth did before, for ``benchmarks.retrieval_perf``)."""
 
     def __init__(self, store: DocumentStore, embedder=None, *, counter: TokenCounter | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
-                 embed_group_tokens: int = DEFAULT_EMBED_GROUP_TOKENS, background: bool = True) -> None:
+                 embed_group_tokens: int = DEFAULT_EMBED_GROUP_TOKENS, background: bool = True,
+                 leads: bool = True) -> None:
         self.store = store
         self.embedder = embedder
         self.counter: TokenCounter = counter or embedder or ApproxTokenCounter()
@@ -124,6 +132,7 @@ class Ingester:
         self.overlap_tokens = overlap_tokens
         self.embed_group_tokens = embed_group_tokens
         self.background = background
+        self.leads = leads
         self._embed_failed: str | None = None
         self._pipe: _Pipeline | None = None
 
@@ -199,21 +208,32 @@ class Ingester:
 
     def embed_missing(self, batch: int = 256) -> int:
         """Embed chunks that have no vector for the current model (indexed before the model was installed, or
-        when the engine failed). Returns how many were embedded."""
+        when the engine failed), then the leads of chunks that have a vector but no lead vector (a store
+        indexed before m009, or leads of another ``LEAD_RECIPE``). Returns how many chunks were embedded."""
         if self.embedder is None:
             return 0
-        done = 0
+        store = self.store
+        done = self._embed_missing(store.chunks_without_vectors,
+                                   lambda model, ids, _texts, vectors: store.add_vectors(model, ids, vectors), batch)
+        if self.leads and not self._embed_failed:
+            self._embed_missing(store.chunks_without_leads, store.add_lead_vectors, batch)
+        return done
+
+    def _embed_missing(self, find, add, batch: int) -> int:
+        """Embed what ``find(model, limit=)`` lists, ``(chunk id, text)``, batch by batch, and ``add(model,
+        ids, texts, vectors)`` it; stops at the first embedding failure."""
+        model, done = self.embedder.model_id, 0
         while True:
-            todo = self.store.chunks_without_vectors(self.embedder.model_id, limit=batch)
+            todo = find(model, limit=batch)
             if not todo:
                 return done
             try:
                 vectors = self.embedder.embed([t for _, t in todo])
             except HearthError as exc:
-                log.warning("embedding failed; %d chunks stay keyword-only: %s", len(todo), exc)
+                log.warning("embedding failed; %d chunks stay without vectors: %s", len(todo), exc)
                 self._embed_failed = str(exc)
                 return done
-            self.store.add_vectors(self.embedder.model_id, [cid for cid, _ in todo], vectors)
+            add(model, [cid for cid, _ in todo], [t for _, t in todo], vectors)
             done += len(todo)
 
     # ------------------------------------------------------------------------------------------- per file
@@ -284,22 +304,24 @@ class Ingester:
                               type=kind)
         prep = _Prepared(index, path, sha, st, extracted, chunks)
         if self.embedder is not None and not self._embed_failed:
-            known = self.store.vectors_for_texts(self.embedder.model_id, [c.text for c in chunks])
-            for i, c in enumerate(chunks):
-                blob = known.get(_sha(c.text))
-                if blob is None:
-                    prep.todo.append(i)
-                else:
-                    prep.known[i] = blob
+            model = self.embedder.model_id
+            known = self.store.vectors_for_texts(model, [c.text for c in chunks])
+            prep.todo, prep.known = _todo_known([c.text for c in chunks], known)
+            if self.leads:
+                prep.leads = [lead_text(c.text, c.heading_path) for c in chunks]
+                known = self.store.lead_vectors_for(model, prep.leads)
+                prep.lead_todo, prep.lead_known = _todo_known(prep.leads, known)
         return prep
 
     def _write(self, prep: _Prepared) -> FileStatus:
         """One transaction: the document, its chunks and (when there are) their vectors."""
         key = str(prep.path)
-        vectors = prep.vectors
+        vectors, leads = prep.vectors, prep.lead_vectors
         note = prep.note
         if vectors is None and self.embedder is not None and not prep.todo and prep.known:
-            vectors = _assemble(prep, None)
+            vectors = _assemble(len(prep.chunks), None, prep.known)
+        if leads is None and vectors is not None and prep.leads and not prep.lead_todo:
+            leads = _assemble(len(prep.chunks), None, prep.lead_known)
         if vectors is None and self.embedder is not None and note is None and self._embed_failed:
             note = f"indexed for keyword search only (embedding failed: {self._embed_failed})"
         notes = "; ".join(n for n in (prep.extracted.note, note) if n) or None
@@ -307,7 +329,8 @@ class Ingester:
         self.store.write_document(
             key, sha256=prep.sha, size=prep.st.st_size, mtime_ns=prep.st.st_mtime_ns, type=ex.kind,
             page_count=len(ex.pages) if ex.paged else None, chunks=prep.chunks, vectors=vectors,
-            model=self.embedder.model_id if vectors is not None else None, tokenizer=self.counter.name)
+            model=self.embedder.model_id if vectors is not None else None, tokenizer=self.counter.name,
+            lead_vectors=leads if vectors is not None else None)
         return FileStatus(key, STATUS_INDEXED, notes, len(prep.chunks), len(ex.pages))
 
     def _chunks_or_fallback(self, extracted: Extracted) -> list[NewChunk]:
@@ -401,7 +424,8 @@ class _Pipeline:
         self.flight: tuple[list[_Prepared], Future | None] | None = None
         self.events: queue.Queue = queue.Queue()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hearth-embed") if ingester.background else None
-        self._owners: list[list[tuple[_Prepared, int]]] = []  # per unique text of the group in flight
+        # per unique text of the group in flight: (document, chunk index, is the chunk's lead)
+        self._owners: list[list[tuple[_Prepared, int, bool]]] = []
         self._base_chunks = self._base_tokens = self._flight_tokens = 0
 
     def waiting(self, sha: str) -> bool:
@@ -450,21 +474,23 @@ class _Pipeline:
                 future.set_exception(exc)
         self.flight = (group, future)
 
-    def _texts(self, group: list[_Prepared]) -> tuple[list[str], list[list[tuple[_Prepared, int]]]]:
-        """The unique texts to embed and, per text, the (document, chunk index) that get its vector."""
+    def _texts(self, group: list[_Prepared]) -> tuple[list[str], list[list[tuple[_Prepared, int, bool]]]]:
+        """The unique texts to embed (per document its chunks, then their leads) and, per text, the
+        (document, chunk index, lead?) that get its vector."""
         if self.ing.embedder is None or self.ing._embed_failed:
             return [], []
         index: dict[str, int] = {}
         texts: list[str] = []
-        owners: list[list[tuple[_Prepared, int]]] = []
+        owners: list[list[tuple[_Prepared, int, bool]]] = []
         for prep in group:
-            for i in prep.todo:
-                text = prep.chunks[i].text
+            wanted = [(prep.chunks[i].text, i, False) for i in prep.todo]
+            wanted += [(prep.leads[i], i, True) for i in prep.lead_todo]
+            for text, i, lead in wanted:
                 if text not in index:
                     index[text] = len(texts)
                     texts.append(text)
                     owners.append([])
-                owners[index[text]].append((prep, i))
+                owners[index[text]].append((prep, i, lead))
         return texts, owners
 
     def _embed(self, texts: list[str], inline: bool = False) -> np.ndarray:
@@ -495,14 +521,17 @@ class _Pipeline:
                 self._landed()
         self.flight = None
         if vectors is not None:
-            fresh: dict[int, dict[int, np.ndarray]] = {}
+            fresh: dict[tuple[int, bool], dict[int, np.ndarray]] = {}
             for row, owners in zip(vectors, self._owners):
-                for prep, i in owners:
-                    fresh.setdefault(id(prep), {})[i] = row
+                for prep, i, lead in owners:
+                    fresh.setdefault((id(prep), lead), {})[i] = row
         for prep in group:
             self.state.chunks_pending -= len(prep.todo)
             if vectors is not None and (prep.todo or prep.known):
-                prep.vectors = _assemble(prep, fresh.get(id(prep), {}))
+                n = len(prep.chunks)
+                prep.vectors = _assemble(n, fresh.get((id(prep), False)), prep.known)
+                if prep.leads:
+                    prep.lead_vectors = _assemble(n, fresh.get((id(prep), True)), prep.lead_known)
             elif note and prep.todo:
                 prep.note = note
             self.finished(prep.index, self.ing._write(prep))
@@ -523,8 +552,9 @@ class _Pipeline:
         st, group = self.state, self.flight[0]
         done: dict[int, int] = {}
         for owners in self._owners[:texts_done]:
-            for prep, _i in owners:
-                done[id(prep)] = done.get(id(prep), 0) + 1
+            for prep, _i, lead in owners:
+                if not lead:
+                    done[id(prep)] = done.get(id(prep), 0) + 1
         st.chunks_embedded = self._base_chunks + sum(done.values())
         st.tokens_embedded = self._base_tokens + tokens_done
         self._flight_tokens = tokens_done
@@ -533,7 +563,8 @@ class _Pipeline:
 
     def _landed(self) -> None:
         st = self.state
-        st.chunks_embedded = self._base_chunks = self._base_chunks + sum(len(o) for o in self._owners)
+        chunks = sum(1 for owners in self._owners for _p, _i, lead in owners if not lead)
+        st.chunks_embedded = self._base_chunks = self._base_chunks + chunks
         st.tokens_embedded = self._base_tokens = self._base_tokens + self._flight_tokens
         self._flight_tokens = 0
         st.in_flight = {}
@@ -546,18 +577,30 @@ class _Pipeline:
             self.progress(self.state)
 
 
-def _assemble(prep: _Prepared, fresh: dict[int, np.ndarray] | None) -> np.ndarray | None:
-    """One row per chunk: stored vectors for known texts, fresh ones for the rest (None if any is missing)."""
+def _assemble(n: int, fresh: dict[int, np.ndarray] | None, known: dict[int, bytes]) -> np.ndarray | None:
+    """One row per chunk (``n``): fresh vectors, else stored ones for known texts (None if any is missing)."""
     fresh = fresh or {}
     rows: list[np.ndarray] = []
-    for i in range(len(prep.chunks)):
+    for i in range(n):
         if i in fresh:
             rows.append(np.asarray(fresh[i], dtype=np.float32))
-        elif i in prep.known:
-            rows.append(np.frombuffer(prep.known[i], dtype=np.float32))
+        elif i in known:
+            rows.append(np.frombuffer(known[i], dtype=np.float32))
         else:
             return None
     return np.vstack(rows) if rows else None
+
+
+def _todo_known(texts: list[str], stored: dict[str, bytes]) -> tuple[list[int], dict[int, bytes]]:
+    """Indices of ``texts`` without a stored vector (by text sha256), and the stored vectors of the rest."""
+    todo, known = [], {}
+    for i, text in enumerate(texts):
+        blob = stored.get(_sha(text))
+        if blob is None:
+            todo.append(i)
+        else:
+            known[i] = blob
+    return todo, known
 
 
 def _sha(text: str) -> str:

@@ -41,6 +41,7 @@ from sqlite_utils import Migrations
 
 from app import paths
 from app.errors import StoreError
+from app.retrieval.chunking import LEAD_RECIPE, lead_text
 from app.retrieval.types import Evidence
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,26 @@ def m008_fts_heading_path(db: sqlite_utils.Database) -> None:
     db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
 
 
+@migrations()
+def m009_lead_vectors(db: sqlite_utils.Database) -> None:
+    # A second vector per chunk: its lead (heading path and first sentence, ``chunking.lead_text``); a
+    # chunk's vector score is the larger of its two cosines (docs/retrieval.md, "Search"). A store indexed
+    # before has none: it is searched by chunk vectors alone until ``Ingester.embed_missing`` (run at the end
+    # of every ingest with an embedder) adds them. ``recipe`` is ``chunking.LEAD_RECIPE``: leads built another
+    # way are ignored by searches and embedded again. ``lead_sha256`` lets a re-indexed document re-use the
+    # vectors of unchanged leads.
+    db.execute("""
+        CREATE TABLE lead_vectors (
+            chunk_id INTEGER NOT NULL REFERENCES chunks(id),
+            model TEXT NOT NULL,            -- embedding model id (Embedder.model_id)
+            recipe TEXT NOT NULL,           -- how the lead text was built (chunking.LEAD_RECIPE)
+            lead_sha256 TEXT NOT NULL,      -- of the lead text
+            vector BLOB NOT NULL,           -- float32, little-endian, L2-normalised
+            PRIMARY KEY (chunk_id, model, recipe)
+        )""")
+    db.execute("CREATE INDEX lead_vectors_sha256 ON lead_vectors(lead_sha256)")
+
+
 def evidence_id(document_sha256: str, ordinal: int) -> str:
     """The stable evidence ID of chunk ``ordinal`` (0-based) of the document with this content hash."""
     return hashlib.sha256(f"{document_sha256}:{ordinal}".encode()).hexdigest()[:EVIDENCE_ID_HEX]
@@ -215,7 +236,8 @@ class DocumentStore:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the documents database {self.path}: {exc}") from exc
         self._matrix_lock = threading.Lock()
-        self._matrix: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}  # model -> (version, ids, matrix)
+        # model -> (version, ids, chunk vectors, lead vectors or None)
+        self._matrix: dict[str, tuple[int, np.ndarray, np.ndarray, np.ndarray | None]] = {}
 
     def close(self) -> None:
         self.db.close()
@@ -250,11 +272,15 @@ class DocumentStore:
 
     def write_document(self, path: str, *, sha256: str, size: int, mtime_ns: int, type: str,
                        page_count: int | None, chunks: list[NewChunk], vectors: np.ndarray | None = None,
-                       model: str | None = None, tokenizer: str | None = None) -> int:
+                       model: str | None = None, tokenizer: str | None = None,
+                       lead_vectors: np.ndarray | None = None) -> int:
         """Replace whatever is stored for ``path`` by this document and its chunks (and their vectors for
-        ``model``), in one transaction. Returns the document id."""
+        ``model``, and the vectors of their leads, ``chunking.lead_text``, one row per chunk), in one
+        transaction. Returns the document id."""
         if vectors is not None and (model is None or len(vectors) != len(chunks)):
             raise ValueError("vectors need a model id and one row per chunk")
+        if lead_vectors is not None and (vectors is None or len(lead_vectors) != len(chunks)):
+            raise ValueError("lead vectors need the chunks' vectors and one row per chunk")
         with self._atomic():
             self._delete_path(path)
             doc_id = self.db["documents"].insert({
@@ -270,6 +296,9 @@ class DocumentStore:
                 ids = [r[0] for r in self._query("SELECT id FROM chunks WHERE document_id = ? ORDER BY ordinal",
                                                  [doc_id])]
                 self._insert_vectors(model, ids, vectors)
+                if lead_vectors is not None:
+                    leads = [lead_text(c.text, c.heading_path) for c in chunks]
+                    self._insert_lead_vectors(model, ids, leads, lead_vectors)
         return int(doc_id)
 
     def record_status(self, path: str, *, status: str, error: str | None, sha256: str | None = None,
@@ -307,6 +336,8 @@ class DocumentStore:
         for doc_id in doc_ids:
             n = self.db.execute("DELETE FROM embeddings WHERE chunk_id IN "
                                 "(SELECT id FROM chunks WHERE document_id = ?)", [doc_id]).rowcount
+            n += self.db.execute("DELETE FROM lead_vectors WHERE chunk_id IN "
+                                 "(SELECT id FROM chunks WHERE document_id = ?)", [doc_id]).rowcount
             self.db.execute("DELETE FROM chunks WHERE document_id = ?", [doc_id])
             self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
             if n:
@@ -360,6 +391,44 @@ class DocumentStore:
             [(int(cid), model, v.tobytes()) for cid, v in zip(chunk_ids, vectors)])
         self._bump_embeddings_version()
 
+    def lead_vectors_for(self, model: str, leads: list[str]) -> dict[str, bytes]:
+        """Stored lead vectors (raw float32 bytes) of leads with exactly these texts (``LEAD_RECIPE``), by
+        their sha256, like ``vectors_for_texts``."""
+        shas = sorted({_sha(t) for t in leads})
+        out: dict[str, bytes] = {}
+        for i in range(0, len(shas), 500):
+            part = shas[i:i + 500]
+            marks = ",".join("?" * len(part))
+            for sha, blob in self._query(
+                    f"SELECT lead_sha256, vector FROM lead_vectors WHERE model = ? AND recipe = ? "
+                    f"AND lead_sha256 IN ({marks})", [model, LEAD_RECIPE, *part]):
+                out[sha] = blob
+        return out
+
+    def chunks_without_leads(self, model: str, limit: int = 256) -> list[tuple[int, str]]:
+        """``(chunk id, lead text)`` of chunks that have a vector for ``model`` but no lead vector of the
+        current ``LEAD_RECIPE`` (indexed before m009, or with another recipe)."""
+        rows = self._query(
+            "SELECT c.id, c.text, c.heading_path FROM chunks c JOIN embeddings e ON e.chunk_id = c.id "
+            "AND e.model = ? WHERE NOT EXISTS (SELECT 1 FROM lead_vectors l WHERE l.chunk_id = c.id "
+            "AND l.model = ? AND l.recipe = ?) ORDER BY c.id LIMIT ?", [model, model, LEAD_RECIPE, limit])
+        return [(r[0], lead_text(r[1], _path_tuple(r[2]))) for r in rows]
+
+    def add_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str], vectors: np.ndarray) -> None:
+        """Lead vectors of the current recipe for these chunks; rows of older recipes are dropped."""
+        with self._atomic():
+            self.db.execute("DELETE FROM lead_vectors WHERE model = ? AND recipe != ?", [model, LEAD_RECIPE])
+            self._insert_lead_vectors(model, chunk_ids, leads, vectors)
+
+    def _insert_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str],
+                             vectors: np.ndarray) -> None:
+        vectors = np.asarray(vectors, dtype=np.float32)
+        self.db.conn.executemany(
+            "INSERT OR REPLACE INTO lead_vectors(chunk_id, model, recipe, lead_sha256, vector) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(int(cid), model, LEAD_RECIPE, _sha(t), v.tobytes()) for cid, t, v in zip(chunk_ids, leads, vectors)])
+        self._bump_embeddings_version()
+
     def _bump_embeddings_version(self) -> None:
         self.db.execute("UPDATE meta SET value = value + 1 WHERE key = 'embeddings_version'")
 
@@ -402,30 +471,39 @@ class DocumentStore:
         return [w for w in words if w in kept]
 
     def vector_search(self, model: str, query_vector: np.ndarray, limit: int) -> list[tuple[int, float]]:
-        """``(chunk id, cosine similarity)`` best first, over every stored vector of ``model``."""
-        ids, matrix = self._vector_matrix(model)
+        """``(chunk id, score)`` best first over every chunk with a vector of ``model``; a chunk's score is
+        the larger of the cosine similarities of its vector and of its lead's (``max_similarity``; the
+        chunk's alone when it has no lead vector yet)."""
+        ids, matrix, leads = self._vector_matrix(model)
         if not len(ids):
             return []
         with _single_blas_thread():
-            scores = matrix @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+            scores = max_similarity(np.asarray(query_vector, dtype=np.float32).reshape(-1), matrix, leads)
         k = min(limit, len(ids))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top])]
         return [(int(ids[i]), float(scores[i])) for i in top]
 
-    def _vector_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+    def _vector_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Chunk ids, their vectors, and their lead vectors row for row (a chunk without one repeats its own
+        vector; None when no chunk has one), cached until ``embeddings_version`` changes."""
         version = self._query("SELECT value FROM meta WHERE key = 'embeddings_version'")[0][0]
         with self._matrix_lock:
             cached = self._matrix.get(model)
             if cached and cached[0] == version:
-                return cached[1], cached[2]
-            rows = self._query("SELECT chunk_id, vector FROM embeddings WHERE model = ? ORDER BY chunk_id",
-                               [model])
+                return cached[1], cached[2], cached[3]
+            rows = self._query("SELECT e.chunk_id, e.vector, l.vector FROM embeddings e LEFT JOIN lead_vectors l "
+                               "ON l.chunk_id = e.chunk_id AND l.model = e.model AND l.recipe = ? "
+                               "WHERE e.model = ? ORDER BY e.chunk_id", [LEAD_RECIPE, model])
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             matrix = (np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
                       if rows else np.zeros((0, 0), dtype=np.float32))
-            self._matrix[model] = (version, ids, matrix)
-            return ids, matrix
+            leads = None
+            if any(r[2] is not None for r in rows):
+                leads = np.frombuffer(b"".join(r[2] if r[2] is not None else r[1] for r in rows),
+                                      dtype=np.float32).reshape(len(rows), -1)
+            self._matrix[model] = (version, ids, matrix, leads)
+            return ids, matrix, leads
 
     def evidence(self, scored: list[tuple[int, float]]) -> list[Evidence]:
         """Evidence for ``(chunk id, score)`` pairs, in the given order (unknown ids are dropped)."""
@@ -465,6 +543,8 @@ class DocumentStore:
                                          "(SELECT id FROM documents)",
             "vectors without a chunk": "SELECT COUNT(*) FROM embeddings WHERE chunk_id NOT IN "
                                        "(SELECT id FROM chunks)",
+            "lead vectors without a chunk": "SELECT COUNT(*) FROM lead_vectors WHERE chunk_id NOT IN "
+                                            "(SELECT id FROM chunks)",
             "documents whose chunk_count is wrong": "SELECT COUNT(*) FROM documents d WHERE status = 'indexed' AND "
                                                     "chunk_count != (SELECT COUNT(*) FROM chunks c "
                                                     "WHERE c.document_id = d.id)",
@@ -482,7 +562,8 @@ class DocumentStore:
         return {"documents": q("SELECT COUNT(*) FROM documents WHERE status = 'indexed'")[0][0],
                 "failed": q("SELECT COUNT(*) FROM documents WHERE status = 'failed'")[0][0],
                 "chunks": q("SELECT COUNT(*) FROM chunks")[0][0],
-                "embeddings": q("SELECT COUNT(*) FROM embeddings")[0][0]}
+                "embeddings": q("SELECT COUNT(*) FROM embeddings")[0][0],
+                "lead_vectors": q("SELECT COUNT(*) FROM lead_vectors")[0][0]}
 
     # ---------------------------------------------------------------------------------------- internals
 
@@ -536,6 +617,16 @@ def _single_blas_thread():
     if _BLAS is False:
         return contextlib.nullcontext()
     return _BLAS.limit(limits=1, user_api="blas")
+
+
+def max_similarity(query: np.ndarray, matrix: np.ndarray, leads: np.ndarray | None = None) -> np.ndarray:
+    """Per row: the larger of the dot products of ``query`` with ``matrix``'s row and with ``leads``' row
+    (L2-normalised vectors: cosines), the row's own when ``leads`` is None. The max-sim of multi-vector
+    retrieval (one document, several vectors, scored by its best match), with two vectors per chunk."""
+    scores = matrix @ query
+    if leads is not None:
+        np.maximum(scores, leads @ query, out=scores)
+    return scores
 
 
 def _path_json(path: tuple[str, ...]) -> str | None:

@@ -96,7 +96,8 @@ class Progress:
     the files handled; bytes_total: bytes of every file found. elapsed_s: seconds since the run started. last:
     the status of the file just handled (``event == "file"``). counts: files per status so far.
     current: the file being read and chunked (None when the run is over). chunks_embedded / tokens_embedded:
-    chunks and embedding-model tokens (special tokens included) embedded so far in this run;
+    chunks and embedding-model tokens (special tokens included; the chunks' leads' tokens too) embedded so far
+    in this run;
     chunks_pending: chunks read and waiting for vectors. in_flight: for each file whose chunks are being
     embedded, ``(chunks embedded, chunks to embed)`` — the window's per-file progress.
     """
