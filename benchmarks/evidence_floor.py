@@ -1,7 +1,8 @@
 """The relevance floor of a chat turn's evidence: what leaving out weak passages costs and saves.
 
 A chat turn searches ``k`` = 4 passages (``app.assistant.turn.DEFAULT_K``) and, in hybrid mode, gives the model
-only those whose fused score is at least ``floor`` × the best one's (``app.assistant.evidence.above_floor``).
+only those whose relevance (``fusion.relevance``: normalised score fusion, which keeps margins; the ranking
+itself is the default fusion's) is at least ``floor`` × the best one's (``app.assistant.evidence.above_floor``).
 On both question sets of ``benchmarks.retrieval_quality`` (the same corpora, ingest, and dev/test split: even
 positions dev, odd test), per floor:
 
@@ -40,9 +41,10 @@ def passages(retriever, questions) -> list[dict]:
     rows = []
     for i, q in enumerate(questions):
         res = retriever.search(q.question, K)
-        top = res[0].score if len(res) else 0.0
-        rows.append({"split": split_of(i), "hits": [(e.score / top if top > 0 else 1.0, q.is_relevant(e.text))
-                                                    for e in res]})
+        best = max(res.relevance.values(), default=0.0)
+        rows.append({"split": split_of(i), "hits": [
+            (res.relevance.get(e.evidence_id, 0.0) / best if best > 0 else 1.0, q.is_relevant(e.text))
+            for e in res]})
     return rows
 
 

@@ -163,15 +163,22 @@ def test_the_relevance_floor_keeps_the_best_passage_and_those_close_to_it():
     from app.assistant.evidence import RELEVANCE_FLOOR, above_floor
     from app.retrieval.types import Evidence
 
-    def ev(i, score):
-        return Evidence(f"{i:012x}", f"/d/{i}.md", None, score, f"text {i}", 0, 6)
+    def ev(i):
+        return Evidence(f"{i:012x}", f"/d/{i}.md", None, 1.0 / (10 + i), f"text {i}", 0, 6)
 
-    got = above_floor([ev(1, 0.9), ev(2, 0.6), ev(3, 0.45), ev(4, 0.2)])
+    def rel(*scores):
+        return {f"{i:012x}": s for i, s in enumerate(scores, start=1)}
+
+    four = [ev(1), ev(2), ev(3), ev(4)]
+    got = above_floor(four, rel(0.9, 0.6, 0.45, 0.2))
     assert [e.evidence_id[-1] for e in got] == ["1", "2", "3"] and RELEVANCE_FLOOR == 0.5
-    assert above_floor([ev(1, 0.9), ev(2, 0.1)], floor=0.0) == [ev(1, 0.9), ev(2, 0.1)]
-    assert above_floor([ev(1, 0.05)]) == [ev(1, 0.05)]  # the best passage is always given
-    assert above_floor([ev(1, 0.0), ev(2, 0.0)]) == [ev(1, 0.0), ev(2, 0.0)]  # no scale: nothing to compare
-    assert above_floor([]) == []
+    # the floor is relative to the best relevance among them, which need not be the first passage's
+    assert [e.evidence_id[-1] for e in above_floor(four, rel(0.3, 0.9, 0.5, 0.44))] == ["1", "2", "3"]
+    assert above_floor(four, rel(0.9, 0.1, 0.1, 0.1), floor=0.0) == four
+    assert above_floor([ev(1)], rel(0.05)) == [ev(1)]  # the best passage is always given
+    assert above_floor(four, {}) == four  # no relevance known (not hybrid): nothing to compare
+    assert above_floor(four, rel(0.9, 0.1)) == four[:1] + four[2:]  # unknown relevance: kept
+    assert above_floor([], {}) == []
 
 
 def test_keyword_only_search_is_not_floored(docs):
@@ -179,3 +186,15 @@ def test_keyword_only_search_is_not_floored(docs):
     only (the kettle corpus here has no vectors)."""
     found = docs.search("kettle water", 3)
     assert len(found.evidence) == 3 and found.notice and "BM25" in found.notice
+
+
+def test_relevance_keeps_the_margins_that_rrf_scores_lose():
+    from app.retrieval.fusion import FusionConfig, fuse, relevance
+
+    lexical = [(1, 9.0), (2, 8.9), (3, 1.0), (4, 0.9)]
+    vector = [(1, 0.80), (2, 0.78), (3, 0.30), (4, 0.29)]
+    cfg = FusionConfig("rrf", 0.2, 0.8, 10)
+    fused = dict(fuse(lexical, vector, cfg))
+    assert fused[4] / fused[1] > 0.7  # ranks only: the 4th looks almost as good as the 1st
+    rel = relevance(lexical, vector, cfg)
+    assert rel[1] == 1.0 and rel[2] > 0.9 and rel[4] == 0.0 and rel[3] < 0.05  # margins kept

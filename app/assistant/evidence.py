@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ SEARCH_K = 24  # candidates searched before filtering by a conversation's chosen
 MAX_K = 20  # passages one turn may ask for (``--k``, ``hearth.k``)
 CITATION_KEYS = ("evidence_id", "path", "page", "quote")
 SEARCH_CACHE = 256  # searches remembered per source (a stateless chat re-grounds every earlier question)
-# A hybrid passage scoring under this share of the best passage's fused score is not given to the model
+# A hybrid passage whose relevance is under this share of the best passage's is not given to the model
 # (``DocumentSource.search``); chosen on the benchmark's dev halves (``python -m benchmarks.evidence_floor``).
 RELEVANCE_FLOOR = 0.5
 
@@ -112,7 +112,7 @@ class DocumentSource:
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
         if results.mode == MODE_HYBRID:
-            kept = above_floor(kept)
+            kept = above_floor(kept, results.relevance)
         return Found(tuple(kept), results.notice)
 
     def _version(self) -> tuple[int, int]:
@@ -141,18 +141,20 @@ class DocumentSource:
             self.store.close()
 
 
-def above_floor(evidence: Sequence[Evidence], floor: float = RELEVANCE_FLOOR) -> list[Evidence]:
-    """The passages of a hybrid result (best first) whose fused score is at least ``floor`` times the best
-    one's: the first always, the rest only while they come close to it. Fused scores
-    (``fusion.score_fusion``: min-max normalised per ranker, weighted) put a passage that matched neither the
-    question's words nor its meaning far below the one that did; given to the model anyway it is noise a
-    small model may quote, and prompt tokens every later turn carries. Measured on both benchmark sets
-    (docs/retrieval.md, "Relevance floor"): at 0.5 no question of the dev halves lost its relevant passage
-    from the top 4, and about half of the other passages were left out."""
-    if not evidence or evidence[0].score <= 0:
+def above_floor(evidence: Sequence[Evidence], relevance: Mapping[str, float],
+                floor: float = RELEVANCE_FLOOR) -> list[Evidence]:
+    """The passages of a hybrid result (best first) whose relevance (``relevance[evidence_id]``:
+    ``SearchResults.relevance``, normalised score fusion, 0 … 1) is at least ``floor`` times the best
+    relevance among them; the first passage always. Normalised scores put a passage that matched neither the
+    question's words nor its meaning well far below one that did; given to the model anyway it is noise a
+    small model may quote, and prompt tokens every later turn carries. A passage without a relevance is kept.
+    Measured on both benchmark sets (``python -m benchmarks.evidence_floor``, docs/retrieval.md "Relevance
+    floor"): at 0.5 no relevant passage of either set's top 4 is left out."""
+    scores = [relevance.get(e.evidence_id) for e in evidence]
+    best = max((s for s in scores if s is not None), default=0.0)
+    if best <= 0:
         return list(evidence)
-    top = evidence[0].score
-    return [e for e in evidence if e.score >= floor * top]
+    return [e for i, (e, s) in enumerate(zip(evidence, scores)) if i == 0 or s is None or s >= floor * best]
 
 
 def check_k(k: object, param: str = "k") -> int:

@@ -125,3 +125,12 @@ def fuse(lexical: Ranking, vector: Ranking, config: FusionConfig = DEFAULT_FUSIO
     if config.method == "rrf":
         return weighted_rrf([[i for i, _ in lexical], [i for i, _ in vector]], weights, config.rrf_k)
     return score_fusion([lexical, vector], weights)
+
+
+def relevance(lexical: Ranking, vector: Ranking, config: FusionConfig = DEFAULT_FUSION) -> dict[int, float]:
+    """Each item's normalised score fusion (``score_fusion``) of the two rankings under ``config``'s weights,
+    whatever ``config``'s method: a relevance in 0 … 1 that keeps each ranker's margins. RRF ranks well but
+    its scores carry ranks only (ranks 1 and 4 of one ranker score 1/11 and 1/14 at k = 10), so how far a
+    passage falls below the best one is read here (a chat turn's relevance floor,
+    ``app.assistant.evidence.above_floor``)."""
+    return dict(score_fusion([lexical, vector], (config.bm25_weight, config.vector_weight)))

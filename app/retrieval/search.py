@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from app.errors import HearthError, InvalidRequest
-from app.retrieval.fusion import DEFAULT_FUSION, RRF_K, FusionConfig, fuse, weighted_rrf
+from app.retrieval.fusion import DEFAULT_FUSION, RRF_K, FusionConfig, fuse, relevance, weighted_rrf
 from app.retrieval.query import bm25_ranking
 from app.retrieval.store import DocumentStore
 from app.retrieval.types import MODE_BM25, MODE_HYBRID, MODE_VECTOR, SearchResults
@@ -99,10 +99,15 @@ class Retriever:
             used, evidence = MODE_VECTOR, self.store.evidence((r.vector or [])[:k])
         else:
             used, fused = MODE_HYBRID, fuse(r.lexical, r.vector, self.fusion)
+            top = fused[:max(k, self.reranker.depth)] if self.reranker is not None else fused[:k]
+            evidence = self.store.evidence(top)
             if self.reranker is not None:
-                evidence = self.reranker.rerank(query, self.store.evidence(fused[:max(k, self.reranker.depth)]))[:k]
-            else:
-                evidence = self.store.evidence(fused[:k])
+                evidence = self.reranker.rerank(query, evidence)[:k]
+            rel = relevance(r.lexical, r.vector or [], self.fusion)
+            ids = self.store.evidence_ids([cid for cid, _ in top])
+            return SearchResults(evidence, mode=used, notice=r.notice, query_embed_s=r.embed_s,
+                                 total_s=time.perf_counter() - started,
+                                 relevance={ids[cid]: rel.get(cid, 0.0) for cid, _ in top if cid in ids})
         return SearchResults(evidence, mode=used, notice=r.notice, query_embed_s=r.embed_s,
                              total_s=time.perf_counter() - started)
 

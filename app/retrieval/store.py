@@ -519,6 +519,14 @@ class DocumentStore:
                          heading_path=_path_tuple(r["heading_path"]))
                 for cid, score in scored if (r := rows.get(cid)) is not None]
 
+    def evidence_ids(self, chunk_ids: list[int]) -> dict[int, str]:
+        """``{chunk id: evidence ID}`` of the given chunks (unknown ids are absent)."""
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        return {int(r[0]): r[1] for r in self._query(f"SELECT id, evidence_id FROM chunks WHERE id IN ({marks})",
+                                                     list(chunk_ids))}
+
     def resolve(self, evidence_ids: list[str]) -> dict[str, Evidence]:
         """Evidence by ID (score 0.0); IDs of deleted or changed content are absent."""
         if not evidence_ids:

@@ -48,16 +48,20 @@ class SearchResults(list):
 
     mode: ``"hybrid"``, ``"bm25"`` or ``"vector"``. notice: a sentence for a person when the mode is degraded
     (e.g. "no embedding model: keyword search only"), else None. query_embed_s: seconds spent embedding the
-    query (0.0 when none); total_s: seconds for the whole search, embedding included.
+    query (0.0 when none); total_s: seconds for the whole search, embedding included. relevance: in hybrid
+    mode, each result's margin-keeping relevance by evidence ID (``fusion.relevance``: normalised score fusion
+    of the same two rankings, 0 … 1), which a chat turn's relevance floor compares; else empty.
     """
 
     def __init__(self, items=(), *, mode: str = MODE_HYBRID, notice: str | None = None,
-                 query_embed_s: float = 0.0, total_s: float = 0.0) -> None:
+                 query_embed_s: float = 0.0, total_s: float = 0.0,
+                 relevance: dict[str, float] | None = None) -> None:
         super().__init__(items)
         self.mode = mode
         self.notice = notice
         self.query_embed_s = query_embed_s
         self.total_s = total_s
+        self.relevance = relevance or {}
 
 
 # Per-file ingest outcomes.
