@@ -49,7 +49,7 @@ def test_max_similarity_takes_the_better_of_a_rows_two_vectors():
 
 def _store_with_two_chunks(path: Path, leads: bool = True) -> DocumentStore:
     s = DocumentStore(path)
-    chunks = [NewChunk("Alpha. Details.", None, 0, 15, 3, ("A",)), NewChunk("Beta. More.", None, 16, 27, 3)]
+    chunks = [NewChunk("Alpha. Details.", None, 0, 15, 40, ("A",)), NewChunk("Beta. More.", None, 16, 27, 40)]
     vectors = np.vstack([_unit(1, 1, 0), _unit(0, 1, 0)])
     lead_vectors = np.vstack([_unit(0, 0, 1), _unit(0, 1, 1)]) if leads else None
     s.write_document("/d.md", sha256="d1", size=1, mtime_ns=1, type="text", page_count=None, chunks=chunks,
@@ -111,23 +111,26 @@ class CountingFake(FakeEmbedder):
         return super().embed(texts, progress)
 
 
+FILLER = " ".join(["More words."] * 20)  # FakeEmbedder counts words as tokens: these chunks get leads
+
+
 def test_ingest_embeds_each_chunk_and_its_lead_and_reuses_both_for_an_unchanged_passage(doc_store, tmp_path: Path):
     doc = tmp_path / "kettle.md"
-    doc.write_text("# Kettle\n\nDescale it monthly. Use citric acid.\n\n# Warranty\n\nTwo years. Keep the "
-                   "receipt.\n", encoding="utf-8")
+    doc.write_text(f"# Kettle\n\nDescale it monthly. {FILLER}\n\n# Warranty\n\nTwo years. {FILLER}\n\n"
+                   "# Short\n\nNo lead here.\n", encoding="utf-8")
     fake = CountingFake()
     Ingester(doc_store, fake).ingest([doc])
-    assert doc_store.stats()["lead_vectors"] == doc_store.stats()["chunks"] == 2
+    assert doc_store.stats()["chunks"] == 3 and doc_store.stats()["lead_vectors"] == 2  # not the short one
     assert "Kettle: # Kettle\n\nDescale it monthly." in fake.texts  # the lead of the first section
     fake.texts.clear()
     doc.write_text(doc.read_text(encoding="utf-8").replace("Two years", "Three years"), encoding="utf-8")
     Ingester(doc_store, fake).ingest([doc])
-    assert fake.texts == ["# Warranty\n\nThree years. Keep the receipt.", "Warranty: # Warranty\n\nThree years."]
+    assert fake.texts == [f"# Warranty\n\nThree years. {FILLER}", "Warranty: # Warranty\n\nThree years."]
     assert doc_store.stats()["lead_vectors"] == 2 and doc_store.check() == []
 
 
 def test_leads_off_is_one_vector_per_chunk(doc_store, tmp_path: Path):
-    (tmp_path / "a.md").write_text("# A\n\nOne. Two.\n", encoding="utf-8")
+    (tmp_path / "a.md").write_text(f"# A\n\nOne. {FILLER}\n", encoding="utf-8")
     Ingester(doc_store, FakeEmbedder(), leads=False).ingest([tmp_path / "a.md"])
     assert doc_store.stats()["embeddings"] == 1 and doc_store.stats()["lead_vectors"] == 0
 
@@ -136,7 +139,7 @@ def test_m009_an_old_store_opens_searchable_and_gets_its_leads_on_the_next_inges
     folder = tmp_path / "notes"
     folder.mkdir()
     for i in range(3):
-        (folder / f"n{i}.md").write_text(f"# Note {i}\n\nTopic {i} in short. Then details.\n", encoding="utf-8")
+        (folder / f"n{i}.md").write_text(f"# Note {i}\n\nTopic {i} in short. {FILLER}\n", encoding="utf-8")
     path = tmp_path / "documents.db"
     fake = FakeEmbedder()
     with DocumentStore(path) as s:

@@ -60,6 +60,7 @@ from app.retrieval.chunking import (
     ApproxTokenCounter,
     TokenCounter,
     chunk_document,
+    has_lead,
     lead_text,
     page_of,
 )
@@ -89,7 +90,7 @@ DEFAULT_EMBED_GROUP_TOKENS = 8192  # tokens per background embedding group (~4 d
 class _Prepared:
     """A document read and chunked, waiting for its vectors: its place in the report, what to write, and
     which chunks need embedding (``todo``: chunk indices) or reuse a stored vector (``known``); the same for
-    the chunks' leads (``leads``: their texts, ``chunking.lead_text``)."""
+    the chunks' leads (``leads``: their texts, ``chunking.lead_text``; None for a chunk without a lead)."""
 
     index: int
     path: Path
@@ -102,10 +103,10 @@ class _Prepared:
     vectors: np.ndarray | None = None
     note: str | None = None
     done: int = 0  # chunks of ``todo`` embedded so far (progress)
-    leads: list[str] = field(default_factory=list)
+    leads: list[str | None] = field(default_factory=list)
     lead_todo: list[int] = field(default_factory=list)
     lead_known: dict[int, bytes] = field(default_factory=dict)
-    lead_vectors: np.ndarray | None = None
+    lead_vectors: list[np.ndarray | None] | None = None
 
     @property
     def tokens(self) -> int:
@@ -308,8 +309,9 @@ class Ingester:
             known = self.store.vectors_for_texts(model, [c.text for c in chunks])
             prep.todo, prep.known = _todo_known([c.text for c in chunks], known)
             if self.leads:
-                prep.leads = [lead_text(c.text, c.heading_path) for c in chunks]
-                known = self.store.lead_vectors_for(model, prep.leads)
+                prep.leads = [lead_text(c.text, c.heading_path) if has_lead(c.token_count) else None
+                              for c in chunks]
+                known = self.store.lead_vectors_for(model, [t for t in prep.leads if t is not None])
                 prep.lead_todo, prep.lead_known = _todo_known(prep.leads, known)
         return prep
 
@@ -321,7 +323,7 @@ class Ingester:
         if vectors is None and self.embedder is not None and not prep.todo and prep.known:
             vectors = _assemble(len(prep.chunks), None, prep.known)
         if leads is None and vectors is not None and prep.leads and not prep.lead_todo:
-            leads = _assemble(len(prep.chunks), None, prep.lead_known)
+            leads = _assemble_leads(prep, None)
         if vectors is None and self.embedder is not None and note is None and self._embed_failed:
             note = f"indexed for keyword search only (embedding failed: {self._embed_failed})"
         notes = "; ".join(n for n in (prep.extracted.note, note) if n) or None
@@ -531,7 +533,7 @@ class _Pipeline:
                 n = len(prep.chunks)
                 prep.vectors = _assemble(n, fresh.get((id(prep), False)), prep.known)
                 if prep.leads:
-                    prep.lead_vectors = _assemble(n, fresh.get((id(prep), True)), prep.lead_known)
+                    prep.lead_vectors = _assemble_leads(prep, fresh.get((id(prep), True)))
             elif note and prep.todo:
                 prep.note = note
             self.finished(prep.index, self.ing._write(prep))
@@ -591,10 +593,30 @@ def _assemble(n: int, fresh: dict[int, np.ndarray] | None, known: dict[int, byte
     return np.vstack(rows) if rows else None
 
 
-def _todo_known(texts: list[str], stored: dict[str, bytes]) -> tuple[list[int], dict[int, bytes]]:
-    """Indices of ``texts`` without a stored vector (by text sha256), and the stored vectors of the rest."""
+def _assemble_leads(prep: _Prepared, fresh: dict[int, np.ndarray] | None) -> list[np.ndarray | None] | None:
+    """One entry per chunk: its lead's vector (fresh, else stored), None for a chunk without a lead; None
+    when a lead's vector is missing."""
+    fresh = fresh or {}
+    out: list[np.ndarray | None] = []
+    for i, lead in enumerate(prep.leads):
+        if lead is None:
+            out.append(None)
+        elif i in fresh:
+            out.append(np.asarray(fresh[i], dtype=np.float32))
+        elif i in prep.lead_known:
+            out.append(np.frombuffer(prep.lead_known[i], dtype=np.float32))
+        else:
+            return None
+    return out
+
+
+def _todo_known(texts: list[str | None], stored: dict[str, bytes]) -> tuple[list[int], dict[int, bytes]]:
+    """Indices of ``texts`` without a stored vector (by text sha256), and the stored vectors of the rest;
+    None entries are neither."""
     todo, known = [], {}
     for i, text in enumerate(texts):
+        if text is None:
+            continue
         blob = stored.get(_sha(text))
         if blob is None:
             todo.append(i)

@@ -41,7 +41,7 @@ from sqlite_utils import Migrations
 
 from app import paths
 from app.errors import StoreError
-from app.retrieval.chunking import LEAD_RECIPE, lead_text
+from app.retrieval.chunking import LEAD_MIN_TOKENS, LEAD_RECIPE, lead_text
 from app.retrieval.types import Evidence
 
 log = logging.getLogger(__name__)
@@ -273,10 +273,10 @@ class DocumentStore:
     def write_document(self, path: str, *, sha256: str, size: int, mtime_ns: int, type: str,
                        page_count: int | None, chunks: list[NewChunk], vectors: np.ndarray | None = None,
                        model: str | None = None, tokenizer: str | None = None,
-                       lead_vectors: np.ndarray | None = None) -> int:
+                       lead_vectors: list[np.ndarray | None] | None = None) -> int:
         """Replace whatever is stored for ``path`` by this document and its chunks (and their vectors for
-        ``model``, and the vectors of their leads, ``chunking.lead_text``, one row per chunk), in one
-        transaction. Returns the document id."""
+        ``model``, and the vectors of their leads, ``chunking.lead_text``: one per chunk, None for a chunk
+        without a lead, ``chunking.has_lead``), in one transaction. Returns the document id."""
         if vectors is not None and (model is None or len(vectors) != len(chunks)):
             raise ValueError("vectors need a model id and one row per chunk")
         if lead_vectors is not None and (vectors is None or len(lead_vectors) != len(chunks)):
@@ -297,8 +297,10 @@ class DocumentStore:
                                                  [doc_id])]
                 self._insert_vectors(model, ids, vectors)
                 if lead_vectors is not None:
-                    leads = [lead_text(c.text, c.heading_path) for c in chunks]
-                    self._insert_lead_vectors(model, ids, leads, lead_vectors)
+                    have = [i for i, v in enumerate(lead_vectors) if v is not None]
+                    self._insert_lead_vectors(model, [ids[i] for i in have],
+                                              [lead_text(chunks[i].text, chunks[i].heading_path) for i in have],
+                                              [lead_vectors[i] for i in have])
         return int(doc_id)
 
     def record_status(self, path: str, *, status: str, error: str | None, sha256: str | None = None,
@@ -406,12 +408,14 @@ class DocumentStore:
         return out
 
     def chunks_without_leads(self, model: str, limit: int = 256) -> list[tuple[int, str]]:
-        """``(chunk id, lead text)`` of chunks that have a vector for ``model`` but no lead vector of the
-        current ``LEAD_RECIPE`` (indexed before m009, or with another recipe)."""
+        """``(chunk id, lead text)`` of chunks that have a vector for ``model`` and should have a lead
+        (``chunking.has_lead``) but have no lead vector of the current ``LEAD_RECIPE`` (indexed before m009, or
+        with another recipe)."""
         rows = self._query(
             "SELECT c.id, c.text, c.heading_path FROM chunks c JOIN embeddings e ON e.chunk_id = c.id "
-            "AND e.model = ? WHERE NOT EXISTS (SELECT 1 FROM lead_vectors l WHERE l.chunk_id = c.id "
-            "AND l.model = ? AND l.recipe = ?) ORDER BY c.id LIMIT ?", [model, model, LEAD_RECIPE, limit])
+            "AND e.model = ? WHERE c.token_count > ? AND NOT EXISTS (SELECT 1 FROM lead_vectors l "
+            "WHERE l.chunk_id = c.id AND l.model = ? AND l.recipe = ?) ORDER BY c.id LIMIT ?",
+            [model, LEAD_MIN_TOKENS, model, LEAD_RECIPE, limit])
         return [(r[0], lead_text(r[1], _path_tuple(r[2]))) for r in rows]
 
     def add_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str], vectors: np.ndarray) -> None:
@@ -420,13 +424,12 @@ class DocumentStore:
             self.db.execute("DELETE FROM lead_vectors WHERE model = ? AND recipe != ?", [model, LEAD_RECIPE])
             self._insert_lead_vectors(model, chunk_ids, leads, vectors)
 
-    def _insert_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str],
-                             vectors: np.ndarray) -> None:
-        vectors = np.asarray(vectors, dtype=np.float32)
+    def _insert_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str], vectors) -> None:
         self.db.conn.executemany(
             "INSERT OR REPLACE INTO lead_vectors(chunk_id, model, recipe, lead_sha256, vector) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(int(cid), model, LEAD_RECIPE, _sha(t), v.tobytes()) for cid, t, v in zip(chunk_ids, leads, vectors)])
+            [(int(cid), model, LEAD_RECIPE, _sha(t), np.asarray(v, dtype=np.float32).tobytes())
+             for cid, t, v in zip(chunk_ids, leads, vectors)])
         self._bump_embeddings_version()
 
     def _bump_embeddings_version(self) -> None:
