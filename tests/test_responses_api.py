@@ -171,6 +171,133 @@ def test_reasoning_item_from_thinking(fake):
         replies["text"] = None
 
 
+# -- GET and DELETE /v1/responses/{response_id} --------------------------------------------------------------
+def _not_found(call, param="response_id"):
+    with pytest.raises(openai.NotFoundError) as e:
+        call()
+    err = e.value.body
+    assert e.value.status_code == 404 and err["type"] == "invalid_request_error" and err["param"] == param, err
+    return err
+
+
+def test_retrieve_returns_the_created_response(fake):
+    import httpx
+
+    _eng, srv, _store, _ = fake
+    c = oai(srv)
+    r = c.responses.create(model="fake-model", input="keep me", instructions="sys", metadata={"k": "v"},
+                           temperature=0.5, max_output_tokens=64)
+    got = c.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.output_text == "echo: keep me"
+    raw = httpx.post(f"{srv.url}/v1/responses", json={"model": "fake-model", "input": "raw"}, timeout=30).json()
+    again = httpx.get(f"{srv.url}/v1/responses/{raw['id']}", timeout=30)
+    assert again.status_code == 200 and again.json() == raw  # every field, hearth's included
+
+
+def test_retrieve_a_streamed_response_with_thinking(fake):
+    _eng, srv, _store, replies = fake
+    c = oai(srv)
+    replies["text"] = "<think>plan</think>answer"
+    try:
+        events = list(c.responses.create(model="fake-model", input="q", stream=True,
+                                         extra_body={"hearth": {"reasoning_budget": 32}}))
+    finally:
+        replies["text"] = None
+    done = events[-1].response
+    got = c.responses.retrieve(done.id)
+    assert got.model_dump() == done.model_dump()
+    assert [o.type for o in got.output] == ["reasoning", "message"] and got.output_text == "answer"
+    assert got.output[1].id == [e.item for e in events if e.type == "response.output_item.done"][1].id
+
+
+def test_retrieve_a_function_call(fake):
+    _eng, srv, _store, replies = fake
+    c = oai(srv)
+    replies["call"] = CALL_TEXT
+    try:
+        r = c.responses.create(model="fake-model", input="Weather in Paris?", tools=[WEATHER])
+    finally:
+        replies["call"] = None
+    got = c.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.output[-1].type == "function_call"
+
+
+def test_delete_forgets_the_response_but_keeps_the_messages(fake):
+    import httpx
+
+    eng, srv, store, _ = fake
+    c = oai(srv)
+    first = c.responses.create(model="fake-model", input="one")
+    second = c.responses.create(model="fake-model", input="two", previous_response_id=first.id)
+    cid = first.id[5:37]
+    kept = [m.id for m in store.messages(cid)]
+    assert c.responses.delete(second.id) is None  # the client reads no body
+    err = _not_found(lambda: c.responses.retrieve(second.id))
+    assert err["code"] == "response_not_found" and second.id in err["message"] and "deleted" in err["message"]
+    err = _not_found(lambda: c.responses.create(model="fake-model", input="x", previous_response_id=second.id),
+                     "previous_response_id")
+    assert err["code"] == "previous_response_not_found"
+    _not_found(lambda: c.responses.delete(second.id))
+    assert [m.id for m in store.messages(cid)] == kept  # nothing lost, only the id's mapping
+    assert second.id not in store.get_conversation(cid).settings["responses"]
+    # the rest of the chain still answers
+    assert c.responses.retrieve(first.id).id == first.id
+    c.responses.create(model="fake-model", input="three", previous_response_id=first.id)
+    assert prompt_of(eng.seen[-1]) == [("user", "one"), ("assistant", "echo: one"), ("user", "three")]
+    # the body OpenAI sends
+    r = c.responses.create(model="fake-model", input="gone")
+    d = httpx.delete(f"{srv.url}/v1/responses/{r.id}", timeout=30)
+    assert d.status_code == 200 and d.json() == {"id": r.id, "object": "response", "deleted": True}
+
+
+@pytest.mark.parametrize("rid", ["resp_nope", "nope", "resp_" + "0" * 48, "resp_" + "g" * 48, "resp_0 1",
+                                 "RESP_" + "a" * 48])
+def test_unknown_and_malformed_ids_are_404(fake, rid):
+    _eng, srv, _store, _ = fake
+    c = oai(srv)
+    assert _not_found(lambda: c.responses.retrieve(rid))["code"] == "response_not_found"
+    _not_found(lambda: c.responses.delete(rid))
+
+
+def test_a_store_false_response_cannot_be_retrieved_or_deleted(fake):
+    _eng, srv, _store, _ = fake
+    c = oai(srv)
+    r = c.responses.create(model="fake-model", input="secret", store=False)
+    assert "store: false" in _not_found(lambda: c.responses.retrieve(r.id))["message"]
+    _not_found(lambda: c.responses.delete(r.id))
+    events = list(c.responses.create(model="fake-model", input="secret", store=False, stream=True))
+    _not_found(lambda: c.responses.retrieve(events[-1].response.id))
+
+
+def test_an_old_entry_without_its_response_is_rebuilt_from_its_message(fake):
+    eng, srv, store, _ = fake
+    c = oai(srv)
+    r = c.responses.create(model="fake-model", input="old")
+    cid = r.id[5:37]
+    settings = store.get_conversation(cid).settings
+    settings["responses"][r.id] = settings["responses"][r.id]["message_id"]  # as stored before GET existed
+    store.update_conversation(cid, settings=settings)
+    got = c.responses.retrieve(r.id)
+    assert got.id == r.id and got.status == "completed" and got.output_text == "echo: old"
+    assert got.model == "fake-model" and got.usage is None and got.model_extra["hearth"] == {"rebuilt": True}
+    assert abs(got.created_at - r.created_at) <= 2
+    assert c.responses.retrieve(r.id).model_dump() == got.model_dump()  # item ids stay put
+    c.responses.create(model="fake-model", input="next", previous_response_id=r.id)
+    assert prompt_of(eng.seen[-1]) == [("user", "old"), ("assistant", "echo: old"), ("user", "next")]
+    c.responses.delete(r.id)
+    _not_found(lambda: c.responses.retrieve(r.id))
+
+
+def test_retrieve_with_stream_is_a_400(fake):
+    import httpx
+
+    _eng, srv, _store, _ = fake
+    r = oai(srv).responses.create(model="fake-model", input="x")
+    got = httpx.get(f"{srv.url}/v1/responses/{r.id}", params={"stream": "true"}, timeout=30)
+    assert got.status_code == 400 and got.json()["error"]["param"] == "stream", got.text
+    assert httpx.get(f"{srv.url}/v1/responses/{r.id}", params={"stream": "false"}, timeout=30).status_code == 200
+
+
 # -- the real bundled model ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real(bundled_model, tmp_path_factory):

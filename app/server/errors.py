@@ -74,15 +74,18 @@ class RequestNotFound(HearthError):
 
 
 class ResponseNotFound(HearthError):
-    """``previous_response_id`` names no stored response (unknown, or made with ``store: false``): 404."""
+    """A response id names no stored response (unknown, malformed, deleted, or made with ``store: false``): 404
+    naming ``param``, ``previous_response_id`` on a create or ``response_id`` on ``GET`` / ``DELETE
+    /v1/responses/{response_id}``."""
 
-    def __init__(self, response_id: str) -> None:
-        super().__init__(f"previous response {response_id!r} not found (unknown, or it was created with store: "
-                         "false, so nothing was kept)")
-        self.response_id = response_id
+    def __init__(self, response_id: str, param: str = "previous_response_id") -> None:
+        what = "previous response" if param == "previous_response_id" else "response"
+        super().__init__(f"{what} {response_id!r} not found (unknown, deleted, or created with store: false, so "
+                         "nothing was kept)")
+        self.response_id, self.param = response_id, param
 
     def __reduce__(self):
-        return (self.__class__, (self.response_id,))
+        return (self.__class__, (self.response_id, self.param))
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,8 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, RequestNotFound):
         return ApiError(404, "invalid_request_error", exc.message, "id", "request_not_found")
     if isinstance(exc, ResponseNotFound):
-        return ApiError(404, "invalid_request_error", exc.message, "previous_response_id",
-                        "previous_response_not_found")
+        code = "previous_response_not_found" if exc.param == "previous_response_id" else "response_not_found"
+        return ApiError(404, "invalid_request_error", exc.message, exc.param, code)
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):

@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: OpenAI's Responses API on the chat machinery, chained through the conversation store.
+"""``/v1/responses``: OpenAI's Responses API on the chat machinery, chained through the conversation store.
 
 One mechanism (docs/server.md "Responses API"): a Responses body is mapped onto a chat-completions body
 (``chat_body``: ``instructions`` → a system message first, ``input`` items → messages, function tools →
@@ -23,6 +23,17 @@ appended under it, so a chain can branch. ``store: false``: nothing is written, 
 request (404 ``previous_response_not_found`` naming ``previous_response_id``). The answer is stored before
 the last event (``response.completed``), so a client can chain at once.
 
+Stored responses (``GET`` / ``DELETE /v1/responses/{response_id}``): the mapping's value is
+``{"message_id", "response"}``, the finished ``response`` object as the create answered it (whole, or the
+``response.completed`` event's), so a GET returns it as it was sent. It lives in the conversation's settings,
+not in the message, because messages are immutable and content-addressed, and settings already hold the
+mapping; the price is that each save rewrites the conversation's settings with every response of the chain
+(a few kB each). A value kept before this existed is a bare message id: still chainable, and a GET rebuilds
+a minimal response from its assistant message (``rebuilt``: output items, model, time; no usage). DELETE
+drops the mapping only: the messages stay (nothing is lost), but the id answers nothing any more (404). Every
+id that names no mapping (malformed, unknown, deleted, ``store: false``) is a 404 ``response_not_found``
+naming ``response_id``.
+
 Streams follow OpenAI's event sequence: ``response.created``, ``response.in_progress``, then per output item
 ``response.output_item.added``, for a message ``response.content_part.added``, ``response.output_text.delta``
 …, ``response.output_text.done``, ``response.content_part.done``; for a call
@@ -34,12 +45,14 @@ event is an ``error`` event.
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from datetime import datetime
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -95,18 +108,53 @@ class ResponseChains:
         """The chain a new response joins (blocking: reads the store). Raises ``ResponseNotFound``."""
         if not previous_id:
             return Chain(uuid.uuid4().hex)
-        m = _ID.match(previous_id)
-        if m is None:
-            raise ResponseNotFound(previous_id)
-        cid = m.group(1)
+        cid, mid, _ = self._entry(previous_id, "previous_response_id")
         try:
-            mid = self.store.get_conversation(cid).settings.get("responses", {}).get(previous_id)
-            path = self.store.path_to(mid) if mid else None
+            path = self.store.path_to(mid)
         except StoreError:
             path = None
         if not path:
             raise ResponseNotFound(previous_id)
         return Chain(cid, path[-1].id, [_stored_message(x) for x in path], new=False)
+
+    def get(self, response_id: str) -> dict[str, Any]:
+        """The stored ``response`` object (blocking). An entry kept before responses were stored (a bare
+        message id) is rebuilt from its assistant message (``rebuilt``). Raises ``ResponseNotFound``."""
+        _, mid, response = self._entry(response_id, "response_id")
+        if response is not None:
+            return response
+        try:
+            return rebuilt(response_id, self.store.get_message(mid))
+        except StoreError:
+            raise ResponseNotFound(response_id, "response_id") from None
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        """Forget ``response_id`` (blocking): its mapping goes, its conversation's messages stay. Raises
+        ``ResponseNotFound``."""
+        with self._lock:
+            cid, _, _ = self._entry(response_id, "response_id")
+            settings = self.store.get_conversation(cid).settings
+            del settings["responses"][response_id]
+            self.store.update_conversation(cid, settings=settings)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    def _entry(self, response_id: str, param: str) -> tuple[str, str, Optional[dict[str, Any]]]:
+        """``(conversation id, assistant message id, stored response or None)`` of a response id; a
+        malformed, unknown or deleted one raises ``ResponseNotFound`` naming ``param``."""
+        m = _ID.match(response_id)
+        entry: Any = None
+        if m is not None:
+            try:
+                entries = self.store.get_conversation(m.group(1)).settings.get("responses")
+            except StoreError:
+                entries = None
+            entry = entries.get(response_id) if isinstance(entries, dict) else None
+        if isinstance(entry, str):  # the old format: the message id alone
+            return m.group(1), entry, None
+        if isinstance(entry, dict) and isinstance(entry.get("message_id"), str):
+            response = entry.get("response")
+            return m.group(1), entry["message_id"], response if isinstance(response, dict) else None
+        raise ResponseNotFound(response_id, param)
 
     @staticmethod
     def new_id(chain: Chain) -> str:
@@ -114,9 +162,9 @@ class ResponseChains:
         return f"resp_{chain.conversation_id}{uuid.uuid4().hex[:16]}"
 
     def save(self, response_id: str, chain: Chain, new: list[ChatMessage], answer: ChatMessage, model: str,
-             reasoning: str = "") -> str:
-        """Append ``new`` and ``answer`` under the chain's tip and map ``response_id`` to the answer (blocking).
-        Returns the answer's message id."""
+             reasoning: str = "", response: Optional[dict[str, Any]] = None) -> str:
+        """Append ``new`` and ``answer`` under the chain's tip and map ``response_id`` to the answer and the
+        finished ``response`` object (blocking). Returns the answer's message id."""
         store = self.store
         with self._lock:
             if chain.new:
@@ -133,9 +181,35 @@ class ResponseChains:
                                        tool_calls=answer.tool_calls, reasoning=reasoning or None,
                                        meta={"model": model})
             settings = store.get_conversation(chain.conversation_id).settings
-            settings.setdefault("responses", {})[response_id] = mid
+            entries = settings.get("responses")
+            if not isinstance(entries, dict):
+                entries = settings["responses"] = {}
+            entries[response_id] = {"message_id": mid, "response": response}
             store.update_conversation(chain.conversation_id, model=model, settings=settings)
         return mid
+
+
+def rebuilt(response_id: str, m: Any) -> dict[str, Any]:
+    """A minimal ``response`` for an old-format entry, from its stored assistant message ``m``: its output
+    items (ids derived from the response id, so two reads agree), model and time; what was never kept (usage,
+    the request's instructions, tools, sampling, ``previous_response_id``) is null or the default, and
+    ``hearth.rebuilt`` is true."""
+    n = itertools.count()
+    output = _items(m.reasoning or "", m.content, m.tool_calls, lambda p: f"{p}_{response_id[5:]}_{next(n)}")
+    return {"id": response_id, "object": "response", "created_at": _epoch(m.created), "status": "completed",
+            "error": None, "incomplete_details": None, "instructions": None, "max_output_tokens": None,
+            "model": (m.meta or {}).get("model", ""), "output": output, "parallel_tool_calls": True,
+            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": True,
+            "temperature": None, "top_p": None, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
+            "tools": [], "truncation": "disabled", "metadata": {}, "user": None, "usage": None,
+            "hearth": {"rebuilt": True}}
+
+
+def _epoch(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp())
+    except (TypeError, ValueError):
+        return 0
 
 
 def _stored_message(m: Any) -> dict[str, Any]:
@@ -281,8 +355,9 @@ class ResponsesAnswer:
     async def whole(self, frame: fmt.Frame, choices: list[fmt.Choice], piece: Any) -> dict:
         """The ``response`` object, stored first unless ``store: false``."""
         choice = choices[0]
-        await self._save(frame, choice)
-        return self.response(frame, output_items(choice), choice)
+        out = self.response(frame, output_items(choice), choice)
+        await self._save(frame, choice, out)
+        return out
 
     def response(self, frame: fmt.Frame, output: list[dict], choice: Optional[fmt.Choice]) -> dict:
         """The ``response`` object (``choice`` None: still in progress)."""
@@ -305,14 +380,14 @@ class ResponsesAnswer:
             out["hearth"] = fmt.choice_hearth(frame.plan, choice)
         return out
 
-    async def _save(self, frame: fmt.Frame, choice: fmt.Choice) -> None:
+    async def _save(self, frame: fmt.Frame, choice: fmt.Choice, response: dict[str, Any]) -> None:
         if not self.body.store:
             return
         msgs = frame.plan.requests[0].messages or ()
         calls = choice.tools.calls if choice.tools is not None else ()
         answer = ChatMessage("assistant", choice.text, tuple(calls))
         await run_in_threadpool(self.chains.save, frame.id, self.chain, list(msgs[self.lead:]), answer,
-                                frame.plan.model, choice.reasoning)
+                                frame.plan.model, choice.reasoning, response)
 
     async def stream(self, frame: fmt.Frame, pieces: AsyncIterator[Any], piece: Any) -> AsyncIterator[bytes]:
         """The event sequence of the module docstring."""
@@ -325,8 +400,8 @@ class ResponsesAnswer:
             if isinstance(p, fmt.Choice):
                 for data in w.finish():
                     yield data
-                await self._save(frame, p)
                 final = self.response(frame, w.items, p)
+                await self._save(frame, p, final)
                 yield w.event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
                               response=final)
                 continue
@@ -350,13 +425,16 @@ def usage(plan: Plan, choice: fmt.Choice) -> dict[str, Any]:
 
 def output_items(choice: fmt.Choice) -> list[dict[str, Any]]:
     """A whole answer's output items: its thinking, its text, its calls (the order a stream opens them)."""
+    return _items(choice.reasoning, choice.text, choice.tools.calls if choice.tools is not None else (), _item_id)
+
+
+def _items(reasoning: str, text: str, calls: Any, item_id: Callable[[str], str]) -> list[dict[str, Any]]:
     items = []
-    if choice.reasoning:
-        items.append(_reasoning_item(_item_id("rs"), choice.reasoning))
-    calls = choice.tools.calls if choice.tools is not None else ()
-    if choice.text or not calls:
-        items.append(_message_item(_item_id("msg"), choice.text, "completed"))
-    items.extend(_call_item(_item_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls)
+    if reasoning:
+        items.append(_reasoning_item(item_id("rs"), reasoning))
+    if text or not calls:
+        items.append(_message_item(item_id("msg"), text, "completed"))
+    items.extend(_call_item(item_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls)
     return items
 
 
@@ -469,7 +547,19 @@ class _EventWriter:
 
 
 def routes(app: FastAPI, st: Any) -> None:
-    """``POST /v1/responses`` on ``app`` (``st``: the app's ``State``)."""
+    """``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{response_id}`` on ``app`` (``st``: the
+    app's ``State``)."""
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str, stream: Optional[str] = None):
+        if stream not in (None, "false", "False", "0"):
+            raise InvalidRequest("stream is not supported on GET /v1/responses/{response_id}: a stored response "
+                                 "is returned whole", param="stream")
+        return await run_in_threadpool(st.chains.get, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return await run_in_threadpool(st.chains.delete, response_id)
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
