@@ -78,11 +78,13 @@ class DocumentSource:
         store, own = open_default(with_embedder=embedder is None)
         return cls(store, embedder or own, owns_store=True, owns_embedder=embedder is None)
 
-    def search(self, query: str, k: int, paths: Sequence[str] | None = None, mode: str | None = None) -> Found:
+    def search(self, query: str, k: int, paths: Sequence[str] | None = None, mode: str | None = None,
+               floor: float = RELEVANCE_FLOOR) -> Found:
         """The ``k`` best passages for ``query``, limited to ``paths`` when given (an empty list: nothing).
         ``mode``: None (hybrid when an embedding model is there), ``"hybrid"``, ``"bm25"`` or ``"vector"``
-        (``app.retrieval.search.Retriever``). Raises ``InvalidRequest`` for an empty query, a bad ``k`` or
-        ``mode``."""
+        (``app.retrieval.search.Retriever``). ``floor``: a hybrid search gives only passages at least this
+        share of the best one's relevance (``above_floor``; the default is a chat turn's, 0 gives all ``k``:
+        ``hearth search``). Raises ``InvalidRequest`` for an empty query, a bad ``k`` or ``mode``."""
         from app.errors import InvalidRequest
         from app.retrieval.search import check_search_args
 
@@ -91,28 +93,28 @@ class DocumentSource:
             raise InvalidRequest("the search query is empty", param="query")
         if paths is not None and not paths:
             return Found(())
-        key = (query, k, None if paths is None else tuple(paths), mode)
+        key = (query, k, None if paths is None else tuple(paths), mode, floor)
         with self._lock:
             version = self._version()
             hit = self._cache.get(key)
             if hit is not None and hit[0] == version:
                 self._cache.move_to_end(key)
                 return hit[1]
-            found = self._search(query, k, paths, mode)
+            found = self._search(query, k, paths, mode, floor)
             self._cache[key] = (version, found)
             while len(self._cache) > SEARCH_CACHE:
                 self._cache.popitem(last=False)
         return found
 
-    def _search(self, query: str, k: int, paths: Sequence[str] | None, mode: str | None) -> Found:
+    def _search(self, query: str, k: int, paths: Sequence[str] | None, mode: str | None, floor: float) -> Found:
         if not self.store.stats()["chunks"]:
             return Found((), "no documents are indexed yet (add some with `hearth ingest PATH` or the "
                              "Documents panel)")
         results = self._retriever.search(query, max(k, SEARCH_K) if paths is not None else k, mode)
         chosen = set(paths) if paths is not None else None
         kept = [e for e in results if chosen is None or e.path in chosen][:k]
-        if results.mode == MODE_HYBRID:
-            kept = above_floor(kept, results.relevance)
+        if results.mode == MODE_HYBRID and floor > 0:
+            kept = above_floor(kept, results.relevance, floor)
         return Found(tuple(kept), results.notice)
 
     def _version(self) -> tuple[int, int]:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     docs = DocumentSource.open_default()
     try:
-        found = docs.search(args.query, args.k, mode=args.mode)
+        found = docs.search(args.query, args.k, mode=args.mode, floor=0.0)  # all k: a search, not a chat turn
     finally:
         docs.close()
     results = found.evidence
