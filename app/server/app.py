@@ -258,6 +258,7 @@ class RequestMetrics:
             return
         path = scope["path"]
         endpoint = path if path in ENDPOINTS else ("/v1/models/{id}" if path.startswith("/v1/models/") else
+                                                   "/v1/responses/{id}" if path.startswith("/v1/responses/") else
                                                    STOP_THINKING if path.startswith("/v1/hearth/requests/")
                                                    else "other")
         status = 500
