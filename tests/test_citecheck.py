@@ -153,3 +153,19 @@ def test_break_it_signs_marker_first_stacked_markers_and_a_bare_marker():
     assert (first[0]["sentence_start"], first[0]["sentence_end"], first[0]["supported"]) == (17, 28, False)
     bare = checked_citations("[E:a1b2c3d4e5f6]", [a])
     assert bare[0]["supported"] is False and "no sentence" in bare[0]["support"]["reason"]
+
+
+@pytest.mark.parametrize("sentence, missing", [
+    ("The backup runs at 30:02.", ["30:02"]),  # the parts 30 and 02 are in the passage, the time is not
+    ("The office closes at 17:02.", ["17:02"]),
+    ("It runs at 2:30 and the office closes at 17:00.", []),  # 02:30 written without its leading zero
+    ("The combination is 4-17-31.", ["4-17-31"]),
+    ("The combination is 31-17-4.", []),
+    ("Release 3.2.1 shipped on 2024-05-03.", []),
+    ("Release 3.1.2 shipped on 2024-03-05.", ["3.1.2", "2024-03-05"]),
+    ("Boil for 5-10 minutes.", []),  # a two-number range stays two numbers
+])
+def test_times_dates_versions_and_combinations_are_checked_whole(sentence, missing):
+    passage = ("The backup runs every night at 02:30. The München office closes at 17:00. Release 3.2.1 shipped "
+               "on 2024-05-03. The safe's combination is 31-17-4. Boil for 5 to 10 minutes.")
+    assert missing_facts(sentence, passage) == missing

@@ -448,3 +448,26 @@ def test_two_workers_split_a_call_and_agree_with_one(embedding_model: Path, embe
     v1 = batched.embed(texts)
     assert float(np.abs(vw - v1).max()) < 1e-3
     assert events[-1][0] == 24 and [n for n, _ in events] == sorted(n for n, _ in events)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_is_reported_not_read(tmp_path: Path):
+    """A FIFO in a folder (or named on the command line) would block a read forever: it is listed as failed
+    with the reason, and the folder's other files are indexed."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.md").write_text("# Apples\n\nApples are red or green.\n", encoding="utf-8")
+    os.mkfifo(folder / "pipe.md")
+    store = DocumentStore(tmp_path / "documents.db")
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(
+        folder=Ingester(store).ingest([str(folder)], remember=False),
+        named=Ingester(store).ingest([str(folder / "pipe.md")], remember=False)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "ingest blocked on the named pipe"
+    for report in (result["folder"], result["named"]):
+        failed = {f.path: f.reason for f in report.failed}
+        assert failed == {str(folder / "pipe.md"): "not a regular file (a named pipe, socket or device)"}
+    assert store.stats()["chunks"] >= 1
+    store.close()

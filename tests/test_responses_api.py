@@ -104,6 +104,8 @@ def test_store_false_keeps_nothing_and_is_404_later(fake):
     assert r.id in err["message"]
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="fake-model", input="x", previous_response_id="resp_nope")
+    with pytest.raises(openai.NotFoundError):  # an empty id names no response: not a new chain
+        c.responses.create(model="fake-model", input="x", previous_response_id="")
 
 
 def test_function_call_and_its_output(fake):

@@ -67,6 +67,11 @@ _NUMBER = re.compile(  # a sign only where it cannot be a range or a date's dash
     r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
     r"(?:\s?(?P<unit>" + _UNIT_RE + r")(?![\w°]))?", re.IGNORECASE)
 _CODE = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z][\w]*(?:-\w+)*\b")
+# Numbers that are one fact only whole: a time or ratio (17:02), a date (2024-05-03, 12/05/2024), a version
+# (3.2.1), a code of three or more dash-joined numbers (4-17-31). Their parts alone prove nothing: "30:02" is
+# not supported by a passage with "02:30". A two-number dash run ("5-10") stays a range of two numbers.
+_COMPOUND = re.compile(r"(?<![\w.:/-])(?:\d+(?:[:/]\d+)+|\d{4}-\d{1,2}-\d{1,2}|\d+(?:-\d+){2,}|\d+(?:\.\d+){2,})"
+                       r"(?![\w:/]|[-.]\d)")
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 _MARKER = re.compile(r"\[\s*E\s*:[^\]]*\]", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -120,8 +125,10 @@ def _num(raw: str) -> str:
 
 
 def facts(sentence: str) -> list[Fact]:
-    """The checkable facts of ``sentence`` (markers ``[E:...]`` ignored), in order: numbers with their unit
-    and currency, month/weekday names, codes (a word mixing letters and digits, e.g. ``E24``)."""
+    """The checkable facts of ``sentence`` (markers ``[E:...]`` ignored), in order: codes (a word mixing
+    letters and digits, e.g. ``E24``), compound numbers taken whole (``compound``: a time ``17:02``, a date
+    ``2024-05-03``, a version ``3.2.1``; ``_COMPOUND``), numbers with their unit and currency, month/weekday
+    names."""
     text = _fold(_MARKER.sub(" ", sentence))
     out: list[Fact] = []
     seen = set()
@@ -129,8 +136,12 @@ def facts(sentence: str) -> list[Fact]:
         if m.group(0).lower() not in seen:
             seen.add(m.group(0).lower())
             out.append(Fact("code", m.group(0).lower(), m.group(0)))
+    spans = []
+    for m in _COMPOUND.finditer(text):
+        spans.append((m.start(), m.end()))
+        out.append(Fact("compound", _compound(m.group(0)), m.group(0)))
     for m in _NUMBER.finditer(text):
-        if _inside_code(text, m.start("num"), m.end("num")):
+        if _inside_code(text, m.start("num"), m.end("num")) or any(a <= m.start("num") < b for a, b in spans):
             continue
         unit = m.group("unit")
         out.append(Fact("number", _signed(m), m.group(0).strip(),
@@ -140,6 +151,12 @@ def facts(sentence: str) -> list[Fact]:
         if lw in _MONTH_WORDS or lw in _DAY_WORDS:
             out.append(Fact("date", lw[:3] if lw in _MONTH_WORDS else lw, w))
     return out
+
+
+def _compound(raw: str) -> str:
+    """A compound number with each part normalised (``02:30`` → ``2:30``, ``2024-05-03`` → ``2024-5-3``) and
+    its separators kept."""
+    return re.sub(r"\d+", lambda m: _num(m.group(0)), raw)
 
 
 def _signed(m: re.Match) -> str:
@@ -173,6 +190,7 @@ def _passage_facts(passage: str) -> tuple[set, set, set, set]:
             with_cur.add((m.group("cur"), n))
     words = {w.lower() for w in re.findall(r"\w+(?:-\w+)*", text)}
     words |= {w.lower()[:3] for w in _WORD.findall(text) if w.lower() in _MONTH_WORDS}
+    words |= {_compound(m.group(0)) for m in _COMPOUND.finditer(text)}
     return numbers, with_unit, with_cur, words
 
 

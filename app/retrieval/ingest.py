@@ -44,6 +44,7 @@ import hashlib
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -246,6 +247,8 @@ class Ingester:
         except OSError as exc:
             return self._fail(key, f"cannot read ({exc.strerror or exc})", None)
         row = self.store.document(key)
+        if not stat.S_ISREG(st.st_mode):  # a named pipe would block the read forever; a socket or device too
+            return self._fail(key, "not a regular file (a named pipe, socket or device)", row)
         kind = kind_of(path)
         if kind is None:
             return self._fail(key, f"unsupported type ({path.suffix.lower() or 'no extension'})", row,
@@ -656,7 +659,7 @@ def _collect(roots: list[Path]) -> list[Path]:
     """Files under the roots, sorted, without duplicates; hidden files and folders skipped."""
     files: dict[str, Path] = {}
     for root in roots:
-        if root.is_file():
+        if root.exists() and not root.is_dir():  # a file, or a pipe/socket/device: reported, never read
             files.setdefault(str(root), root)
         elif root.is_dir():
             for folder, dirs, names in os.walk(root):

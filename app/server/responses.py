@@ -106,8 +106,8 @@ class ResponseChains:
 
     def chain(self, previous_id: Optional[str]) -> Chain:
         """The chain a new response joins (blocking: reads the store). Raises ``ResponseNotFound``."""
-        if not previous_id:
-            return Chain(uuid.uuid4().hex)
+        if previous_id is None:
+            return Chain(uuid.uuid4().hex)  # an empty string is an id like any other: not found
         cid, mid, _ = self._entry(previous_id, "previous_response_id")
         try:
             path = self.store.path_to(mid)
