@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 
 from app.engine.scheduler import Scheduler, Seq
 from app.engine.types import DecodingParams, GenerateRequest
@@ -95,6 +96,14 @@ def serve(rt, msgs):
     return sent
 
 
+def collector(sent: list) -> Callable[[tuple], bool]:
+    """A scheduler ``send`` that appends replies to ``sent`` and unpacks batched events into it."""
+    def send(m):
+        sent.extend(("event", *ev) for ev in m[1]) if m[0] == "events" else sent.append(m)
+        return True
+    return send
+
+
 def replies(sent):
     return {m[1]: m for m in sent if m[0] in ("ok", "error", "bug")}
 
@@ -162,10 +171,7 @@ def test_a_burst_reaching_an_idle_engine_is_admitted_together():
     rt = Scripted(n_slots=4, budget=16)
     inbox: queue.Queue = queue.Queue()
     sent: list[tuple] = []
-
-    def send(m):
-        sent.extend(("event", *ev) for ev in m[1]) if m[0] == "events" else sent.append(m)
-        return True
+    send = collector(sent)
 
     def feed():
         for rid in (1, 2, 3):
@@ -217,10 +223,7 @@ def test_idle_work_runs_only_while_nothing_waits_or_runs_and_yields_to_a_new_req
     rt = WithIdle()
     inbox: queue.Queue = queue.Queue()
     sent: list[tuple] = []
-
-    def send(m):
-        sent.extend(("event", *ev) for ev in m[1]) if m[0] == "events" else sent.append(m)
-        return True
+    send = collector(sent)
 
     def feed():
         inbox.put(("submit", 1, "generate", req(2)))
