@@ -19,6 +19,9 @@
 
    every ``after`` run also embeds each chunk's lead (``chunking.lead_text``: a second, short vector per
    chunk, docs/retrieval.md "Search"), which ``before`` did not: its cost is inside the ratio;
+   - ``after_chunks_only``: ``after``'s embedder with one vector per chunk (``Ingester(leads=False)``): the
+     same work as ``before``, so ``after_chunks_only / before`` is the pipeline's speed-up and ``after /
+     after_chunks_only`` the leads' cost;
    - ``keyword_only``: no embedder, to show what embedding costs.
 
    ``--repeat N`` runs before/after alternately N times (the machine is shared: alternating spreads other
@@ -183,16 +186,20 @@ def bench_ingest(work: Path, model: Path, n_text: int, n_pdf: int, repeat: int =
                  f"before_{all_threads}_threads": dict(batch_tokens=0, workers=1, n_threads=all_threads),
                  "after_1_process": dict(workers=1, **new_kw),
                  "after": dict(workers=workers, **new_kw)}
-    labels = list(embedders)
+    # after_chunks_only: the app's path on the "after" embedder, one vector per chunk (no lead vectors): the same
+    # work as "before", so the two ratios part the pipeline's speed from the leads' cost.
+    labels = [*embedders, "after_chunks_only"]
+    kwargs = {k: before_kw if k.startswith("before") else {} for k in embedders}
+    kwargs["after_chunks_only"] = {"leads": False}
     runs: dict[str, list[dict]] = {k: [] for k in labels}
     with contextlib.ExitStack() as stack:
         opened = {k: stack.enter_context(Embedder(model, **kw)) for k, kw in embedders.items()}
         for e in opened.values():
             e.embed(["warm up"] * e.workers)  # load every child before timing
         for _ in range(repeat):  # alternate, so that other load on the machine spreads over all
-            for k, e in opened.items():
-                runs[k].append(_ingest_once(work / f"ingest-{k}.db", docs, e,
-                                            **(before_kw if k.startswith("before") else {})))
+            for k in labels:
+                e = opened["after" if k == "after_chunks_only" else k]
+                runs[k].append(_ingest_once(work / f"ingest-{k}.db", docs, e, **kwargs[k]))
         out = {k: _median_run(v) for k, v in runs.items()}
         out["batch_tokens"] = opened["after"].batch_tokens
         out["threads"] = opened["after"].n_threads
