@@ -37,27 +37,34 @@ K = 4
 
 
 def passages(retriever, questions) -> list[dict]:
-    """Per question: its split and the top ``K`` hybrid passages as ``(score / best score, relevant)``."""
+    """Per question: its split, the top ``K`` hybrid passages, their relevance (``SearchResults.relevance``)
+    and the IDs of the relevant ones."""
     rows = []
     for i, q in enumerate(questions):
         res = retriever.search(q.question, K)
-        best = max(res.relevance.values(), default=0.0)
-        rows.append({"split": split_of(i), "hits": [
-            (res.relevance.get(e.evidence_id, 0.0) / best if best > 0 else 1.0, q.is_relevant(e.text))
-            for e in res]})
+        rows.append({"split": split_of(i), "evidence": list(res), "relevance": res.relevance,
+                     "relevant": {e.evidence_id for e in res if q.is_relevant(e.text)}})
     return rows
 
 
 def at_floor(rows: list[dict], floor: float, part: str) -> dict:
-    """The counts of one floor over the ``part`` ("dev", "test" or "all") questions."""
+    """The counts of one floor over the ``part`` ("dev", "test" or "all") questions, the passages kept by
+    the app's own rule (``evidence.above_floor``)."""
+    from app.assistant.evidence import above_floor
+
     rows = [r for r in rows if part == "all" or r["split"] == part]
-    kept = [[(s, rel) for i, (s, rel) in enumerate(r["hits"]) if i == 0 or s >= floor] for r in rows]
-    lost = sum(1 for r, k in zip(rows, kept) if any(rel for _, rel in r["hits"]) and not any(rel for _, rel in k))
-    cut_rel = sum(sum(rel for _, rel in r["hits"]) - sum(rel for _, rel in k) for r, k in zip(rows, kept))
-    cut_other = sum(sum(not rel for _, rel in r["hits"]) - sum(not rel for _, rel in k) for r, k in zip(rows, kept))
-    given = sum(len(k) for k in kept) / max(1, len(rows))
+    lost = cut_rel = cut_other = others = given = 0
+    for r in rows:
+        kept = {e.evidence_id for e in above_floor(r["evidence"], r["relevance"], floor)}
+        ids = [e.evidence_id for e in r["evidence"]]
+        rel = r["relevant"]
+        lost += bool(rel) and not (rel & kept)
+        cut_rel += len(rel - kept)
+        cut_other += sum(1 for x in ids if x not in rel and x not in kept)
+        others += sum(1 for x in ids if x not in rel)
+        given += len(kept)
     return {"questions": len(rows), "lost": lost, "relevant_cut": cut_rel, "others_cut": cut_other,
-            "others": sum(sum(not rel for _, rel in r["hits"]) for r in rows), "passages_given": round(given, 2)}
+            "others": others, "passages_given": round(given / max(1, len(rows)), 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -583,17 +583,32 @@ class Runtime:
                 reuse, source = got, "disk"
             elif not slot.tokens:  # a rejected entry: the slot was cleared, nothing is reusable
                 reuse, source = 0, "none"
-        lib = self._lib
-        if reuse < len(slot.tokens) and not lib.llama_memory_seq_rm(self.mem, slot.seq_id, reuse, -1):
-            lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
-            reuse, source = 0, "none"
-        slot.tokens = tokens[:reuse]
-        slot.bounds = {b for b in slot.bounds if b <= reuse}
+        kept = self._keep_prefix(slot, tokens, reuse)
+        if kept != reuse:
+            reuse, source = kept, "none"
         seq.pos = seq.reused = reuse
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
         metrics["cache_reuse"], metrics["cache_reuse_reason"] = self._reuse_note(reuse, source, L, metrics,
                                                                                  allow_reuse)
+
+    def _keep_prefix(self, slot: _Slot, tokens: list[int], n: int) -> int:
+        """Cut ``slot``'s KV back to its first ``n`` tokens (``tokens[:n]``, which it holds) and its cuts to
+        those ≤ ``n``. Returns ``n``, or 0 when llama.cpp could not remove the tail: the slot is then emptied."""
+        lib = self._lib
+        if n < len(slot.tokens) and not lib.llama_memory_seq_rm(self.mem, slot.seq_id, n, -1):
+            lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+            n = 0
+        slot.tokens = tokens[:n]
+        slot.bounds = {b for b in slot.bounds if b <= n}
+        return n
+
+    def _prefill_chunk(self, slot: _Slot, tokens: list[int], start: int, end: int) -> None:
+        """Evaluate the canonical chunk ``tokens[start:end]`` alone in one ``llama_decode`` into ``slot``, whose
+        KV then ends a chunk at ``end``."""
+        self._decode([(slot.seq_id, start, tokens[start:end])])
+        slot.tokens.extend(tokens[start:end])
+        slot.bounds.add(end)
 
     def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, allow_reuse: bool) -> tuple[str, str]:
         """``("exact", which path)`` when a prefix was reused, else ``("cold", why not)``: every reuse path
@@ -652,10 +667,8 @@ class Runtime:
             slot, tokens = self.slots[seq.slot], seq.tokens
             L = len(tokens)
             if seq.pos < L - 1:
-                start, end = seq.pos, next_bound(seq.bounds, seq.pos)
-                self._decode([(slot.seq_id, start, tokens[start:end])])
-                slot.tokens.extend(tokens[start:end])
-                slot.bounds.add(end)
+                end = next_bound(seq.bounds, seq.pos)
+                self._prefill_chunk(slot, tokens, seq.pos, end)
                 seq.pos = end
             if seq.pos == L - 1:
                 self._prompt_in(seq)
@@ -909,10 +922,7 @@ class Runtime:
         if len(cuts) < 2:
             return None
         target = cuts[-2]  # the stand-in's turn opens here; the last cut opens the answer after it
-        n, have = 0, slot.tokens
-        while n < min(len(have), len(tokens)) and have[n] == tokens[n]:
-            n += 1
-        start = usable(bounds, n, slot.bounds)
+        start = self.live_prefix(slot, tokens, bounds)
         if target - start > SETTLE_MAX_TOKENS:
             target = usable(bounds, start + SETTLE_MAX_TOKENS)
         if start < MIN_LIVE_REUSE or target <= start or target >= self.settings.n_ctx:
@@ -921,20 +931,14 @@ class Runtime:
 
     def _settle_chunk(self, sid: int, plan: _Settle) -> bool:
         """Prefill the next chunk of ``plan`` into slot ``sid``; True when it reached its target."""
-        slot, lib = self.slots[sid], self._lib
+        slot = self.slots[sid]
         if not plan.started:
-            if len(slot.tokens) > plan.pos and not lib.llama_memory_seq_rm(self.mem, sid, plan.pos, -1):
-                lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
-                slot.forget()
-                return True
-            slot.tokens = plan.tokens[:plan.pos]
-            slot.bounds = {b for b in slot.bounds if b <= plan.pos}
+            if self._keep_prefix(slot, plan.tokens, plan.pos) != plan.pos:
+                return True  # the tail would not go: the slot was emptied, nothing to lay out
             plan.started = True
         start = plan.pos
         end = next_bound(plan.bounds, start)
-        self._decode([(sid, start, plan.tokens[start:end])])
-        slot.tokens.extend(plan.tokens[start:end])
-        slot.bounds.add(end)
+        self._prefill_chunk(slot, plan.tokens, start, end)
         plan.pos = end
         self.settled["settled_tokens"] += end - start
         if end >= plan.target:

@@ -93,23 +93,22 @@ class Retriever:
         check_search_args(k, mode)
         started = time.perf_counter()
         r = self.rankings(query, max(self.candidates, k), mode)
+        by_id: dict[str, float] = {}
         if mode == MODE_BM25 or (r.vector is None and mode != MODE_VECTOR):
             used, evidence = MODE_BM25, self.store.evidence(r.lexical[:k])
         elif mode == MODE_VECTOR:
             used, evidence = MODE_VECTOR, self.store.evidence((r.vector or [])[:k])
         else:
             used, fused = MODE_HYBRID, fuse(r.lexical, r.vector, self.fusion)
-            top = fused[:max(k, self.reranker.depth)] if self.reranker is not None else fused[:k]
-            evidence = self.store.evidence(top)
+            depth = max(k, self.reranker.depth) if self.reranker is not None else k
+            found = self.store.evidence_by_chunk(fused[:depth])
+            rel = relevance(r.lexical, r.vector or [], self.fusion)
+            by_id = {e.evidence_id: rel.get(cid, 0.0) for cid, e in found}
+            evidence = [e for _cid, e in found]
             if self.reranker is not None:
                 evidence = self.reranker.rerank(query, evidence)[:k]
-            rel = relevance(r.lexical, r.vector or [], self.fusion)
-            ids = self.store.evidence_ids([cid for cid, _ in top])
-            return SearchResults(evidence, mode=used, notice=r.notice, query_embed_s=r.embed_s,
-                                 total_s=time.perf_counter() - started,
-                                 relevance={ids[cid]: rel.get(cid, 0.0) for cid, _ in top if cid in ids})
         return SearchResults(evidence, mode=used, notice=r.notice, query_embed_s=r.embed_s,
-                             total_s=time.perf_counter() - started)
+                             total_s=time.perf_counter() - started, relevance=by_id)
 
     def rankings(self, query: str, n: int, mode: str | None = None) -> Rankings:
         """Both rankings of ``query`` (``n`` results each) before fusion; ``mode`` ``"bm25"`` skips the

@@ -510,6 +510,11 @@ class DocumentStore:
 
     def evidence(self, scored: list[tuple[int, float]]) -> list[Evidence]:
         """Evidence for ``(chunk id, score)`` pairs, in the given order (unknown ids are dropped)."""
+        return [e for _cid, e in self.evidence_by_chunk(scored)]
+
+    def evidence_by_chunk(self, scored: list[tuple[int, float]]) -> list[tuple[int, Evidence]]:
+        """``(chunk id, Evidence)`` for ``(chunk id, score)`` pairs, in the given order (unknown ids are
+        dropped): ``evidence`` with the chunk each passage came from."""
         if not scored:
             return []
         marks = ",".join("?" * len(scored))
@@ -517,18 +522,10 @@ class DocumentStore:
             f"SELECT c.id, c.evidence_id, d.path, c.page, c.text, c.char_start, c.char_end, c.heading_path "
             f"FROM chunks c JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks})",
             [cid for cid, _ in scored])}
-        return [Evidence(evidence_id=r["evidence_id"], path=r["path"], page=r["page"], score=score,
-                         text=r["text"], char_start=r["char_start"], char_end=r["char_end"],
-                         heading_path=_path_tuple(r["heading_path"]))
+        return [(cid, Evidence(evidence_id=r["evidence_id"], path=r["path"], page=r["page"], score=score,
+                               text=r["text"], char_start=r["char_start"], char_end=r["char_end"],
+                               heading_path=_path_tuple(r["heading_path"])))
                 for cid, score in scored if (r := rows.get(cid)) is not None]
-
-    def evidence_ids(self, chunk_ids: list[int]) -> dict[int, str]:
-        """``{chunk id: evidence ID}`` of the given chunks (unknown ids are absent)."""
-        if not chunk_ids:
-            return {}
-        marks = ",".join("?" * len(chunk_ids))
-        return {int(r[0]): r[1] for r in self._query(f"SELECT id, evidence_id FROM chunks WHERE id IN ({marks})",
-                                                     list(chunk_ids))}
 
     def resolve(self, evidence_ids: list[str]) -> dict[str, Evidence]:
         """Evidence by ID (score 0.0); IDs of deleted or changed content are absent."""
