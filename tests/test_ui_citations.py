@@ -90,12 +90,12 @@ def test_an_unsupported_sentence_is_marked_in_the_sources_and_the_answer_and_aft
         msg = last_answer(w)
         good, bad = msg.row.citations
         assert (good["supported"], bad["supported"]) == (True, False)
-        assert bad["support"]["reason"] == "not in the cited passage: 9, 15, Sunday"
+        assert bad["support"]["reason"] == "not in the cited passage: 9:15, Sunday"
         html = msg.citations.text()
-        assert "✓" in html and "⚠ not supported: not in the cited passage: 9, 15, Sunday" in html
+        assert "✓" in html and "⚠ not supported: not in the cited passage: 9:15, Sunday" in html
         fmt = underline_at(msg.body.document(), UNSUPPORTED)
         assert fmt.underlineStyle() == QTextCharFormat.UnderlineStyle.WaveUnderline
-        assert "9, 15, Sunday" in fmt.toolTip()
+        assert "9:15, Sunday" in fmt.toolTip()
         plain = underline_at(msg.body.document(), SUPPORTED)
         assert plain.underlineStyle() == QTextCharFormat.UnderlineStyle.NoUnderline
 
