@@ -68,5 +68,5 @@ def settings_file() -> Path:
 
 
 def bundled_model_path() -> Path:
-    """Where the bundled default model is assembled (it may not exist yet; see ``app.setup_model``)."""
+    """Where the bundled default model is assembled (it may not exist yet; see ``app.catalog.bundled``)."""
     return models_dir() / BUNDLED_MODEL_FILENAME

@@ -184,8 +184,9 @@ _FILTER = RedactingFilter()
 
 def install_redaction(logger: Optional[logging.Logger] = None) -> None:
     """Put the redacting filter on ``logger``'s handlers (default: the root logger's) and on the ``app``
-    and ``app.engine.remote`` loggers; idempotent. Call again after adding handlers (``logging.basicConfig``)."""
+    and ``app.engine.remote.engine`` loggers; idempotent. Call again after adding handlers
+    (``logging.basicConfig``)."""
     target = logger if logger is not None else logging.getLogger()
-    for obj in (target, *target.handlers, logging.getLogger("app"), logging.getLogger("app.engine.remote")):
+    for obj in (target, *target.handlers, logging.getLogger("app"), logging.getLogger("app.engine.remote.engine")):
         if _FILTER not in obj.filters:
             obj.addFilter(_FILTER)

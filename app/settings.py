@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from app import paths
-from app.engine.types import DecodingParams, LoadSettings, _check_range
 from app.errors import InvalidRequest
 from app.fileio import atomic_write_text
+from app.protocol.types import DecodingParams, LoadSettings, _check_range
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class ToolSettings:
 @dataclass
 class RemoteSettings:
     """One remote engine (``remotes`` in settings.json, ``hearth remote add``; docs/remote.md): an
-    OpenAI-compatible server answering as a model named by its key in ``remotes`` (``app.engine.remote``).
+    OpenAI-compatible server answering as a model named by its key in ``remotes`` (``app.engine.remote.engine``).
 
     ``url``: its API base (``http://host:8000/v1``); ``model``: the remote's model id (None: the only one it
     serves); ``api_key_env``: the environment variable holding its key, or ``api_key_keyring`` true: the key is
@@ -81,7 +81,7 @@ class RemoteSettings:
 
     def validate(self, name: str) -> "RemoteSettings":
         """Raise ``InvalidRequest`` naming the bad field; return a copy with ``url`` normalized."""
-        from app.engine.remote import check_name, normalize_url
+        from app.engine.remote.engine.engine import check_name, normalize_url
         from app.secrets import ENV_NAME_RE
 
         check_name(name)

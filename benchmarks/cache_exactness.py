@@ -112,7 +112,7 @@ class Run:
 
 def run(engine, prompt: str, max_tokens: int, reuse: bool = True) -> Run:
     """One greedy generation; its token ids and metrics."""
-    from app.engine.types import DecodingParams, Delta, GenerateRequest
+    from app.protocol.types import DecodingParams, Delta, GenerateRequest
 
     req = GenerateRequest(prompt=prompt, decoding=DecodingParams.make(temperature=0.0, max_tokens=max_tokens),
                           prefix_cache=reuse)
@@ -167,8 +167,8 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
     """Run every path of the module docstring for ``prompts`` with KV type ``kv`` (``f16``, ``q8_0``, ``q4_0``;
     flash attention on). Returns ``{"kv", "prompts", "cold_ttft_s_p50", "paths": {path: PathTally.to_dict()}}``.
     Raises ``RuntimeError`` if a cold run reused a prefix (the prompts were not independent)."""
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
 
     settings = LoadSettings(n_ctx=n_ctx, type_k=kv, type_v=kv, flash_attn=True).validate()
     labels = labels or [f"prompt {i}" for i in range(len(prompts))]
@@ -234,8 +234,8 @@ def exactness(model_path: str, n: int, kv_types=KV_TYPES, n_ctx: int = 4096, max
               lo: int = 100, seed: int = 0, derived_every: int = 4) -> dict:
     """``n`` prompts of ``lo`` … ``n_ctx − 64 − max_tokens`` tokens for each KV type (the derived paths on every
     ``derived_every``-th), plus the table's prompts."""
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
 
     with Engine(model_path, LoadSettings(n_ctx=n_ctx), prefix_cache=None) as e:
         prompts = make_prompts(e.count_tokens, n, lo, longest_prompt(n_ctx, max_tokens), seed)
@@ -276,8 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = check_args(a.prompts, a.n_ctx, a.max_tokens)
     if problem:
         p.error(problem)
-    from app.engine.registry import resolve_model
-
+    from app.catalog.registry import resolve_model
     from app.errors import HearthError
 
     try:

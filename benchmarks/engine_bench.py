@@ -40,7 +40,7 @@ def _plain_run(llm, prompt: str, n: int) -> dict:
 
 
 def _hearth_run(engine, prompt: str, n: int) -> dict:
-    from app.engine.types import DecodingParams, Delta, GenerateRequest
+    from app.protocol.types import DecodingParams, Delta, GenerateRequest
 
     # Reset the live KV so that every run is a cold prefill (same as the plain side).
     engine.complete(GenerateRequest(prompt="x", decoding=DecodingParams.make(temperature=0.0, max_tokens=1)))
@@ -61,15 +61,15 @@ def _hearth_run(engine, prompt: str, n: int) -> dict:
 
 def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 128, rounds: int = 3,
         n_ctx: int = 4096, n_threads: int | None = None) -> dict:
-    from app.engine.process import default_threads, tune_openmp
+    from app.childhost.host import default_threads, tune_openmp
 
     tune_openmp()  # the same OpenMP spin setting on both sides (Hearth's engine sets it in its process)
     import llama_cpp
 
-    from app.engine.engine import Engine
-    from app.engine.registry import resolve_model
-    from app.engine.runtime import GGML_TYPES
-    from app.engine.types import LoadSettings
+    from app.catalog.registry import resolve_model
+    from app.engine.local.engine import Engine
+    from app.engine.local.runtime import GGML_TYPES
+    from app.protocol.types import LoadSettings
 
     path = str(resolve_model(model))
     n_threads = n_threads or default_threads()  # the same thread count on both sides

@@ -203,9 +203,9 @@ def hearth_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, engine: 
 
 
 def _load_engine(cfg: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, str]:
+    from app.catalog.registry import resolve_model
     from app.cli._engine_args import load_settings
-    from app.engine.engine import Engine
-    from app.engine.registry import resolve_model
+    from app.engine.local.engine import Engine
     from app.settings import load_user_settings
 
     path = resolve_model(cfg.model)
@@ -229,7 +229,7 @@ def _cache_state(cache_cfg: Optional[dict], where: str) -> str:
 
 
 def _model_identity(path: Any) -> dict[str, Any]:
-    from app.engine.gguf_info import file_sha256
+    from app.catalog.gguf import file_sha256
 
     try:
         sha = file_sha256(path)
@@ -257,8 +257,8 @@ def peer_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, first: Tar
                                                   (c.get("engine_info") or {}).get("n_parallel"))
         identity = {"model_path": c["model_path"], "model_sha256": c["model_sha256"]}
     else:
+        from app.catalog.registry import resolve_model
         from app.cli._engine_args import load_settings
-        from app.engine.registry import resolve_model
 
         pcfg = peer.PeerConfig.from_load_settings(resolve_model(cfg.model), load_settings(cfg))
         identity = _model_identity(pcfg.model)

@@ -25,7 +25,7 @@ UNIT = ("In the archive of the old harbour town, ledgers recorded every ship tha
 
 
 def _ttft(engine, prompt: str) -> tuple[float, dict, str]:
-    from app.engine.types import DecodingParams, Delta, GenerateRequest
+    from app.protocol.types import DecodingParams, Delta, GenerateRequest
 
     t0 = time.perf_counter()
     first = None
@@ -40,8 +40,8 @@ def _ttft(engine, prompt: str) -> tuple[float, dict, str]:
 
 
 def ttft_section(path: str, prompt_tokens: int) -> dict:
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
 
     settings = LoadSettings(n_ctx=4096)
     with tempfile.TemporaryDirectory() as d:
@@ -65,8 +65,8 @@ def kv_sections(path: str, gen_tokens: int) -> dict:
     import llama_cpp
     import numpy as np
 
-    from app.engine.prefix_cache import PrefixCache
-    from app.engine.runtime import GGML_TYPES
+    from app.engine.local.prefix_cache import PrefixCache
+    from app.engine.local.runtime import GGML_TYPES
 
     prompt = UNIT * 4 + "The ledger for the winter of that year"
     out: dict = {"bytes_per_token": {}, "agreement_vs_f16": {}}
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = check_args(a.exactness, a.n_ctx)
         if problem:
             p.error(problem)
-    from app.engine.registry import resolve_model
+    from app.catalog.registry import resolve_model
 
     path = str(resolve_model(a.model))
     res = {"ttft": ttft_section(path, a.prompt_tokens)}

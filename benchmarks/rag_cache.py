@@ -67,7 +67,7 @@ def reuse_row(turn: int, metrics: dict, evidence: int) -> dict:
 def grounding_chat(engine, docs, questions, k: int, max_tokens: int) -> list[dict]:
     """The stateless path, as an API client drives it: its own history, grounded on every request."""
     from app.assistant.grounding import ground
-    from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
+    from app.protocol.types import ChatMessage, DecodingParams, GenerateRequest
 
     history: list = []
     rows = []
@@ -84,7 +84,7 @@ def grounding_chat(engine, docs, questions, k: int, max_tokens: int) -> list[dic
 def stored_chat(engine, docs, memory, questions, k: int, max_tokens: int) -> list[dict]:
     """The stored chat through the turn pipeline (``Assistant.send``)."""
     from app.assistant import Assistant
-    from app.engine.types import DecodingParams
+    from app.protocol.types import DecodingParams
 
     a = Assistant(engine, memory, decoding=DecodingParams.make(temperature=0.0, max_tokens=max_tokens),
                   documents=docs, k=k)
@@ -104,12 +104,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.assistant.evidence import DocumentSource
     from app.assistant.turn import DEFAULT_K
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.catalog.bundled import ensure_bundled_model
+    from app.engine.local.engine import Engine
     from app.memory import Store
+    from app.protocol.types import LoadSettings
     from app.retrieval.embed_model import ensure_embedding_model
     from app.retrieval.embedder import Embedder
-    from app.setup_model import ensure_bundled_model
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="hearth-rag-cache-") as tmp:

@@ -6,14 +6,14 @@ In one run, on one model (default: the bundled Gemma 3 270M base model), over ``
 1. **The grid.** Each item runs once per thinking budget (``--budgets``, default 0, 32, 128 tokens, as
    ``ReasoningRequest`` budgets: the base model thinks only when Hearth prefills ``<think>``, and its
    thinking is ended when the budget runs out) with ``n`` = 5 self-consistency samples
-   (``app.engine.self_consistency``; ``last_number`` extraction, the ``[0-9]+`` format verifier of
+   (``app.engine.policies.self_consistency``; ``last_number`` extraction, the ``[0-9]+`` format verifier of
    ``reasoning_items.VERIFIER``). n = 1 and n = 3 are read from the first 1 and 3 samples: with independent
    seeds a prefix of the samples *is* a smaller run (docs/reasoning.md), which saves 4 of 9 runs per item.
    Per budget and n: accuracy (the voted answer equals the known answer), mean agreement, ties, items with
    no extractable answer, tokens and seconds per item, and the cost per accepted answer
    (``consistency.cost_per_accepted``: all attempts' tokens and seconds ÷ correct answers). Then the
    marginal gain per step of budget (``consistency.marginal_gains``), across thinking budgets and across n.
-2. **The router.** ``app.engine.router.route`` on each question (the question only: the few-shot preamble
+2. **The router.** ``app.engine.policies.router.route`` on each question (the question only: the few-shot preamble
    is the bench's, not the person's), against always-fast (the smallest budget) and always-reasoning (the
    largest), at n = 1, over a mixed set: the arithmetic items plus ``--easy`` one-step lookups
    (``easy_items``: "What number comes right after 41?") that need no working. The router's own time is
@@ -78,8 +78,8 @@ def make_request(item: Item, budget: int, answer_tokens: int, temperature: float
     worked answer of ``FEW_SHOT`` is one line; stop strings apply to the answer, not the thinking), room for the
     thinking and at least ``answer_tokens`` of answer (``max_tokens`` counts both, and the engine fits the
     budget to half of it); after a forced end of thinking "The answer is" is inserted."""
-    from app.engine.reasoning_budget import resolve_budget
-    from app.engine.types import DecodingParams, GenerateRequest, ReasoningRequest
+    from app.protocol.reasoning import resolve_budget
+    from app.protocol.types import DecodingParams, GenerateRequest, ReasoningRequest
 
     reasoning = ReasoningRequest(budget=resolve_budget(budget_tokens=budget),
                                  answer_now="The answer is" if budget else None)
@@ -96,7 +96,7 @@ def shared(candidates: Sequence[Any], wall_s: float) -> list[Any]:
 
 def run_item(engine, item: Item, j: int, budget: int, args, spec) -> dict:
     """One item at ``budget`` with ``MAX_N`` samples: its candidates (shared seconds) and the run's figures."""
-    from app.engine.self_consistency import run_self_consistency
+    from app.engine.policies.self_consistency import run_self_consistency
 
     res = run_self_consistency(engine, make_request(item, budget, args.answer_tokens, args.temperature), spec,
                                seed=args.seed + 1000 * j)
@@ -130,7 +130,7 @@ def run_grid(engine, items: list[Item], args, spec, log) -> tuple[dict[int, dict
 def run_singles(engine, items: list[Item], budget: int, args, spec) -> dict[str, Any]:
     """Each item once at ``budget``, n = 1, ``args.parallel`` items at a time: id → candidate (shared
     seconds of its group's wall time)."""
-    from app.engine.self_consistency import run_self_consistency
+    from app.engine.policies.self_consistency import run_self_consistency
 
     out: dict[str, Any] = {}
     for g in range(0, len(items), args.parallel):
@@ -158,7 +158,7 @@ def run_singles(engine, items: list[Item], budget: int, args, spec) -> dict[str,
 
 def grid_row(grid: dict[str, dict], items: list[Item], budget: int, k: int) -> dict:
     """Accuracy, agreement and cost at ``budget`` from the first ``k`` samples of each item."""
-    from app.engine.consistency import cost_per_accepted, vote
+    from app.engine.policies.consistency import cost_per_accepted, vote
 
     by_item = {it.id: grid[it.id]["candidates"][:k] for it in items}
     votes = {it.id: vote(by_item[it.id]) for it in items}
@@ -175,7 +175,7 @@ def grid_row(grid: dict[str, dict], items: list[Item], budget: int, k: int) -> d
 
 
 def gains(rows: list[dict], key: str) -> list[dict]:
-    from app.engine.consistency import BudgetPoint, marginal_gains
+    from app.engine.policies.consistency import BudgetPoint, marginal_gains
 
     pts = [BudgetPoint(r[key], r["accuracy"], r["tokens_per_item"], r["seconds_per_item"]) for r in rows]
     return [asdict(g) for g in marginal_gains(pts)]
@@ -183,8 +183,8 @@ def gains(rows: list[dict], key: str) -> list[dict]:
 
 def router_rows(items: list[Item], fast: dict, reasoning: dict, budgets: tuple[int, int]) -> tuple[list, dict]:
     """Always-fast, always-reasoning and the router over ``items``; the router's time is part of its cost."""
-    from app.engine.consistency import cost_per_accepted
-    from app.engine.router import RouterConfig, route
+    from app.engine.policies.consistency import cost_per_accepted
+    from app.engine.policies.router import RouterConfig, route
 
     cfg = RouterConfig(fast_tokens=budgets[0], reasoning_tokens=budgets[1])
     routes = {it.id: route(it.question, "auto", cfg) for it in items}
@@ -273,10 +273,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, log=None) -> dict:
     """Run the bench (module docstring) and return the report as a dict."""
-    from app.engine.consistency import parse_self_consistency
-    from app.engine.engine import Engine
-    from app.engine.registry import resolve_model
-    from app.engine.types import LoadSettings
+    from app.catalog.registry import resolve_model
+    from app.engine.local.engine import Engine
+    from app.engine.policies.consistency import parse_self_consistency
+    from app.protocol.types import LoadSettings
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     items, easy = list(default_items()[:args.items]), easy_items(args.easy, args.seed)

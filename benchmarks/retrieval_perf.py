@@ -70,13 +70,13 @@ KEYWORD_QUERIES = [
 ]
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(_pct(values, 0.5) * 1000, 2), "p95_ms": round(_pct(values, 0.95) * 1000, 2),
+    return {"p50_ms": round(percentile(values, 0.5) * 1000, 2), "p95_ms": round(percentile(values, 0.95) * 1000, 2),
             "mean_ms": round(statistics.fmean(values) * 1000, 2)}
 
 
@@ -174,7 +174,7 @@ def compare_vectors(db_a: Path, db_b: Path) -> dict:
 
 def bench_ingest(work: Path, model: Path, n_text: int, n_pdf: int, repeat: int = 1,
                  batch_tokens: int | None = None, workers: int | None = None) -> dict:
-    from app.engine.process import default_threads
+    from app.childhost.host import default_threads
     from app.retrieval.embedder import Embedder
     from app.retrieval.ingest import DEFAULT_EMBED_GROUP_TOKENS
 

@@ -145,8 +145,8 @@ def ingest_set(qset, work: Path, model: Path):
 
 def rerank_eval(rows, engine_path: Path, depth: int, blend: float, fuse_fn, fusion) -> tuple[dict, float]:
     """The default fusion reranked by the chat model (``app.retrieval.rerank``): metrics and seconds/query."""
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
     from app.retrieval.rerank import Reranker
     from app.retrieval.types import Evidence
 
@@ -218,7 +218,7 @@ def run(args, work: Path) -> dict:
         summary["sets"][name] = {m: _rounded(evaluate(set_rows, cfg, fuse)) for m, cfg in modes.items()}
         summary["sets"][name]["_embed_s_mean"] = round(sum(r["embed_s"] for r in set_rows) / len(set_rows), 4)
     if args.rerank:
-        from app.setup_model import ensure_bundled_model
+        from app.catalog.bundled import ensure_bundled_model
 
         chat = ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
         for name, set_rows in rows.items():

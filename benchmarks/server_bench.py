@@ -25,7 +25,7 @@ PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"
 
 
 def engine_run(engine, n: int) -> dict:
-    from app.engine.types import DecodingParams, Delta, Done, GenerateRequest
+    from app.protocol.types import DecodingParams, Delta, Done, GenerateRequest
 
     req = GenerateRequest(prompt=PROMPT, decoding=DecodingParams.make(temperature=0.0, max_tokens=n))
     t0 = time.perf_counter()
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
     from app.server import ServerThread, create_app
     from app.settings import ServerSettings
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bundled() -> Path:
-    from app.engine.registry import resolve_model
+    from app.catalog.registry import resolve_model
 
     return resolve_model(None)
 

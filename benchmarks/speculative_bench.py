@@ -109,8 +109,8 @@ def items(n: int | None = None) -> list[tuple[str, str]]:
 
 def _run_engine(path: str, draft_path: str, modes: tuple, rounds: int, n_items: int | None, max_tokens: int,
                 n_threads: int | None, label: str = "") -> tuple[dict[str, list[dict]], dict]:
-    from app.engine.engine import Engine
-    from app.engine.types import DecodingParams, GenerateRequest, LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
 
     settings = LoadSettings(n_ctx=4096, n_parallel=1, n_threads=n_threads)
     rows: dict[str, list[dict]] = {f"{m}{label}": [] for m in modes}
@@ -143,7 +143,7 @@ def run(model: str | None = None, draft: str | None = None, rounds: int = 2, n_i
     batch size, so its greedy text may differ from plain), compared with that engine's own plain runs."""
     import os
 
-    from app.engine.registry import resolve_model
+    from app.catalog.registry import resolve_model
 
     path = str(resolve_model(model))
     draft_path = str(resolve_model(draft)) if draft else path

@@ -9,7 +9,7 @@ between two beats (nominal 10 ms). Phases, on the real window (offscreen) with t
 4. abort a load in progress (Esc): time until the engine process is gone.
 
 Target: max gap < 100 ms. Run: ``QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/ui_stall.py [--json]``.
-Uses a temporary HEARTH_HOME; the model comes from .cache/models (``app.setup_model``).
+Uses a temporary HEARTH_HOME; the model comes from .cache/models (``app.catalog.bundled``).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def run() -> dict:
     from PySide6.QtWidgets import QApplication
 
     from app import paths
-    from app.engine.types import DecodingParams, LoadSettings
+    from app.catalog.bundled import ensure_bundled_model
+    from app.protocol.types import DecodingParams, LoadSettings
     from app.settings import UserSettings, save_user_settings
-    from app.setup_model import ensure_bundled_model
 
     model = ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
     paths.bundled_model_path().symlink_to(model)
@@ -124,7 +124,8 @@ def run() -> dict:
     out["abort_load"] = {**hb.stop(), "abort_to_idle_s": round(time.perf_counter() - t0, 2)}
     import multiprocessing
 
-    out["abort_load"]["engine_processes_left"] = sum(p.name == "hearth-engine" for p in multiprocessing.active_children())
+    children = multiprocessing.active_children()
+    out["abort_load"]["engine_processes_left"] = sum(p.name == "hearth-engine" for p in children)
     win.close()
     return out
 

@@ -26,7 +26,7 @@ def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
-    from app.setup_model import ensure_bundled_model
+    from app.catalog.bundled import ensure_bundled_model
 
     return ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
 

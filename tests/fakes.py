@@ -1,6 +1,6 @@
 """The shared test doubles: one fake engine, one fake embedder. (Test doubles never live in ``app/``.)
 
-``FakeEngine`` is the real ``app.engine.engine.Engine`` (the scheduler, its queue and priorities,
+``FakeEngine`` is the real ``app.engine.local.engine.Engine`` (the scheduler, its queue and priorities,
 ``QueueFull``, ``Generation``, cancel, stats, metrics, the vocabulary lane) over ``FakeRuntime``, a scripted
 runtime served through the Engine's public ``runtime=`` seam on threads of this process (no model, no child
 process: the suite stays fast). ``n_parallel`` slots (default 1: one request at a time, the rest wait).
@@ -33,13 +33,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from app.engine.engine import Engine
-from app.engine.reasoning import THINK
-from app.engine.reasoning_budget import BudgetForcer
-from app.engine.scheduler import Seq
-from app.engine.templates import RenderedPrompt
-from app.engine.types import GenerateRequest, LoadSettings
+from app.engine.chat.reasoning_budget import BudgetForcer
+from app.engine.chat.templates import RenderedPrompt
+from app.engine.chat.thinking import THINK
+from app.engine.local.engine import Engine
+from app.engine.local.scheduler import Seq
 from app.errors import ContextLengthExceeded
+from app.protocol.types import GenerateRequest, LoadSettings
 
 BOS = 0  # the fake vocabulary's BOS token (no text)
 
@@ -75,7 +75,7 @@ class _FakeSeq(Seq):
 
 
 class FakeRuntime:
-    """A scripted ``app.engine.engine.EngineRuntime`` (see the module docstring), driven by the real
+    """A scripted ``app.engine.local.engine.EngineRuntime`` (see the module docstring), driven by the real
     scheduler: ``n_slots`` requests at once, one character per request per step, ``token_delay_s`` per step."""
 
     def __init__(self, n_ctx: int, model_name: str, token_delay_s: float = 0.0,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.runtime import GGML_TYPES, llama_kwargs
-from app.engine.types import LoadSettings
+from app.engine.local.runtime import GGML_TYPES, llama_kwargs
+from app.protocol.types import LoadSettings
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "packaging" / "llama_cmake_args.sh"

@@ -1,5 +1,5 @@
 """Many requests at once on the real bundled model: continuous batching, chunked prefill, per-request cancel,
-and prefix-cache entries that move between slots (app/engine/scheduler.py, docs/engine.md)."""
+and prefix-cache entries that move between slots (app/engine/local/scheduler.py, docs/engine.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import DecodingParams, Delta, Done, GenerateRequest, LoadSettings
+from app.engine.local.engine import Engine
 from app.errors import Cancelled
+from app.protocol.types import DecodingParams, Delta, Done, GenerateRequest, LoadSettings
 
 pytestmark = pytest.mark.model
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import LoadSettings
 from benchmarks import cache_exactness as cx
 
 pytestmark = pytest.mark.model

@@ -1,4 +1,4 @@
-"""``hearth inspect`` / ``hearth models`` in-process, and model resolution (``app.engine.registry``)."""
+"""``hearth inspect`` / ``hearth models`` in-process, and model resolution (``app.catalog.registry``)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 from pathlib import Path, PureWindowsPath
 
 import pytest
+from gguf_writer import write_gguf
 
 from app import paths
+from app.catalog.registry import BUNDLED_MODEL_ID, list_models, model_id, resolve_model
 from app.cli import main
-from app.engine.registry import BUNDLED_MODEL_ID, list_models, model_id, resolve_model
 from app.errors import ModelNotFound
-from gguf_writer import write_gguf
 
 
 def tiny_gguf(path: Path, arch: str = "llama", template: str | None = None) -> Path:
@@ -84,8 +84,8 @@ def test_inspect_bundled_json(linked_bundled: Path, capsys: pytest.CaptureFixtur
     assert out["model"]["id"] == BUNDLED_MODEL_ID and out["model"]["quantization"] == "Q4_K_M"
     # n_ctx 4096, f16, full SWA cache: 72 MiB per sequence, n_parallel of them (auto: as many as fit, up to 4)
     assert out["memory"]["kv_bytes"] == out["memory"]["n_parallel"] * (72 << 20)
-    from app.engine.gguf_info import inspect_model
-    from app.engine.templates import choose_template_name
+    from app.catalog.gguf import inspect_model
+    from app.engine.chat.templates import choose_template_name
 
     assert out["template"] == choose_template_name(inspect_model(linked_bundled))
 

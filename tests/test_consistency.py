@@ -1,4 +1,4 @@
-"""Self-consistency and verification (app.engine.consistency) and the arithmetic set
+"""Self-consistency and verification (app.engine.policies.consistency) and the arithmetic set
 (benchmarks.reasoning_items): pure and fast, no model."""
 
 from __future__ import annotations
@@ -11,10 +11,22 @@ import time
 
 import pytest
 
-from app.engine import consistency as sc
-from app.engine.consistency import (
-    BudgetPoint, Candidate, Verdict, canonical_number, cost_per_accepted, judge, marginal_gains,
-    parse_extractor, parse_self_consistency, parse_verifier, regex_gate, sample_seeds, verify_safely, vote,
+from app.engine.policies import consistency as sc
+from app.engine.policies.consistency import (
+    BudgetPoint,
+    Candidate,
+    Verdict,
+    canonical_number,
+    cost_per_accepted,
+    judge,
+    marginal_gains,
+    parse_extractor,
+    parse_self_consistency,
+    parse_verifier,
+    regex_gate,
+    sample_seeds,
+    verify_safely,
+    vote,
 )
 from app.errors import InvalidRequest
 from benchmarks import reasoning_items as ri

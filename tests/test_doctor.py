@@ -21,6 +21,13 @@ LINUX = sys.platform.startswith("linux")
 needs_xcb = pytest.mark.skipif(not LINUX or qt.plugin_file("xcb") is None, reason="Linux xcb plugin only")
 
 
+def _xcb_missing() -> list[str]:
+    """The xcb plugin's libraries this machine lacks (a fresh Debian lacks libxcb-cursor0, libxcb-icccm4 and
+    libxcb-keysyms1: Qt's wheel does not ship them)."""
+    plugin = qt.plugin_file("xcb") if LINUX else None
+    return sorted(elf.resolve(plugin).missing) if plugin is not None else []
+
+
 def hearth(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
@@ -71,12 +78,13 @@ def test_unknown_check_name_is_one_line():
 # ------------------------------------------------------------------------------------------ the Qt check
 
 
-def _dir_without(tmp_path: Path, plugin: Path, left_out: str) -> Path:
-    """A folder of symlinks to every library ``plugin`` resolves to on this machine, except ``left_out``."""
+def _dir_without(tmp_path: Path, plugin: Path, *left_out: str) -> Path:
+    """A folder of symlinks to every library ``plugin`` resolves to on this machine, except ``left_out`` (and
+    what this machine lacks anyway: ``_xcb_missing``)."""
     libs = tmp_path / "libs"
     libs.mkdir()
     for soname, path in elf.resolve(plugin).found.items():
-        if soname != left_out:
+        if soname not in left_out:
             (libs / soname).symlink_to(path)
     return libs
 
@@ -87,8 +95,8 @@ def test_plugin_check_reports_missing_xcb_cursor_and_its_packages(tmp_path: Path
     libs = _dir_without(tmp_path, plugin, "libxcb-cursor.so.0")
     rep = qt.check({"QT_QPA_PLATFORM": "xcb", "DISPLAY": ":0"}, search_dirs=[str(libs)], run_probe=False)
     assert not rep.ok and rep.cause == "missing_libraries"
-    assert [m.soname for m in rep.missing] == ["libxcb-cursor.so.0"]
-    m = rep.missing[0]
+    assert sorted(m.soname for m in rep.missing) == sorted({"libxcb-cursor.so.0", *_xcb_missing()})
+    m = next(m for m in rep.missing if m.soname == "libxcb-cursor.so.0")
     assert (m.apt, m.dnf, m.pacman) == ("libxcb-cursor0", "xcb-util-cursor", "xcb-util-cursor")
     assert m.needed_by in ("libqxcb.so", "libQt6XcbQpa.so.6")
     for cmd in ("sudo apt install libxcb-cursor0", "sudo dnf install xcb-util-cursor",
@@ -106,7 +114,8 @@ def test_doctor_cli_with_a_lib_dir_lacking_xcb_cursor(tmp_path: Path):
     c = json.loads(r.stdout)["checks"][0]
     assert r.returncode == 1 and c["status"] == "fail"
     assert "libxcb-cursor.so.0" in c["summary"] and "sudo apt install libxcb-cursor0" in c["fix"]
-    assert c["details"]["missing"][0]["pacman"] == "xcb-util-cursor"
+    cursor = next(m for m in c["details"]["missing"] if m["soname"] == "libxcb-cursor.so.0")
+    assert cursor["pacman"] == "xcb-util-cursor"
     text = hearth("doctor", "--only", "qt", "--qt-lib-dir", str(libs), env={"QT_QPA_PLATFORM": "xcb"})
     assert "[FAIL] qt" in text.stdout and "sudo dnf install xcb-util-cursor" in text.stdout
 
@@ -134,15 +143,16 @@ def test_resolver_finds_what_ldd_finds_here():
     res = elf.resolve(plugin)
     out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, check=True).stdout
     ldd = {ln.split()[0]: ln.split()[2] for ln in out.splitlines() if " => " in ln and "not found" not in ln}
-    assert not res.missing and qt.parse_ldd(out) == []
+    assert sorted(res.missing) == sorted(qt.parse_ldd(out))  # both say the same on a fresh machine and a full one
     assert set(ldd) <= set(res.found)
     assert all(os.path.realpath(res.found[s]) == os.path.realpath(p) for s, p in ldd.items())
 
 
 @needs_xcb
 def test_every_x11_and_gl_library_the_plugin_links_has_packages():
-    found = elf.resolve(qt.plugin_file("xcb")).found
-    system = [s for s in found if s.startswith(("libxcb", "libxkbcommon", "libX", "libEGL", "libGL"))]
+    res = elf.resolve(qt.plugin_file("xcb"))
+    linked = [*res.found, *res.missing]  # what this machine lacks is linked too, and needs its package named
+    system = [s for s in linked if s.startswith(("libxcb", "libxkbcommon", "libX", "libEGL", "libGL"))]
     assert "libxcb-cursor.so.0" in system and "libxkbcommon-x11.so.0" in system
     assert [s for s in system if s not in qt.PACKAGES] == []
 
@@ -161,11 +171,27 @@ def test_unknown_soname_is_said_not_guessed():
 
 
 @needs_xcb
+@pytest.mark.skipif(bool(_xcb_missing()), reason=f"this machine lacks {', '.join(_xcb_missing())}, so the cause is "
+                    "missing libraries, not the display (test_no_display_on_a_machine_lacking_libraries)")
 def test_no_display_is_named_with_the_headless_fix():
     rep = qt.check({**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": ":187"})
     assert not rep.ok and rep.cause == "no_display" and rep.probe_ran
     assert "No display" in rep.message and "hearth chat" in rep.message and "hearth serve" in rep.message
     assert "libxcb-cursor.so.0 is installed here" in rep.message  # Qt's misleading hint is corrected
+
+
+@needs_xcb
+def test_no_display_on_a_machine_lacking_libraries(tmp_path: Path):
+    """As on a fresh machine, whatever this one holds: the plugin's libraries from a folder without
+    libxcb-icccm and libxcb-keysyms. Missing libraries are named first, with their packages, before the
+    display is even tried."""
+    plugin = qt.plugin_file("xcb")
+    libs = _dir_without(tmp_path, plugin, "libxcb-icccm.so.4", "libxcb-keysyms.so.1")
+    rep = qt.check({**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": ":187"}, search_dirs=[str(libs)],
+                   run_probe=False)
+    assert not rep.ok and rep.cause == "missing_libraries"
+    assert {m.soname for m in rep.missing} >= {"libxcb-icccm.so.4", "libxcb-keysyms.so.1"}
+    assert "sudo apt install" in rep.message and "libxcb-icccm4" in rep.message and "libxcb-keysyms1" in rep.message
 
 
 def test_unknown_platform_is_named():

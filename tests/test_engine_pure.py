@@ -6,10 +6,10 @@ import pickle
 
 import pytest
 
-from app.engine.templates import choose_template_name, render
-from app.engine.textstream import StopStreamer
-from app.engine.types import ChatMessage, DecodingParams, GenerateRequest, LoadSettings
+from app.engine.chat.templates import choose_template_name, render
+from app.engine.local.textstream import StopStreamer
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from app.protocol.types import ChatMessage, DecodingParams, GenerateRequest, LoadSettings
 
 
 @pytest.mark.parametrize("kw,param", [

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings
+from app.engine.local.engine import Engine
 from app.errors import Cancelled, ContextLengthExceeded, EngineCrashed, ModelLoadError
+from app.protocol.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings
 
 pytestmark = pytest.mark.model
 

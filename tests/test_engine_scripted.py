@@ -9,8 +9,8 @@ import time
 import pytest
 from fakes import FakeEngine
 
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 from app.errors import Cancelled, ContextLengthExceeded, EngineCrashed, QueueFull
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 
 
 def chat(text: str, **kw) -> GenerateRequest:

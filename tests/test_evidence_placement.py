@@ -11,7 +11,7 @@ import pytest
 
 from app.assistant import DocumentSource, ground
 from app.assistant.evidence import evidence_text
-from app.engine.types import ChatMessage, GenerateRequest
+from app.protocol.types import ChatMessage, GenerateRequest
 from app.retrieval.ingest import Ingester
 from tests.fakes import FakeEngine, render_text
 
@@ -103,7 +103,7 @@ def test_an_elliptical_follow_up_is_searched_with_the_question_before_it(questio
 def stored_chat(engine, docs, store, questions, k=1):
     """The same chat through the stored chat's turn pipeline (``Assistant.send``): the prompts the engine got."""
     from app.assistant import Assistant
-    from app.engine.types import DecodingParams
+    from app.protocol.types import DecodingParams
 
     a = Assistant(engine, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=32), documents=docs, k=k,
                   system_prompt="Answer briefly.")
@@ -146,7 +146,7 @@ def _blocks(prompt: str) -> list[str]:
 
 def test_stored_chat_citations_resolve_against_earlier_turns_passages(docs, memory_store):
     from app.assistant import Assistant
-    from app.engine.types import DecodingParams
+    from app.protocol.types import DecodingParams
 
     first = docs.search(QUESTIONS[0], 1).evidence[0]
     engine = FakeEngine(n_ctx=8192, reply=lambda req: f"Thirty minutes [E:{first.evidence_id}].")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import gguf
 import pytest
+from gguf_writer import write_gguf
 
 from app import paths
-from app.engine.gguf_info import ArrayInfo, file_sha256, inspect_model, read_gguf_header
+from app.catalog.gguf import ArrayInfo, file_sha256, inspect_model, read_gguf_header
 from app.errors import ModelLoadError
-from gguf_writer import write_gguf
 
 
 def _gguf_string(b: bytes) -> bytes:

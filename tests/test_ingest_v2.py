@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _pdf(pages: list[list[str] | None], password: str | None = None) -> bytes:
     """A PDF whose pages show lines of Helvetica text, or (for None) only a 2x2 inline image scaled up."""
     from pypdf import PdfWriter
-    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject as N
+    from pypdf.generic import DecodedStreamObject, DictionaryObject
+    from pypdf.generic import NameObject as N
 
     writer = PdfWriter()
     font = DictionaryObject({N("/Type"): N("/Font"), N("/Subtype"): N("/Type1"), N("/BaseFont"): N("/Helvetica")})

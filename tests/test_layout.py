@@ -1,11 +1,11 @@
-"""The canonical prefill layout (app/engine/layout.py): where chunks end, what a KV of a shared prefix gives
+"""The canonical prefill layout (app/engine/local/layout.py): where chunks end, what a KV of a shared prefix gives
 back, which control token opens a turn and which token closes an answer."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.engine.layout import answer_end_token, layout_bounds, next_bound, turn_break_token, usable
+from app.engine.local.layout import answer_end_token, layout_bounds, next_bound, turn_break_token, usable
 
 B = 9  # the turn break in these token lists
 

@@ -19,8 +19,7 @@ from fakes import FakeEngine
 from app.server import ServerThread, create_app
 from app.settings import ServerSettings
 from benchmarks import load_bench
-from benchmarks.loadstats import (SLO, RequestRecord, distribution, goodput, percentile, poisson_arrivals,
-                                  summarize)
+from benchmarks.loadstats import SLO, RequestRecord, distribution, goodput, percentile, poisson_arrivals, summarize
 
 
 # -- percentiles ----------------------------------------------------------------------------------------------

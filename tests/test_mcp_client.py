@@ -1,4 +1,4 @@
-"""The MCP client (``app.tools``) against real MCP servers written with the SDK in ``tests/mcp_servers/``: one over
+"""The MCP client (``app.mcp``) against real MCP servers written with the SDK in ``tests/mcp_servers/``: one over
 stdio, one over streamable HTTP on 127.0.0.1, and servers that exit at start, hang at start or crash mid-call.
 
 No model is involved. Timeouts are short so the file stays fast; one module-wide hub serves the happy paths.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import HearthError
-from app.tools import (
+from app.mcp import (
     McpConfig,
     McpConfigError,
     McpHub,
@@ -76,7 +76,7 @@ def test_config_round_trips_and_keeps_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_missing_config_is_empty_and_default_path_is_in_the_data_folder(hearth_home: Path) -> None:
-    from app.tools import config_path
+    from app.mcp import config_path
 
     assert config_path() == hearth_home / "mcp.json"
     assert load_config() == McpConfig()

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.engine.types import ChatMessage
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.memory.context import EVIDENCE_HEADER, SUMMARY_HEADER, ContextBuilder, summary_prompt
+from app.protocol.types import ChatMessage
 
 
 def words(text: str) -> int:

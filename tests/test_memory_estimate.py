@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import memory_estimate as me
-from app.engine.gguf_info import ModelInfo, inspect_model
-from app.engine.memory_estimate import estimate_memory, kv_bytes_per_element
-from app.engine.types import LoadSettings
+from app.catalog import memory_estimate as me
+from app.catalog.gguf import ModelInfo, inspect_model
+from app.catalog.memory_estimate import estimate_memory, kv_bytes_per_element
 from app.errors import InvalidRequest
+from app.protocol.types import LoadSettings
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -67,14 +67,16 @@ def test_kv_swa_full_matches_llama_cpp() -> None:
 
 
 def test_kv_window_only_matches_llama_cpp() -> None:
-    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=4096, swa_full=False, n_ubatch=512), available_ram_bytes=8 * GiB)
+    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=4096, swa_full=False, n_ubatch=512),
+                          available_ram_bytes=8 * GiB)
     assert (est.kv_cells, est.swa_cells) == (4096, 1024)  # GGML_PAD(min(4096, 512 + 512), 256)
     assert est.kv_bytes == 12 * MiB + 15 * MiB
     assert any("swa_full=False" in n for n in est.notes)
 
 
 def test_n_ctx_is_padded_to_256() -> None:
-    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=1000, swa_full=False, n_ubatch=512), available_ram_bytes=8 * GiB)
+    est = estimate_memory(gemma_like(), LoadSettings(n_ctx=1000, swa_full=False, n_ubatch=512),
+                          available_ram_bytes=8 * GiB)
     assert (est.kv_cells, est.swa_cells) == (1024, 1024)
     assert est.kv_bytes == 3 * MiB + 15 * MiB
 

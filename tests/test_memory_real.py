@@ -12,9 +12,9 @@ import time
 import pytest
 
 from app.assistant import Assistant
-from app.engine.engine import Engine
-from app.engine.types import DecodingParams, LoadSettings
+from app.engine.local.engine import Engine
 from app.memory import Store
+from app.protocol.types import DecodingParams, LoadSettings
 
 pytestmark = pytest.mark.model
 
@@ -61,8 +61,8 @@ def test_sixty_turns_fit_are_summarized_and_nothing_is_lost(bundled_model, tmp_p
 _STREAMER = r"""
 import sys
 from app.assistant import Assistant
-from app.engine.engine import Engine
-from app.engine.types import DecodingParams, LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import DecodingParams, LoadSettings
 from app.memory import Store
 store = Store(sys.argv[2])
 with Engine(sys.argv[1], LoadSettings(n_ctx=2048)) as eng:

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from app.engine.types import ChatMessage, Delta, Done, Metrics
+from app.assistant.session import ChatSession, TurnResult
 from app.errors import Cancelled, EngineCrashed
-from app.memory.chat_session import ChatSession, TurnResult
 from app.memory.store import Store
+from app.protocol.types import ChatMessage, Delta, Done, Metrics
 
 OVERHEAD = 4
 

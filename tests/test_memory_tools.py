@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from app.engine.tools import ToolCall
-from app.engine.types import ChatMessage
 from app.errors import StoreError
 from app.memory import Store
 from app.memory.context import ContextBuilder, cut_note
 from app.memory.records import message_id
 from app.memory.store import migrations
+from app.protocol.tools import ToolCall
+from app.protocol.types import ChatMessage
 
 CALL = ToolCall("call_a", "t__add", '{"a": 2, "b": 3}')
 
@@ -224,7 +224,7 @@ def test_a_call_without_its_result_is_left_out(memory_store: Store) -> None:
 
 
 def test_summaries_may_cover_tool_turns_and_the_records_stay(memory_store: Store) -> None:
-    from app.memory.chat_session import ChatSession
+    from app.assistant.session import ChatSession
 
     cid = memory_store.create_conversation()
     tip = None

@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FakeEngine
 
 from app.engine.pool import ModelBusy, ModelPool
-from app.engine.types import ChatMessage, GenerateRequest
 from app.errors import ModelLoadError, ModelNotFound
-
-from fakes import FakeEngine
+from app.protocol.types import ChatMessage, GenerateRequest
 
 GIB = 1 << 30
 SIZES = {"a": 2 * GIB, "b": 2 * GIB, "c": 3 * GIB, "huge": 9 * GIB}
@@ -202,7 +201,7 @@ def test_a_remote_in_the_settings_is_a_pool_entry_whose_failure_is_tried_again()
 
 def test_names_from_the_port_are_never_files_of_the_working_directory_nor_crash_on_length(tmp_path,
                                                                                           monkeypatch):
-    from app.engine.registry import resolve_model
+    from app.catalog.registry import resolve_model
 
     (tmp_path / "stray.gguf").write_bytes(b"GGUF")
     monkeypatch.chdir(tmp_path)

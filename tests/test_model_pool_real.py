@@ -11,8 +11,8 @@ import pytest
 
 from app import paths
 from app.engine.pool import local_pool
-from app.engine.types import DecodingParams, GenerateRequest, LoadSettings
 from app.errors import ModelLoadError
+from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
 from app.settings import UserSettings
 
 pytestmark = pytest.mark.model

@@ -16,7 +16,7 @@ from gguf_writer import write_gguf
 from app import paths
 from app.cli import build_parser, main
 from app.cli._engine_args import add_load_args, load_settings
-from app.engine.types import MAX_PARALLEL
+from app.protocol.types import MAX_PARALLEL
 from app.settings import load_user_settings
 
 

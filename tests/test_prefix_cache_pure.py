@@ -7,8 +7,17 @@ import random
 
 import pytest
 
-from app.engine.prefix_cache import (BLOCK, EntryError, PrefixHasher, PrefixStore, block_hashes, decode_entry,
-                                     encode_entry, fingerprint, seq_state_buffer)
+from app.engine.local.prefix_cache import (
+    BLOCK,
+    EntryError,
+    PrefixHasher,
+    PrefixStore,
+    block_hashes,
+    decode_entry,
+    encode_entry,
+    fingerprint,
+    seq_state_buffer,
+)
 
 FP = "a" * 64
 FP2 = "b" * 64
@@ -115,7 +124,7 @@ def test_seq_state_buffer_refuses_an_unknown_format(bad):
 
 
 def test_fingerprint_covers_the_canonical_chunk_and_gpu_layers():
-    from app.engine.types import LoadSettings
+    from app.protocol.types import LoadSettings
 
     base = fingerprint("0" * 64, LoadSettings())[0]
     for change in ({"n_batch": 512}, {"n_ubatch": 128}, {"n_gpu_layers": -1}, {"offload_kqv": False},
@@ -161,7 +170,7 @@ def test_one_stream_of_a_many_stream_state_is_the_one_sequence_entry(v_trans):
     restoring that entry into slot 2 of 4 puts the block in stream 2 and the other streams empty."""
     import struct
 
-    from app.engine.prefix_cache import extract_stream, state_streams
+    from app.engine.local.prefix_cache import extract_stream, state_streams
 
     def cells(seq, n):
         return [(p, seq) for p in range(n)]
@@ -184,7 +193,7 @@ def test_one_stream_of_a_many_stream_state_is_the_one_sequence_entry(v_trans):
 
 @pytest.mark.parametrize("cut", [1, 7, 40])
 def test_a_state_that_does_not_parse_to_its_end_is_refused(cut):
-    from app.engine.prefix_cache import extract_stream
+    from app.engine.local.prefix_cache import extract_stream
 
     whole = _whole([[_stream_block([(0, 0), (1, 0)]), _stream_block([(0, 1)])]])
     with pytest.raises(EntryError):

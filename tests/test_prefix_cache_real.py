@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import DecodingParams, GenerateRequest, LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
 
 pytestmark = pytest.mark.model
 
@@ -104,7 +104,7 @@ def test_damaged_entries_are_quarantined_and_served_cold(bundled_model, tmp_path
     elif damage == "random":
         path.write_bytes(os.urandom(len(data)))
     else:  # same tokens, saved for another model file (different sha256 in the fingerprint)
-        from app.engine.prefix_cache import fingerprint
+        from app.engine.local.prefix_cache import fingerprint
 
         fp_other, _ = fingerprint("0" * 64, LoadSettings(n_ctx=2048))
         hdr_end = 8 + 4  # magic, format version, then the 64-character fingerprint

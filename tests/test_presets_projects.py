@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from app.engine.types import DecodingParams
 from app.errors import InvalidRequest
 from app.memory import Store
 from app.memory.presets import parse_presets
+from app.protocol.types import DecodingParams
 
 
 def _fill(store: Store) -> tuple[str, str, str]:

@@ -1,4 +1,4 @@
-"""``app.engine.process.ChildHost`` with a toy handler (no model): the wire protocol, the side lane, cancel,
+"""``app.childhost.host.ChildHost`` with a toy handler (no model): the wire protocol, the side lane, cancel,
 crashes and restarts, timeouts, start errors, SIGINT, a killed parent, the in-thread host and the thread
 policy. The handler lives in this module: spawned children import it by name (pytest puts tests/ on
 sys.path, and children inherit it)."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import process
-from app.engine.process import ChildBug, ChildHost, Timeouts, default_threads
+from app.childhost import host as process
+from app.childhost.host import ChildBug, ChildHost, Timeouts, default_threads
 from app.errors import Cancelled, EngineCrashed, HearthError, InvalidRequest, ModelLoadError
 
 TESTS = Path(__file__).resolve().parent
@@ -189,7 +189,7 @@ def test_children_ignore_sigint(host):
 _PARENT = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
-from app.engine.process import ChildHost
+from app.childhost.host import ChildHost
 from test_process_host import make_toy
 
 h = ChildHost("hearth-test", make_toy)

@@ -1,7 +1,7 @@
 """A 10-turn document chat on the real bundled model (Gemma 3 270M) with real retrieval (all-MiniLM-L6-v2),
 each question's evidence kept in its own turn (``app.assistant.grounding.ground``): every turn reuses the
 whole previous prompt *and its answer*, up to the cut that opens the new user turn (the canonical layout cuts
-there, ``app.engine.layout``; the idle engine laid the answer's turn out again after it was decoded,
+there, ``app.engine.local.layout``; the idle engine laid the answer's turn out again after it was decoded,
 ``Runtime.idle_step``), and passages under the relevance floor are not given (``evidence.above_floor``), so
 every turn from the 2nd on reuses at least 70 % of its prompt (80-93 % here; turn 3 was 66 % before the two,
 docs/retrieval.md "Evidence placement"). The stored chat (``Assistant.send``, what the window and ``hearth
@@ -39,9 +39,9 @@ def test_ten_turns_reuse_the_previous_prompt_and_70_percent(bundled_model: Path,
     """The window's stored chat over ten turns, and the port's grounding path over the first three: the same
     prompts, so the same reuse row for row (the suite runs the port's ten turns once, not twice)."""
     from app.assistant.turn import DEFAULT_K
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
     from app.memory import Store
+    from app.protocol.types import LoadSettings
 
     with Engine(bundled_model, LoadSettings(n_ctx=N_CTX, n_parallel=1), prefix_cache=None) as engine:
         with Store(tmp_path / "hearth.db") as memory:

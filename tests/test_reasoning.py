@@ -13,13 +13,23 @@ import math
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.engine.reasoning import (COMMAND_R7B, DEFAULT_MARKERS, HARMONY, MISTRAL_THINK, THINK, AnswerPiece,
-                                  ReasoningPiece, ReasoningSplitter, SplitOutput, ThinkingMarkers, markers_for,
-                                  split_reasoning)
-from app.engine.reasoning_budget import (EFFORT_TOKENS, BudgetForcer, PromptPlan, ReasoningBudget,
-                                         ReasoningMetrics, ReasoningSettings, plan_prompt, render_kwargs,
-                                         resolve_budget)
+from app.engine.chat.reasoning_budget import BudgetForcer, PromptPlan, ReasoningMetrics, plan_prompt, render_kwargs
+from app.engine.chat.thinking import (
+    COMMAND_R7B,
+    DEFAULT_MARKERS,
+    HARMONY,
+    MISTRAL_THINK,
+    THINK,
+    AnswerPiece,
+    ReasoningPiece,
+    ReasoningSplitter,
+    SplitOutput,
+    ThinkingMarkers,
+    markers_for,
+    split_reasoning,
+)
 from app.errors import InvalidRequest
+from app.protocol.reasoning import EFFORT_TOKENS, ReasoningBudget, ReasoningSettings, resolve_budget
 
 # Template fragments written the way each family's template does it (the decisive parts only).
 QWEN3_LIKE = (

@@ -4,11 +4,10 @@ apart from the answer, budget forcing, stop thinking, stop strings on the answer
 from __future__ import annotations
 
 import pytest
-
-from app.engine.reasoning_budget import resolve_budget
-from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest, ReasoningRequest
-
 from fakes import FakeEngine
+
+from app.protocol.reasoning import resolve_budget
+from app.protocol.types import ChatMessage, DecodingParams, Delta, GenerateRequest, ReasoningRequest
 
 HI = (ChatMessage("user", "hi"),)
 

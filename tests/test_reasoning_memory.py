@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from sqlite_utils import Database
 
-from app.engine.reasoning_budget import ReasoningBudget, ReasoningSettings
-from app.engine.types import Delta, Done, Metrics, ReasoningRequest
+from app.assistant.session import ChatSession
 from app.errors import Cancelled, InvalidRequest, StoreError
-from app.memory.chat_session import ChatSession
 from app.memory.store import Store, migrations
+from app.protocol.reasoning import ReasoningBudget, ReasoningSettings
+from app.protocol.types import Delta, Done, Metrics, ReasoningRequest
 
 
 def words(text: str) -> int:
@@ -282,7 +282,7 @@ def fake():
 
 def assistant(engine, store: Store, **kw):
     from app.assistant import Assistant
-    from app.engine.types import DecodingParams
+    from app.protocol.types import DecodingParams
 
     return Assistant(engine, store, decoding=DecodingParams.make(temperature=0.0, max_tokens=400), **kw)
 
@@ -339,8 +339,9 @@ def test_a_budget_forces_the_end_of_thinking(fake, memory_store: Store) -> None:
 
 
 def test_stop_thinking_ends_the_thinking_and_the_answer_follows(memory_store: Store) -> None:
-    from app.assistant import ReasoningDelta, TextDelta
     from fakes import FakeEngine
+
+    from app.assistant import ReasoningDelta, TextDelta
 
     eng = FakeEngine(n_ctx=1024, token_delay_s=0.005, reply=lambda req: THOUGHT)
     try:
@@ -367,8 +368,9 @@ def test_stop_thinking_ends_the_thinking_and_the_answer_follows(memory_store: St
 
 
 def test_cancel_while_thinking_keeps_the_thinking_so_far(memory_store: Store) -> None:
-    from app.assistant import ReasoningDelta
     from fakes import FakeEngine
+
+    from app.assistant import ReasoningDelta
 
     eng = FakeEngine(n_ctx=1024, token_delay_s=0.005, reply=lambda req: THOUGHT)
     try:
@@ -390,7 +392,7 @@ def test_cancel_while_thinking_keeps_the_thinking_so_far(memory_store: Store) ->
 
 def test_the_tool_reader_passes_thinking_through_at_once() -> None:
     from app.assistant.turn import _read_tools
-    from app.engine.tool_stream import ToolsDone, ToolStream
+    from app.engine.chat.tool_stream import ToolsDone, ToolStream
 
     events = [Delta("", reasoning="a"), Delta("", reasoning="b"), Delta("x"),
               Done("stop", Metrics(), "x", reasoning="ab")]

@@ -1,6 +1,6 @@
 """Thinking on the real bundled model (Gemma 3 270M, a base model without thinking markers: a request with a
 budget gets ``<think>`` prefilled, docs/reasoning.md): budget forcing, stop thinking mid-stream, and n samples
-of one prompt sharing its prefill through a copy of the KV stream (app/engine/runtime.py)."""
+of one prompt sharing its prefill through a copy of the KV stream (app/engine/local/runtime.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.reasoning_budget import resolve_budget
-from app.engine.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings, ReasoningRequest
+from app.engine.local.engine import Engine
+from app.protocol.reasoning import resolve_budget
+from app.protocol.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings, ReasoningRequest
 
 pytestmark = pytest.mark.model
 

@@ -1,17 +1,32 @@
-"""The recommended-models data file and its memory fit (app/ui/recommend.py, Qt-free)."""
+"""The recommended-models data file and its memory fit (app/catalog/recommended.py, Qt-free)."""
 
 from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from app.ui.recommend import (CATALOG, Recommendation, bits_per_weight, fit, load_catalog, quantization_from_name,
-                              recommend)
+from app.catalog.recommended import (
+
+    CATALOG,
+
+    Recommendation,
+
+    bits_per_weight,
+
+    fit,
+
+    load_catalog,
+
+    quantization_from_name,
+
+    recommend,
+
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE_KEYS = {"n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"}
@@ -95,9 +110,9 @@ def test_a_recommendation_is_a_value():
 def test_shape_estimate_matches_the_real_header(bundled_model: Path):
     """The catalog's header-less estimate agrees with the estimate from a real GGUF header (the bundled
     Gemma 3 270M), so a shape in the data file means what the engine will allocate."""
-    from app.engine.gguf_info import inspect_model
-    from app.engine.memory_estimate import estimate_memory
-    from app.engine.types import LoadSettings
+    from app.catalog.gguf import inspect_model
+    from app.catalog.memory_estimate import estimate_memory
+    from app.protocol.types import LoadSettings
 
     info = inspect_model(bundled_model)
     r = Recommendation("g", "Gemma 3 270M", "x/y", bundled_model.name, info.size_bytes, None, "b", "Gemma",

@@ -20,8 +20,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-
-from app.engine.remote import (
+from app.engine.remote.engine.engine import (
     RemoteAuthError,
     RemoteBadRequest,
     RemoteEngine,
@@ -34,10 +33,11 @@ from app.engine.remote import (
     normalize_url,
     sse_data,
 )
-from app.engine.tool_stream import ToolStream
-from app.engine.tools import ToolChoice, ToolSpec
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
+
+from app.engine.chat.tool_stream import ToolStream
 from app.errors import Cancelled, EngineCrashed, InvalidRequest, ModelLoadError, QueueFull
+from app.protocol.tools import ToolChoice, ToolSpec
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 
 KEY = "sk-test-0123456789abcdefXYZ"
 USER = (ChatMessage("user", "Hello?"),)
@@ -244,8 +244,8 @@ def test_chat_stream_body_metrics_and_done(remote):
     eng = engine(remote)
     tools = (ToolSpec("get_time", "the time", {"type": "object", "properties": {}}),)
     dec = DecodingParams(temperature=0.2, top_k=5, seed=7, stop=("END",), max_tokens=20, repeat_penalty=1.1)
-    from app.engine.reasoning_budget import ReasoningBudget
-    from app.engine.types import ReasoningRequest
+    from app.protocol.reasoning import ReasoningBudget
+    from app.protocol.types import ReasoningRequest
 
     req = GenerateRequest(messages=USER, decoding=dec, tools=tools, tool_choice=ToolChoice("auto"),
                           reasoning=ReasoningRequest(ReasoningBudget(tokens=256, effort="low", source="request")))
@@ -304,7 +304,7 @@ def test_structured_tool_calls_are_read_back_by_tool_stream(remote):
 
 
 def test_history_with_calls_and_results_goes_out_structured(remote):
-    from app.engine.tools import ToolCall
+    from app.protocol.tools import ToolCall
 
     remote.chat(lambda h, b: h.sse([chunk("It is sunny.", finish="stop")]))
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
@@ -631,7 +631,7 @@ def test_logs_never_show_a_key(remote, caplog):
 
     eng = engine(remote)  # registers its key and installs the filter
     secrets.install_redaction()  # onto caplog's handler too
-    log = logging.getLogger("app.engine.remote.test")
+    log = logging.getLogger("app.engine.remote.engine.test")
     with caplog.at_level(logging.DEBUG):
         log.warning("headers %s", {"Authorization": f"Bearer {KEY}", "x-api-key": "other-secret-1234"})
         log.warning("the key is %s", KEY)
@@ -689,8 +689,8 @@ def test_cli_add_list_test_remove(remote, hearth_home, memory_keyring, monkeypat
 
 
 def test_self_consistency_samples_run_as_concurrent_remote_requests(remote):
-    from app.engine.consistency import parse_self_consistency
-    from app.engine.self_consistency import SelfConsistencyRun
+    from app.engine.policies.consistency import parse_self_consistency
+    from app.engine.policies.self_consistency import SelfConsistencyRun
 
     answers = iter(["The answer is 42.", "It is 41.", "I get 42."])
     lock = threading.Lock()

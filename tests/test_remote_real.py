@@ -23,10 +23,10 @@ from typing import Iterator
 
 import httpx
 import pytest
+from app.engine.remote.engine.engine import RemoteEngine, RemoteError, RemoteStreamError
 
-from app.engine.remote import RemoteEngine, RemoteError, RemoteStreamError
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 from app.errors import Cancelled
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 
 pytestmark = pytest.mark.model
 REPO = Path(__file__).resolve().parents[1]

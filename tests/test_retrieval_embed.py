@@ -20,8 +20,12 @@ import pytest
 
 from app.errors import EngineCrashed, ModelLoadError
 from app.retrieval.chunking import SPECIAL_TOKENS, chunk_text
-from app.retrieval.embed_model import ensure_embedding_model, find_embedding_model, packaged_model_zip, \
-    read_safetensors
+from app.retrieval.embed_model import (
+    ensure_embedding_model,
+    find_embedding_model,
+    packaged_model_zip,
+    read_safetensors,
+)
 from app.retrieval.ingest import Ingester
 from app.retrieval.search import Retriever
 

@@ -1,4 +1,5 @@
-"""The rule-based router (app/engine/router.py): the person's setting, the signals and their points, the budgets
+"""The rule-based router (app/engine/policies/router.py): the person's setting, the signals and their points,
+the budgets
 of each path, which message is read, errors, and the cost of routing."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import time
 
 import pytest
 
-from app.engine.router import KEYWORDS, RouterConfig, Route, request_text, route, signals
-from app.engine.types import ChatMessage
+from app.engine.policies.router import KEYWORDS, Route, RouterConfig, request_text, route, signals
 from app.errors import InvalidRequest
+from app.protocol.types import ChatMessage
 from benchmarks.reasoning_items import default_items
 
 

@@ -1,4 +1,4 @@
-"""The engine process's scheduler (app/engine/scheduler.py) over a scripted ``SeqRuntime``: admission by
+"""The engine process's scheduler (app/engine/local/scheduler.py) over a scripted ``SeqRuntime``: admission by
 priority, one batched decode step for every active sequence, prefill chunks within the step's budget,
 cancel and deadline per request, a failing step ending only its own requests."""
 
@@ -8,9 +8,9 @@ import queue
 import time
 from collections.abc import Callable
 
-from app.engine.scheduler import Scheduler, Seq
-from app.engine.types import DecodingParams, GenerateRequest
+from app.engine.local.scheduler import Scheduler, Seq
 from app.errors import Cancelled, HearthError
+from app.protocol.types import DecodingParams, GenerateRequest
 
 
 class Scripted:
@@ -166,8 +166,7 @@ def test_a_burst_reaching_an_idle_engine_is_admitted_together():
     one that comes after the quiet gap waits for the next step, as before."""
     import threading
 
-    from app.engine import scheduler as sch
-
+    from app.engine.local import scheduler as sch
     rt = Scripted(n_slots=4, budget=16)
     inbox: queue.Queue = queue.Queue()
     sent: list[tuple] = []
@@ -194,8 +193,8 @@ def test_a_burst_reaching_an_idle_engine_is_admitted_together():
 
 def test_runs_of_consecutive_slots():
     """A decode batch is split into one llama.cpp ubatch per run of consecutive sequence ids: the slot
-    choice minimises the runs (app/engine/runtime.py)."""
-    from app.engine.runtime import _runs
+    choice minimises the runs (app/engine/local/runtime.py)."""
+    from app.engine.local.runtime import _runs
 
     assert [_runs(s) for s in (set(), {2}, {0, 1, 2, 3}, {0, 1, 3}, {0, 2, 4})] == [0, 1, 1, 2, 3]
 

@@ -1,4 +1,4 @@
-"""Self-consistency on the real bundled model (app/engine/self_consistency.py): n = 3 samples of one few-shot
+"""Self-consistency on the real bundled model (app/engine/policies/self_consistency.py): n = 3 samples of one few-shot
 arithmetic prompt, decoded in one batch, with samples 1 and 2 reusing sample 0's prompt KV (the engine's
 cross-slot prompt reuse: a request whose prompt's first L-1 tokens are live in another slot copies them)."""
 
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from app.engine.consistency import parse_self_consistency
-from app.engine.engine import Engine
-from app.engine.self_consistency import run_self_consistency
-from app.engine.types import DecodingParams, GenerateRequest, LoadSettings
+from app.engine.local.engine import Engine
+from app.engine.policies.consistency import parse_self_consistency
+from app.engine.policies.self_consistency import run_self_consistency
+from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
 from benchmarks.reasoning_items import STOP, default_items
 
 pytestmark = pytest.mark.model

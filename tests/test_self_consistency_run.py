@@ -1,4 +1,5 @@
-"""Running self-consistency on an engine (app/engine/self_consistency.py): the order the samples start in, seeds,
+"""Running self-consistency on an engine (app/engine/policies/self_consistency.py): the order the samples
+start in, seeds,
 the vote over finished samples, token totals, errors and cancellation, on the scripted FakeEngine (the real
 Engine and scheduler over a scripted runtime, n_parallel slots)."""
 
@@ -9,10 +10,10 @@ import time
 
 import pytest
 
-from app.engine.consistency import parse_self_consistency
-from app.engine.self_consistency import SelfConsistencyRun, run_self_consistency
-from app.engine.types import DecodingParams, Delta, GenerateRequest
+from app.engine.policies.consistency import parse_self_consistency
+from app.engine.policies.self_consistency import SelfConsistencyRun, run_self_consistency
 from app.errors import Cancelled, InvalidRequest
+from app.protocol.types import DecodingParams, Delta, GenerateRequest
 from tests.fakes import FakeEngine
 
 BASE = 100

@@ -16,8 +16,8 @@ import jsonschema
 import openai
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import LoadSettings
 from app.server import ServerThread, create_app
 from app.settings import ServerSettings
 
@@ -104,7 +104,8 @@ def test_client_logprobs_streamed_equal_whole(server):
     joined, content = "".join(t.token for t in whole), r.choices[0].message.content
     assert joined.startswith(content) or content.startswith(joined)
     _text, chunks = streamed(chat(c, "What is the capital of France?", stream=True, **kw))
-    streamed_lp = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    streamed_lp = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                   for t in ch.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 4)) for t in streamed_lp] == [(t.token, round(t.logprob, 4)) for t in whole]
 
 

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.types import LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import LoadSettings
 from app.server import ServerThread, create_app
 from app.settings import ServerSettings
 

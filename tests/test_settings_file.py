@@ -59,7 +59,7 @@ def test_saved_decoding_and_load_defaults_apply_and_flags_override():
     s = UserSettings()
     from dataclasses import replace
 
-    from app.engine.types import DecodingParams, LoadSettings
+    from app.protocol.types import DecodingParams, LoadSettings
 
     save_user_settings(replace(s, decoding=DecodingParams.make(temperature=0.0, max_tokens=3, stop=["X"]),
                                load=LoadSettings(n_ctx=1024)))

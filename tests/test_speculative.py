@@ -1,4 +1,4 @@
-"""Speculative decoding, pure tier (app/engine/speculative.py): the prompt-lookup proposer, greedy and sampled
+"""Speculative decoding, pure tier (app/engine/local/speculative.py): the prompt-lookup proposer, greedy and sampled
 verification, the target distribution against llama.cpp's own sampler chain, and chi-square checks that the
 Leviathan et al. (2023) rule reproduces the target distribution."""
 
@@ -10,10 +10,22 @@ import math
 import numpy as np
 import pytest
 
-from app.engine.speculative import (Dist, PromptLookup, add_step, chi_square, chi_square_sf, chi_square_two_sample,
-                                    greedy_token, ineligible_reason, request_rng, residual, target_dist,
-                                    verify_greedy, verify_sampled)
-from app.engine.types import DecodingParams
+from app.engine.local.speculative import (
+    Dist,
+    PromptLookup,
+    add_step,
+    chi_square,
+    chi_square_sf,
+    chi_square_two_sample,
+    greedy_token,
+    ineligible_reason,
+    request_rng,
+    residual,
+    target_dist,
+    verify_greedy,
+    verify_sampled,
+)
+from app.protocol.types import DecodingParams
 
 ALPHA = 1e-4  # a true distribution fails a test at this level once in 10,000 runs
 

@@ -1,4 +1,4 @@
-"""Speculative decoding on the real bundled model (app/engine/runtime.py, docs/speculative.md): greedy text
+"""Speculative decoding on the real bundled model (app/engine/local/runtime.py, docs/speculative.md): greedy text
 identical with and without prompt lookup and a draft model on copy-heavy prompts, acceptance reported, a
 sampled run's histogram consistent with plain sampling, and requests that cannot speculate saying why."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engine.engine import Engine
-from app.engine.speculative import chi_square_sf, chi_square_two_sample
-from app.engine.types import DecodingParams, Delta, GenerateRequest, LoadSettings
+from app.engine.local.engine import Engine
+from app.engine.local.speculative import chi_square_sf, chi_square_two_sample
+from app.protocol.types import DecodingParams, Delta, GenerateRequest, LoadSettings
 from benchmarks.speculative_bench import items
 
 pytestmark = pytest.mark.model

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from app.engine.tool_formats import FORMATS, format_for, prefixed_rules
-from app.engine.tool_parser import ArgsPiece, CallEnd, CallFailed, CallStart, ParsedOutput, TextPiece
-from app.engine.tools import (MAX_TOOLS, ToolCall, ToolChoice, new_call_id, parse_tool_choice, parse_tools,
-                              validate_call)
+from app.engine.chat.tool_formats import FORMATS, format_for, prefixed_rules
+from app.engine.chat.tool_parser import ArgsPiece, CallEnd, CallFailed, CallStart, ParsedOutput, TextPiece
+from app.engine.chat.tools import MAX_TOOLS, parse_tool_choice, parse_tools, validate_call
 from app.errors import InvalidRequest
+from app.protocol.tools import ToolCall, ToolChoice, new_call_id
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -529,7 +529,7 @@ def test_grammars_are_built_only_for_a_forced_choice_and_refused_before_they_gro
     needed: under "auto" the tool is fine."""
     import time
 
-    from app.engine.tools import check_tool_grammars
+    from app.engine.chat.tools import check_tool_grammars
 
     tools = parse_tools([_tool(parameters={"type": "object", "properties": {"a": prop}})])
     check_tool_grammars(tools, parse_tool_choice("auto", tools))

@@ -28,10 +28,10 @@ from app.assistant import (
     ToolResultShown,
     TurnDone,
 )
-from app.engine.tools import ToolChoice
-from app.engine.types import DecodingParams, GenerateRequest
 from app.errors import Cancelled
-from app.tools import McpHub, load_config, parse_config, save_config
+from app.mcp import McpHub, load_config, parse_config, save_config
+from app.protocol.tools import ToolChoice
+from app.protocol.types import DecodingParams, GenerateRequest
 from tests.fakes import FakeEngine
 
 SERVERS = Path(__file__).parent / "mcp_servers"
@@ -286,8 +286,8 @@ def test_toolbox_refuses_bad_limits(hub) -> None:
 @pytest.mark.model
 def test_the_bundled_model_forced_by_the_grammar_calls_a_tool_the_loop_runs(hub, memory_store,
                                                                            bundled_model: Path) -> None:
-    from app.engine.engine import Engine
-    from app.engine.types import LoadSettings
+    from app.engine.local.engine import Engine
+    from app.protocol.types import LoadSettings
 
     box = ToolBox(hub, Asker(), max_steps=2, tool_choice=ToolChoice("function", "t__add"))
     with Engine(bundled_model, LoadSettings(n_ctx=2048)) as eng:

@@ -9,13 +9,14 @@ import json
 
 import pytest
 
-from app.engine.templates import render, template_tool_caps, tool_format
-from app.engine.tool_formats import FORMATS
-from app.engine.tool_parser import ArgsPiece, CallEnd, CallStart, TextPiece
-from app.engine.tool_stream import ToolStream, ToolsDone, stream_tools
-from app.engine.tools import ToolCall, ToolChoice, parse_tools
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, Metrics
+from app.engine.chat.templates import render, template_tool_caps, tool_format
+from app.engine.chat.tool_formats import FORMATS
+from app.engine.chat.tool_parser import ArgsPiece, CallEnd, CallStart, TextPiece
+from app.engine.chat.tool_stream import ToolsDone, ToolStream, stream_tools
+from app.engine.chat.tools import parse_tools
 from app.errors import InvalidRequest
+from app.protocol.tools import ToolCall, ToolChoice
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, Metrics
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

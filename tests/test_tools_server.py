@@ -17,8 +17,8 @@ import openai
 import pytest
 from fakes import FakeEngine
 
-from app.engine.engine import Engine
-from app.engine.types import LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import LoadSettings
 from app.server import ServerThread, create_app
 from app.server.models import ModelCatalog
 from app.settings import ServerSettings

@@ -11,8 +11,8 @@ import pytest
 
 from app.assistant import Assistant, DocumentSource, EvidenceFound, TextDelta, TurnDone, ground
 from app.assistant.evidence import evidence_text
-from app.engine.engine import Engine
-from app.engine.types import ChatMessage, DecodingParams, LoadSettings
+from app.engine.local.engine import Engine
+from app.protocol.types import ChatMessage, DecodingParams, LoadSettings
 from app.retrieval.ingest import Ingester
 from app.retrieval.store import DocumentStore
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine.types import DecodingParams, LoadSettings
+from app.protocol.types import DecodingParams, LoadSettings
 from app.settings import UserSettings, save_user_settings
-
 from tests.test_ui_reasoning import last_answer, pick_effort
 from tests.test_ui_window import ANSWER_MS, ask, close_window, home_with_model, open_window  # noqa: F401
 

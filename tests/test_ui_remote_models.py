@@ -5,7 +5,7 @@ key named, and the connect call with the remote's URL, model and key."""
 
 from __future__ import annotations
 
-from app.engine.registry import ModelEntry
+from app.catalog.registry import ModelEntry
 from app.settings import RemoteSettings, UserSettings
 from app.ui.model_panel import REMOTE, list_models_job, remote_html
 

@@ -25,8 +25,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.assistant import Permission
-from app.engine.types import GenerateRequest
-from app.tools import load_config
+from app.mcp import load_config
+from app.protocol.types import GenerateRequest
 from tests.fakes import FakeEngine
 
 SERVERS = Path(__file__).parent / "mcp_servers"
@@ -464,7 +464,7 @@ def test_tool_limits_come_from_settings_json_and_are_edited_on_the_mcp_page(qtbo
 def test_ask_every_time_keeps_the_other_tools_and_keys(qtbot) -> None:
     from types import SimpleNamespace
 
-    from app.tools.mcp_config import parse_config
+    from app.mcp.config import parse_config
     from app.ui.mcp_page import McpPage
 
     cfg = parse_config({"mcpServers": {"s": {"command": "x", "alwaysAllow": ["a", "b"], "autoApprove": ["a"]}}})

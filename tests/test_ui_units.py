@@ -14,13 +14,20 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.errors import HearthError
-from app.ui.formatting import (context_bar, context_tooltip, context_usage, date_group, file_name, human_bytes,
-                               status_texts)
-from app.ui.hub import DownloadCancelled, HubClient
+from app.ui.formatting import (
+    context_bar,
+    context_tooltip,
+    context_usage,
+    date_group,
+    file_name,
+    human_bytes,
+    status_texts,
+)
+from app.catalog.hub import DownloadCancelled, HubClient
 from app.ui.markdown import code_blocks, copy_index, with_copy_links
-from app.ui.model_files import link_model
+from app.catalog.files import link_model
 from app.ui.models import ChatModel, ChatRow, ConversationListModel, DocRow, DocumentListModel, IdRole, KindRole
-from app.ui.recommend import Recommendation, load_catalog, recommend
+from app.catalog.recommended import Recommendation, load_catalog, recommend
 
 
 # ---------------------------------------------------------------------------------------------- pure

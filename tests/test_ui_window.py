@@ -15,7 +15,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 from app import paths
-from app.engine.types import DecodingParams, LoadSettings
+from app.protocol.types import DecodingParams, LoadSettings
 from app.settings import UserSettings, load_user_settings, save_user_settings
 
 pytestmark = pytest.mark.model

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.assistant import evidence as ev
-from app.assistant.turn import DEFAULT_MAX_TOKENS, prompt_tokens
-from app.engine.types import ChatMessage
+from app.assistant.budget import DEFAULT_MAX_TOKENS, prompt_tokens
 from app.errors import InvalidRequest
 from app.memory.context import ContextBuilder, with_evidence
+from app.protocol.types import ChatMessage
 from app.retrieval.types import Evidence
 
 

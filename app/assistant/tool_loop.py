@@ -1,6 +1,6 @@
 """Tools in a turn: the model calls MCP tools in a bounded loop, one mechanism for every adapter (Qt-free).
 
-``ToolBox`` is what a turn may call: an ``app.tools.McpHub``, who decides (``permission``) and the limits. With
+``ToolBox`` is what a turn may call: an ``app.mcp.McpHub``, who decides (``permission``) and the limits. With
 one, ``Assistant.turn`` runs steps:
 
     step 1 … max_steps: generate with the hub's enabled tools offered (the model's own format, docs/tools.md)
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generator, Union
 
-from app.engine.tools import ToolCall, ToolChoice, ToolSpec, parse_tools
+from app.engine.chat.tools import parse_tools
 from app.errors import Cancelled, HearthError
+from app.protocol.tools import ToolCall, ToolChoice, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class ToolBox:
         return answer is not Permission.DENY
 
     def _invoke(self, tool: Any, call: ToolCall, args: dict) -> tuple[str, dict, str | None]:
-        from app.tools import ToolError
+        from app.mcp import ToolError
 
         try:
             r = self._call(call.name, args)
@@ -243,7 +244,7 @@ class ToolBox:
     def _remember_always(self, tool: Any) -> None:
         """Add the tool to its server's ``alwaysAllow`` in mcp.json and in the running hub. A file that cannot
         be written leaves the answer valid for this call only (logged)."""
-        from app.tools import save_config
+        from app.mcp import save_config
 
         cfg = self.hub.config.with_always_allow(tool.server, tool.name)
         try:

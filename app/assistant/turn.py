@@ -26,7 +26,7 @@ step's prompt begins with the one before (the prefix cache reuses it).
 a long prefill when no event is flowing; the partial answer is kept with status ``error`` (``Cancelled``).
 
 One factory sets what every adapter used to set its own way: the model id recorded with the conversation
-(``app.engine.registry.model_id``: the file stem), exact templated token counts (``Engine.render`` +
+(``app.catalog.registry.model_id``: the file stem), exact templated token counts (``Engine.render`` +
 ``Engine.tokenize``), summaries greedy (temperature 0) so they are reproducible, and the answer's reserve
 (``decoding.max_tokens``, default ``DEFAULT_MAX_TOKENS``).
 
@@ -43,7 +43,8 @@ running generation to end its thinking now and answer (``Generation.stop_thinkin
 when the budget runs out). Summaries never think (they carry no ``ReasoningRequest``).
 
 Self-consistency (the window's "answers: 1 / 3 / 5"): with ``samples`` > 1 each generation without tools runs
-``samples`` sampled answers of the same prompt (``app.engine.self_consistency``; the last number of each answer
+``samples`` sampled answers of the same prompt (``app.engine.policies.self_consistency``; the last number of
+each answer
 is compared, ``consistency`` extractor ``last_number``) and the majority's answer is the one streamed, stored
 and shown, with the vote (``Done.info["self_consistency"]``, stored in the answer's meta). The samples are not
 streamed: the answer appears when the vote is done. A greedy request (temperature 0) is refused naming
@@ -65,22 +66,21 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Union
 
 from app.assistant import evidence as ev
+from app.assistant.budget import DEFAULT_MAX_TOKENS, prompt_tokens
+from app.assistant.session import ChatSession, TurnResult
 from app.assistant.tool_loop import ToolBox, ToolCallRequested, ToolNotice, ToolResultShown
-from app.engine.consistency import parse_self_consistency
-from app.engine.reasoning_budget import Layer, ReasoningSettings, resolve_budget
-from app.engine.self_consistency import SelfConsistencyRun
-from app.engine.registry import model_id
-from app.engine.tool_parser import TextPiece
-from app.engine.tool_stream import ToolsDone, ToolStream
-from app.engine.tools import ToolChoice, ToolSpec
-from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, ReasoningRequest
-from app.memory.chat_session import ChatSession, TurnResult
+from app.catalog.registry import model_id
+from app.engine.chat.tool_parser import TextPiece
+from app.engine.chat.tool_stream import ToolsDone, ToolStream
+from app.engine.policies.consistency import parse_self_consistency
+from app.engine.policies.self_consistency import SelfConsistencyRun
 from app.memory.context import ContextPlan, Grounder
+from app.protocol.reasoning import Layer, ReasoningSettings, resolve_budget
+from app.protocol.tools import ToolChoice, ToolSpec
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, ReasoningRequest
 from app.retrieval.types import Evidence
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_TOKENS = 256  # tokens reserved for an answer when the decoding settings give none
 DEFAULT_K = 4  # passages per turn
 SUMMARY_OPTIONS = {"temperature": 0.0}  # summaries are greedy: the same history gives the same summary
 
@@ -249,14 +249,6 @@ def _read_tools(events: Iterator[Any], reader: ToolStream) -> Iterator[Any]:
         if event.reasoning:
             yield Delta("", reasoning=event.reasoning)
         yield from (Delta(p.text) for p in reader.feed(event.text) if isinstance(p, TextPiece))
-
-
-def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...],
-                  tools: tuple[ToolSpec, ...] = ()) -> int:
-    """Exact prompt tokens of ``messages`` (and the definitions of ``tools``) once ``engine``'s chat template
-    is applied (BOS included)."""
-    rp = engine.render(GenerateRequest(messages=tuple(messages), tools=tuple(tools)))
-    return len(engine.tokenize(rp.text, add_bos=rp.add_bos, special=True))
 
 
 class Assistant:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.errors import InvalidRequest
+from app.protocol.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 
 AUTO = "auto"  # --parallel auto: chosen from the memory estimate when the model loads
 PARALLEL_HELP = (f"requests served at once (continuous batching; each gets its own n_ctx of KV cache, so the "
@@ -111,8 +111,8 @@ def decoding(args: argparse.Namespace) -> DecodingParams:
 
 def make_engine(args: argparse.Namespace):
     """An ``Engine`` for the model named by ``--model`` (resolved through the registry), loaded."""
-    from app.engine.engine import Engine
-    from app.engine.registry import resolve_model
+    from app.catalog.registry import resolve_model
+    from app.engine.local.engine import Engine
     from app.settings import load_user_settings
 
     user = load_user_settings()
@@ -128,7 +128,7 @@ def make_engine(args: argparse.Namespace):
     cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None))
     if not getattr(args, "prefix_cache", True):
         cache = None
-    from app.engine.registry import model_id
+    from app.catalog.registry import model_id
 
     eng = Engine(path, settings, prefix_cache=cache, **user.engine_options(model_id(path)))
     eng.load()

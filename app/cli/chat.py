@@ -82,7 +82,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
 def _reasoning_layer(args: argparse.Namespace):
     """This command's reasoning layer (None when neither option is given); ``InvalidRequest`` names a bad
     value."""
-    from app.engine.reasoning_budget import ReasoningSettings
+    from app.protocol.reasoning import ReasoningSettings
 
     if args.reasoning_effort is None and args.reasoning_budget is None:
         return None

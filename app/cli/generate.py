@@ -8,8 +8,8 @@ import sys
 from dataclasses import replace
 
 from app.cli._engine_args import add_decoding_args, add_load_args, decoding, make_engine
-from app.engine.reasoning_budget import EFFORT_TOKENS, resolve_budget
-from app.engine.types import ChatMessage, Delta, Done, GenerateRequest, ReasoningRequest
+from app.protocol.reasoning import EFFORT_TOKENS, resolve_budget
+from app.protocol.types import ChatMessage, Delta, Done, GenerateRequest, ReasoningRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """``hearth inspect [MODEL]``: what a GGUF file is and whether it fits in memory, without loading it.
 
-Reads the header only (``app.engine.gguf_info``) and estimates memory (``app.engine.memory_estimate``) for
+Reads the header only (``app.catalog.gguf``) and estimates memory (``app.catalog.memory_estimate``) for
 the load settings Hearth would use (saved settings overlaid with the flags given). ``n_parallel`` auto is
 resolved as the engine resolves it when it loads (``choose_parallel``), and the KV cache is shown per
 sequence and in total (each of the n_parallel sequences has its own n_ctx cells). A bad file exits 1 with
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from app.cli._engine_args import add_parallel_arg, parallel_override
-from app.engine.types import KV_TYPES, LoadSettings
+from app.protocol.types import KV_TYPES, LoadSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,21 +61,21 @@ def template_name(info: Any) -> str | None:
     if info.chat_template:
         return "gguf"
     try:
-        from app.engine.templates import choose_template_name
+        from app.engine.chat.templates import choose_template_name
     except ImportError:
         return None
     return choose_template_name(info)
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.engine.gguf_info import inspect_model
-    from app.engine.memory_estimate import available_vram_bytes, estimate_memory
-    from app.engine.registry import resolve_model
+    from app.catalog.gguf import inspect_model
+    from app.catalog.memory_estimate import available_vram_bytes, estimate_memory
+    from app.catalog.registry import resolve_model
 
     settings = _settings(args)  # bad flags fail before the file is read
     info = inspect_model(resolve_model(args.model), with_sha256=args.sha256)
     auto = settings.n_parallel is None
-    from app.engine.memory_estimate import resolve_parallel
+    from app.catalog.memory_estimate import resolve_parallel
 
     settings = resolve_parallel(info, settings)
     vram = available_vram_bytes() if settings.n_gpu_layers != 0 else None

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app import paths
-    from app.engine.registry import list_models
+    from app.catalog.registry import list_models
 
     entries = list_models()
     if args.json:

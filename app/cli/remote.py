@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _local_ids() -> set[str]:
     """Ids of installed local models (a remote may not take one's name)."""
-    from app.engine.registry import BUNDLED_MODEL_ID, model_files, model_id
+    from app.catalog.registry import BUNDLED_MODEL_ID, model_files, model_id
 
     try:
         return {BUNDLED_MODEL_ID, *(model_id(p) for p in model_files())}
@@ -151,7 +151,7 @@ def remove(args: argparse.Namespace) -> int:
 def open_remote(name: str, user=None):
     """The ``RemoteEngine`` for ``remotes[name]`` of the settings, its key resolved (not yet loaded)."""
     from app import secrets
-    from app.engine.remote import RemoteEngine
+    from app.engine.remote.engine.engine import RemoteEngine
     from app.settings import load_user_settings
 
     user = user or load_user_settings()
@@ -163,7 +163,7 @@ def open_remote(name: str, user=None):
 
 
 def test(args: argparse.Namespace) -> int:
-    from app.engine.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
+    from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 
     eng = open_remote(args.name)
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-
 from pathlib import Path
 
 from app.cli._engine_args import add_load_args, load_settings
@@ -99,8 +98,8 @@ def _budget_bytes(gb: float | None) -> int | None:
 def _pool(args: argparse.Namespace, user, settings, budget: int | None):
     """The model pool, with ``--model`` (when given) loaded and kept; returns ``(pool, the default model's
     path)``."""
+    from app.catalog.registry import resolve_model
     from app.engine.pool import local_pool
-    from app.engine.registry import resolve_model
 
     cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None)) if args.prefix_cache else None
     pool = local_pool(user, budget_bytes=budget, ttl_s=args.ttl if args.ttl >= 0 else None,

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.setup_model import ensure_bundled_model
+    from app.catalog.bundled import ensure_bundled_model
 
     path = ensure_bundled_model()
     print(f"bundled model: {path}")

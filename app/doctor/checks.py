@@ -122,7 +122,7 @@ def _gpus() -> list[str]:
 def chosen_model() -> tuple[str, Path | None, str | None]:
     """(model id, its file or None, why it cannot be found) for the model Hearth would load, without
     assembling anything."""
-    from app.engine.registry import BUNDLED_MODEL_ID, model_id, resolve_model
+    from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
     from app.errors import HearthError
     from app.settings import load_user_settings
 
@@ -138,10 +138,14 @@ def chosen_model() -> tuple[str, Path | None, str | None]:
 
 
 def check_memory() -> Check:
-    """RAM and VRAM against the chosen model's estimate (``app.engine.memory_estimate``)."""
-    from app.engine.gguf_info import inspect_model
-    from app.engine.memory_estimate import (available_vram_bytes, detect_available_ram, estimate_memory,
-                                            resolve_parallel)
+    """RAM and VRAM against the chosen model's estimate (``app.catalog.memory_estimate``)."""
+    from app.catalog.gguf import inspect_model
+    from app.catalog.memory_estimate import (
+        available_vram_bytes,
+        detect_available_ram,
+        estimate_memory,
+        resolve_parallel,
+    )
     from app.settings import load_user_settings
 
     mid, path, why = chosen_model()
@@ -185,8 +189,8 @@ def check_disk() -> Check:
 def check_models(verify: bool = True) -> Check:
     """The bundled model present and sha256-verified; the chosen model present and readable; every GGUF in
     the models folder readable."""
-    from app.engine.gguf_info import file_sha256
-    from app.engine.registry import list_models
+    from app.catalog.gguf import file_sha256
+    from app.catalog.registry import list_models
 
     bundled = paths.bundled_model_path()
     details: dict = {"models_folder": str(paths.models_dir()), "bundled": str(bundled)}

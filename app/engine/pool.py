@@ -350,10 +350,10 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     ``settings.engine_options(model_id)`` (speculative default, draft model, thinking markers), memory from
     the model's estimate, a per-model TTL from ``settings.per_model[model_id]["ttl_s"]``. ``budget_bytes``
     None: 80 % of the RAM available now (``memory_estimate.detect_available_ram``; no limit when unknown)."""
-    from app.engine.engine import Engine
-    from app.engine.gguf_info import inspect_model
-    from app.engine.memory_estimate import detect_available_ram, estimate_memory, resolve_parallel
-    from app.engine.registry import model_id, resolve_model
+    from app.catalog.gguf import inspect_model
+    from app.catalog.memory_estimate import detect_available_ram, estimate_memory, resolve_parallel
+    from app.catalog.registry import model_id, resolve_model
+    from app.engine.local.engine import Engine
 
     remotes = getattr(settings, "remotes", {}) or {}
 
@@ -368,7 +368,7 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     def make(key: str, path: str) -> Any:
         if path.startswith(REMOTE_PREFIX):
             from app import secrets
-            from app.engine.remote import RemoteEngine
+            from app.engine.remote.engine.engine import RemoteEngine
 
             r = remotes[key]
             return RemoteEngine.from_settings(key, r, api_key=secrets.api_key_for(key, r),

@@ -7,7 +7,7 @@ is passed in as callables (see docs/memory.md).
 
 from __future__ import annotations
 
-from app.memory.context import ContextBuilder, ContextPlan, SummaryRequest, Summarizer, summary_prompt
+from app.memory.context import ContextBuilder, ContextPlan, Summarizer, SummaryRequest, summary_prompt
 from app.memory.records import (
     Citation,
     Conversation,

@@ -50,8 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from app.engine.types import ChatMessage
 from app.errors import ContextLengthExceeded, InvalidRequest
+from app.protocol.types import ChatMessage
 
 CUT_NOTE = "[result cut: {total:,} bytes, first {shown:,} shown; the whole result is kept in the conversation]"
 SUMMARY_HEADER = "Summary of the earlier part of this conversation (the full messages are kept in the history):"

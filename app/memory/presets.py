@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.types import DecodingParams
 from app.errors import InvalidRequest
+from app.protocol.types import DecodingParams
 
 PRESETS_FORMAT = "hearth.presets"
 PRESETS_VERSION = 1

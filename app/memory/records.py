@@ -7,7 +7,7 @@ still streaming), the JSON field codec (``dumps_json``, ``loads_json``: a field 
 and version.
 
 Tool use is stored as ordinary messages, so it is as append-only as the rest: an assistant message that calls
-tools carries ``tool_calls`` (``app.engine.tools.ToolCall``: id, name, arguments as JSON text), and each result
+tools carries ``tool_calls`` (``app.protocol.tools.ToolCall``: id, name, arguments as JSON text), and each result
 is a message of role ``tool`` with ``tool_call_id`` and ``name``, holding the whole result text. The tool fields
 are part of the content address (a call of ``f`` and a call of ``g``, both with no text, are different
 messages); a message without them keeps the address it always had. Both ``app.memory.store`` (SQLite) and
@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from app.engine.tools import ToolCall
+from app.protocol.tools import ToolCall
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("complete", "incomplete", "error")
 EXPORT_FORMAT = "hearth.conversation"
 EXPORT_VERSION = 3  # 2: messages carry tool_calls, tool_call_id and name; 3: reasoning_info (1 and 2 still import)
-STOPPED_BY = ("budget", "deadline", "user")  # why Hearth ended thinking (app.engine.reasoning_budget.STOPPED_BY)
+STOPPED_BY = ("budget", "deadline", "user")  # why Hearth ended thinking (app.protocol.reasoning.STOPPED_BY)
 
 
 # --------------------------------------------------------------------------------------------------------------

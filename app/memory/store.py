@@ -39,7 +39,7 @@ Design decisions held here:
   so the same id), the first reasoning stored for it stays, as the first writer's meta does.
   (``messages.reasoning``, m001's column, is no longer written; m005 copied what it held.)
 - **A conversation's reasoning setting** (``reasoning_settings`` / ``set_reasoning_settings``) is the
-  conversation layer of the thinking budget (``app.engine.reasoning_budget``): ``settings["reasoning"]``,
+  conversation layer of the thinking budget (``app.engine.chat.reasoning_budget``): ``settings["reasoning"]``,
   a mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``, validated by
   ``ReasoningSettings.from_mapping`` when written; a hand-edited bad value loads as unset with a warning.
 - **Presets and projects** (m006, ``app.memory.library``): their own tables; a conversation's project, preset
@@ -69,8 +69,6 @@ from typing import Any, Callable
 
 from sqlite_utils import Database, Migrations
 
-from app.engine.reasoning_budget import ReasoningSettings
-from app.engine.tools import ToolCall
 from app.errors import InvalidRequest, StoreError
 from app.memory import transfer
 from app.memory.library import PresetsProjects
@@ -93,6 +91,8 @@ from app.memory.records import (
     provisional_id,
     summary_id,
 )
+from app.protocol.reasoning import ReasoningSettings
+from app.protocol.tools import ToolCall
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Why a process: llama.cpp can abort the whole process on some inputs or files (an unexpected tensor type, a
 bad batch setting); in a child, that is an ``EngineCrashed`` error for the caller, not a dead app. The child is
-hosted by ``app.engine.process.ChildHost``, like the chat engine: the same wire protocol, timeouts, parent
+hosted by ``app.childhost.host.ChildHost``, like the chat engine: the same wire protocol, timeouts, parent
 watch (a child whose parent died exits quietly), OpenMP setting and thread policy
 (``default_threads(background=True)``). It restarts on the next request after a crash. Main-lane requests are
 serialised by a lock (one ``Llama`` must never be used from two threads at once); token counting runs on the
@@ -72,7 +72,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from app.engine.process import ChildHost, Timeouts, default_threads
+from app.childhost.host import ChildHost, Timeouts, default_threads
 from app.errors import EngineCrashed, HearthError, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Embedder:
     issue 16 (see the module docstring). ``flash_attn``: None = on for the batched path, off for the legacy
     one. ``start_timeout_s``: seconds to wait for the model to load; ``request_timeout_s``: seconds a request
     may go unanswered (a hung child is killed and reported as crashed). Both default to the one policy of
-    ``app.engine.process.Timeouts``. ``workers``: embedding child processes of ``n_threads`` threads each
+    ``app.childhost.host.Timeouts``. ``workers``: embedding child processes of ``n_threads`` threads each
     (None: ``default_workers(n_threads)``, 2 on a 2-core machine); with more than one, ``embed`` splits a
     call's texts into contiguous parts embedded at once (independent processes do not stall each other at
     OpenMP barriers the way threads of one child do on a busy core). The first child runs at normal priority

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from app.engine.types import DecodingParams, GenerateRequest
+from app.protocol.types import DecodingParams, GenerateRequest
 from app.retrieval.types import Evidence
 
 PROMPT = ("Passage:\n{passage}\n\nQuestion: {question}\n"

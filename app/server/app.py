@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
-from app.engine.reasoning_budget import SETTING_KEYS
+from app.protocol.reasoning import SETTING_KEYS
 from app.server import convert, embeddings, messages, responses, security
 from app.server.documents import Documents
 from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for

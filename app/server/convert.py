@@ -10,11 +10,11 @@ Decisions held here (each documented in docs/server.md):
 - ``n`` > 1 (at most ``MAX_N``): n generations one after another; with a seed, choice i uses seed + i
   (mod 2³²) so the choices differ and each is reproducible.
 - ``developer`` messages are system messages; text content parts are joined with a newline; a template
-  without a system role merges it into the first user turn (``app.engine.templates``).
+  without a system role merges it into the first user turn (``app.engine.chat.templates``).
 - Every request is the port's: ``Caller.PORT``'s priority (0; the desktop window's turns, priority 1, are
   admitted before waiting API requests). ``hearth.deadline_s`` (seconds, > 0) becomes each generation's
   ``GenerateRequest.deadline_s``: when it passes, the answer so far ends with finish_reason "length".
-- Tools (docs/server.md "Tools"): ``tools`` and ``tool_choice`` are checked by ``app.engine.tools`` (each
+- Tools (docs/server.md "Tools"): ``tools`` and ``tool_choice`` are checked by ``app.engine.chat.tools`` (each
   error names its path: ``tools[1].function.parameters``, ``tool_choice``); assistant messages may carry
   ``tool_calls`` (``content`` null or text; ``arguments`` a JSON string, or an object, which is serialised),
   ``tool`` messages carry ``tool_call_id``, which must answer a call of an earlier assistant message
@@ -38,9 +38,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from app.assistant.turn import Caller
-from app.engine.tools import ToolCall, check_tool_grammars, parse_tool_choice, parse_tools
-from app.engine.types import ChatMessage, DecodingParams, GenerateRequest
+from app.engine.chat.tools import check_tool_grammars, parse_tool_choice, parse_tools
 from app.errors import InvalidRequest
+from app.protocol.tools import ToolCall
+from app.protocol.types import ChatMessage, DecodingParams, GenerateRequest
 from app.server import reasoning
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from app.server.reasoning import PortOptions
@@ -58,7 +59,7 @@ class Plan:
     ``prompt_index``: which prompt each choice answers (usage counts each prompt once); ``logprobs``: None,
     or how many alternatives to report per token (0: only the chosen token's logprob); ``grounding``: the
     evidence given to the model (``app.server.documents.Grounding``), None unless ``hearth.documents``;
-    ``consistency``: the ``hearth.self_consistency`` spec (``app.engine.consistency.SelfConsistencySpec``):
+    ``consistency``: the ``hearth.self_consistency`` spec (``app.engine.policies.consistency.SelfConsistencySpec``):
     each request is then sampled ``consistency.n`` times and the vote's choice answers it."""
 
     kind: str  # "chat" | "text"

@@ -18,6 +18,7 @@ from app.server.convert import Plan
 from app.server.errors import DocumentsUnavailable
 from app.server.openai_schema import HearthOptions
 
+
 class Documents:
     """The server's documents provider (a ``DocumentSource``, or None)."""
 

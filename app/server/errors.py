@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from app.engine.pool import ModelBusy
 from app.errors import (
     Cancelled,
     ContextLengthExceeded,
@@ -31,7 +32,6 @@ from app.errors import (
     ModelNotFound,
     QueueFull,
 )
-from app.engine.pool import ModelBusy
 
 log = logging.getLogger(__name__)
 

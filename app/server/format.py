@@ -12,7 +12,7 @@ given and the search notice. One choice: all of it flat. n > 1: the per-request 
 parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
 flat object for that choice, so a one-choice stream ends with exactly the non-streamed ``hearth``.
 
-Tool calls (``Choice.tools``, read by ``app.engine.tool_stream``) follow OpenAI's shapes: ``message.tool_calls``
+Tool calls (``Choice.tools``, read by ``app.engine.chat.tool_stream``) follow OpenAI's shapes: ``message.tool_calls``
 ``[{id, type: "function", function: {name, arguments}}]`` with ``content`` null when there is no text, and
 finish_reason "tool_calls"; in a stream ``delta.tool_calls`` items, the first of a call with its index, id,
 type, name and ``arguments: ""``, the next ones with the index and a piece of the arguments. Calls that could
@@ -41,9 +41,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from app.engine.tool_parser import ArgsPiece, CallStart
-from app.engine.tool_stream import ToolOutcome
-from app.engine.types import Done
+from app.engine.chat.tool_parser import ArgsPiece, CallStart
+from app.engine.chat.tool_stream import ToolOutcome
+from app.protocol.types import Done
 from app.server.convert import Plan
 
 PieceFn = Callable[[int], bytes]  # token id -> the bytes of its text (``Engine.token_piece_bytes``)

@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from app.engine.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
 from app.errors import InvalidRequest
 from app.server import convert
 from app.server import format as fmt

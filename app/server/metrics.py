@@ -82,7 +82,7 @@ class ServerMetrics:
             self.client_cancelled += 1
 
     def generation(self, done: Any) -> None:
-        """Record a finished generation (an ``app.engine.types.Done``)."""
+        """Record a finished generation (an ``app.protocol.types.Done``)."""
         m = done.metrics
         with self._lock:
             self.generations += 1

@@ -1,6 +1,6 @@
 """Model ids for ``/v1/models`` and the rule for a request's ``model`` field.
 
-Ids come from the registry (``app.engine.registry.list_models``: file name without ``.gguf``), plus the
+Ids come from the registry (``app.catalog.registry.list_models``: file name without ``.gguf``), plus the
 loaded model when it lives elsewhere and the embedding model when one is served.
 
 Each model of ``/v1/models`` says, under ``hearth``: ``loaded`` (the window's engine, or the pool's state),
@@ -39,7 +39,7 @@ Entry = tuple[str, str, str]  # (id, path, kind: "chat" | "embedding")
 
 
 def _registry_entries() -> list[Entry]:
-    from app.engine.registry import list_models
+    from app.catalog.registry import list_models
 
     out = []
     for e in list_models():
@@ -51,14 +51,14 @@ def _registry_entries() -> list[Entry]:
 
 def loaded_id(engine: Any) -> str:
     """The loaded model's id: ``registry.model_id`` of its file (the id ``/v1/models`` lists)."""
-    from app.engine.registry import model_id
+    from app.catalog.registry import model_id
 
     return model_id(str(engine.model_path))
 
 
 def _aliases(path: str, mid: str) -> set[str]:
     """The strings a request's ``model`` may give for the model at ``path``: its id, file name, stem, path."""
-    from app.engine.registry import model_id
+    from app.catalog.registry import model_id
 
     return {mid, Path(path).name, model_id(path), path}
 
@@ -84,7 +84,7 @@ class ModelCatalog:
         paths = [str(engine.model_path)] if engine is not None else []
         for path in [*paths, *extra_paths]:
             if not any(Path(p) == Path(path) for _, p, _ in found):
-                from app.engine.registry import model_id
+                from app.catalog.registry import model_id
 
                 found.insert(0, (model_id(path), path, "chat"))
         if embedder is not None:
@@ -127,7 +127,7 @@ class ModelCatalog:
 
     def info(self, path: str) -> Any:
         """The file's ``ModelInfo`` (None when it cannot be read), read once per size and mtime."""
-        from app.engine.gguf_info import inspect_model
+        from app.catalog.gguf import inspect_model
         from app.engine.pool import file_stamp
 
         stamp = file_stamp(path)
@@ -144,7 +144,7 @@ class ModelCatalog:
     def is_embedding(self, name: str) -> bool:
         """Whether the installed model ``name`` names is an embedding model (False when unknown: the pool
         answers that with its 404)."""
-        from app.engine.registry import resolve_model
+        from app.catalog.registry import resolve_model
 
         try:
             path = resolve_model(name, allow_paths="/" in name or "\\" in name)
@@ -156,8 +156,8 @@ class ModelCatalog:
     def _estimate(self, mid: str, info: Any) -> Optional[int]:
         if info is None:
             return None
-        from app.engine.memory_estimate import estimate_memory, resolve_parallel
-        from app.engine.types import LoadSettings
+        from app.catalog.memory_estimate import estimate_memory, resolve_parallel
+        from app.protocol.types import LoadSettings
 
         try:
             settings = self._load_for(mid) if self._load_for is not None else LoadSettings()
@@ -198,8 +198,8 @@ def chat_capabilities(info: Any) -> dict[str, Any]:
     file could not be read; then only ``chat`` is claimed)."""
     if info is None:
         return {"capabilities": ["chat"], "tool_format": None, "thinking": None}
-    from app.engine.reasoning import markers_for
-    from app.engine.templates import choose_template_name, tool_format
+    from app.engine.chat.templates import choose_template_name, tool_format
+    from app.engine.chat.thinking import markers_for
 
     template = choose_template_name(info)
     markers = markers_for(template, info.chat_template, info.architecture)

@@ -4,7 +4,7 @@
 ``service_tier``…): they are accepted and ignored, so clients that send them keep working. Fields whose
 silent omission would change the answer (functions, echo, suffix, images, audio) are checked in
 ``app.server.convert`` and refused with a 400 naming them; ``tools`` and ``tool_choice`` are checked there
-too (``app.engine.tools``), since their errors name paths inside them.
+too (``app.engine.chat.tools``), since their errors name paths inside them.
 
 Ranges follow the OpenAI reference (temperature 0-2, penalties ±2, n 1-8 here, top_logprobs 0-20, completions
 logprobs 0-5). ``max_tokens`` has no range in the schema on purpose: ``convert`` refuses 0 and negatives with

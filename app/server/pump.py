@@ -19,8 +19,8 @@ import logging
 import threading
 from typing import Any, Callable
 
-from app.engine.types import Done
 from app.errors import Cancelled
+from app.protocol.types import Done
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
 
-from app.engine.consistency import SelfConsistencySpec, parse_self_consistency
-from app.engine.reasoning_budget import P_EFFORT, resolve_budget
-from app.engine.self_consistency import check_sampling
-from app.engine.types import GenerateRequest, ReasoningRequest
+from app.engine.policies.consistency import SelfConsistencySpec, parse_self_consistency
+from app.engine.policies.self_consistency import check_sampling
 from app.errors import InvalidRequest
+from app.protocol.reasoning import P_EFFORT, resolve_budget
+from app.protocol.types import GenerateRequest, ReasoningRequest
 
 Defaults = Union[Mapping[str, Any], Callable[[str], Optional[Mapping[str, Any]]], None]
 

@@ -59,9 +59,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from app.engine.tool_parser import ArgsPiece, CallStart, TextPiece
-from app.engine.types import ChatMessage
+from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
 from app.errors import InvalidRequest, StoreError
+from app.protocol.types import ChatMessage
 from app.server import convert
 from app.server import format as fmt
 from app.server.convert import Plan

@@ -35,7 +35,7 @@ class Entry:
         self._gens: list[Any] = []
 
     def add(self, generation: Any) -> Any:
-        """Record ``generation`` (an ``app.engine.engine.Generation``) as part of this answer; returns it."""
+        """Record ``generation`` (an ``app.engine.local.engine.Generation``) as part of this answer; returns it."""
         with self.registry.lock:
             self._gens.append(generation)
         return generation

@@ -10,7 +10,7 @@
 - A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
   another, each queued behind whatever other clients sent meanwhile and after the desktop window's turns
   (the engine runs ``n_parallel`` at once and admits the window's priority 1 before the port's 0).
-- A request with tools reads its answer through ``app.engine.tool_stream.ToolStream`` with the loaded
+- A request with tools reads its answer through ``app.engine.chat.tool_stream.ToolStream`` with the loaded
   model's ``ToolFormat`` (``engine.tool_format()``), streamed or whole: the same reader, so both agree.
   Streams send text as it comes and a call's ``delta.tool_calls`` once it has ended and validated; logprob
   entries held back with a call go out on the next content chunk or the choice's last one. The reader sees
@@ -18,7 +18,7 @@
   chunks of its own, before the answer text of the same event.
 - Every answer is in the registry of running requests (``app.server.running``) under its response id from
   before its first generation is queued until it ends, so ``stop_thinking`` reaches it.
-- ``hearth.self_consistency`` (whole answers only): ``app.engine.self_consistency.SelfConsistencyRun`` runs
+- ``hearth.self_consistency`` (whole answers only): ``app.engine.policies.self_consistency.SelfConsistencyRun`` runs
   the samples on the thread pool; its samples' generations are recorded in the registry as the run starts
   them (``_Recording``), a disconnect cancels the run, and the voted sample is answered with the vote.
 - Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
@@ -44,11 +44,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.engine.self_consistency import SelfConsistencyRun
-from app.engine.tool_parser import ArgsPiece, CallStart, TextPiece
-from app.engine.tool_stream import ToolStream
-from app.engine.types import Delta, Done, GenerateRequest
+from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.chat.tool_stream import ToolStream
+from app.engine.policies.self_consistency import SelfConsistencyRun
 from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
+from app.protocol.types import Delta, Done, GenerateRequest
 from app.server import format as fmt
 from app.server.convert import Plan
 from app.server.errors import ApiError, from_exception

@@ -47,9 +47,9 @@ from app.assistant import (
     TurnDone,
     given,
 )
-from app.engine.reasoning_budget import SETTING_KEYS, ReasoningSettings
-from app.engine.registry import model_id
+from app.catalog.registry import model_id
 from app.errors import Cancelled, InvalidRequest
+from app.protocol.reasoning import SETTING_KEYS, ReasoningSettings
 from app.ui.workers import GeneratorWorker, WorkerPool
 
 log = logging.getLogger(__name__)

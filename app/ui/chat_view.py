@@ -28,10 +28,30 @@ import re
 from typing import Any
 
 from PySide6.QtCore import QModelIndex, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import (QColor, QFont, QGuiApplication, QKeyEvent, QTextCharFormat, QTextCursor, QTextDocument,
-                           QTextFormat)
-from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
-                               QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QGuiApplication,
+    QKeyEvent,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.ui import theme
 from app.ui.formatting import file_name, thinking_label

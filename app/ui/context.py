@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject
 
-from app.engine.registry import BUNDLED_MODEL_ID, model_id, resolve_model
+from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
 from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
 from app.ui.download_ctl import DownloadController
 from app.ui.engine_ctl import EngineController, LoadJob
-from app.ui.hub import HubClient
+from app.catalog.hub import HubClient
 from app.ui.server_ctl import ServerController
 from app.ui.tools_ctl import ToolsController
 from app.ui.workers import WorkerPool
@@ -116,7 +116,7 @@ class AppContext(QObject):
 def _preload() -> None:
     """Import the modules workers and slots need now, at start-up: a first import later (tens of ms, holding
     the GIL) would stall the GUI thread in the middle of a model load or the first answer."""
-    import app.engine.engine  # noqa: F401
+    import app.engine.local.engine  # noqa: F401
     import app.ui.chat_view  # noqa: F401
 
     try:

@@ -16,8 +16,19 @@ from typing import Any
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QPixmap
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QListView, QListWidget, QListWidgetItem,
-                               QProgressBar, QPushButton, QStyle, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListView,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QStyle,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.ui.models import DocumentListModel, IdRole
 

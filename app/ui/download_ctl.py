@@ -1,4 +1,4 @@
-"""``DownloadController``: Hugging Face search and one GGUF download at a time, on workers (``app.ui.hub``).
+"""``DownloadController``: Hugging Face search and one GGUF download at a time, on workers (``app.catalog.hub``).
 
 Progress arrives from the download thread through a queued signal and is forwarded at most every 100 ms.
 ``cancel()`` sets the event the progress class checks; the partial file stays for a resume.
@@ -11,7 +11,7 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from app.ui.hub import HubClient
+from app.catalog.hub import HubClient
 from app.ui.workers import WorkerPool
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine.types import LoadSettings
+from app.protocol.types import LoadSettings
 from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class EngineController(QObject):
 
     def connect_remote(self, name: str, url: str, model: str | None = None, api_key: str | None = None) -> None:
         """Use the OpenAI-compatible server at ``url`` (the Hearth service) as the engine, instead of loading a
-        model in this process (``app.engine.remote.RemoteEngine``; its ``load`` only asks ``/v1/models``)."""
+        model in this process (``app.engine.remote.engine.RemoteEngine``; its ``load`` only asks ``/v1/models``)."""
         self.load(LoadJob(name, LoadSettings(), remote=url, remote_model=model, api_key=api_key))
 
     def _swap(self, job: LoadJob) -> None:
@@ -91,13 +91,13 @@ class EngineController(QObject):
     def _close_then_load(self, old: Any, job: LoadJob) -> dict:
         """On the worker: close the old engine, then create and load the new one (``_pending`` while it loads,
         so that ``abort_load`` can kill it)."""
-        from app.engine.engine import Engine
+        from app.engine.local.engine import Engine
         from app.errors import Cancelled
 
         if old is not None:
             old.close()
         if job.remote:
-            from app.engine.remote import RemoteEngine
+            from app.engine.remote.engine.engine import RemoteEngine
 
             self._pending = RemoteEngine(job.path, job.remote, model=job.remote_model, api_key=job.api_key)
         else:
@@ -160,7 +160,7 @@ class EngineController(QObject):
 
 
 def _inspect(path: str) -> Any:
-    from app.engine.gguf_info import inspect_model
+    from app.catalog.gguf import inspect_model
 
     if not Path(path).exists():
         from app.errors import ModelLoadError

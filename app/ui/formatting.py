@@ -26,7 +26,7 @@ def file_name(path: str) -> str:
 
     Parsed as a Windows path on every platform because ``PureWindowsPath`` splits on both ``/`` and ``\\``: a
     path stored on Windows (an imported conversation, a shared database) shows its file name on Linux too.
-    Model ids are not file names: use ``app.engine.registry.model_id`` for those."""
+    Model ids are not file names: use ``app.catalog.registry.model_id`` for those."""
     return PureWindowsPath(path).name
 
 

@@ -30,11 +30,23 @@ from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
-                               QSplitter, QTabWidget, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.assistant import Permission
-from app.engine import registry
+from app.catalog import registry
 from app.errors import Cancelled, HearthError
 from app.ui import theme
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
@@ -597,6 +609,6 @@ class PassageDialog(QDialog):
 
 
 def _machine_memory() -> tuple[int | None, int | None]:
-    from app.engine.memory_estimate import available_vram_bytes, detect_available_ram
+    from app.catalog.memory_estimate import available_vram_bytes, detect_available_ram
 
     return detect_available_ram(), available_vram_bytes()

@@ -3,7 +3,7 @@ headers), see each server's status (ready with its tools, or failed with the rea
 
 The page edits drafts: each server is the JSON entry ``mcp.json`` holds (so keys Hearth does not read, such as
 another client's ``autoApprove``, stay as they were), and ``result_config()`` validates every entry with the
-MCP client's own parser (``app.tools.parse_server``), so an error names the field the way the file would
+MCP client's own parser (``app.mcp.parse_server``), so an error names the field the way the file would
 (``mcpServers.fs.command must be a non-empty string``). The text boxes take one argument per line,
 ``KEY=value`` per environment line and ``Name: value`` per header line. A tool switched off is saved in the
 entry's ``disabledTools``; a tool the person allowed "always" from the chat (``alwaysAllow``) is marked so, and
@@ -20,9 +20,25 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMenu, QPlainTextEdit, QPushButton, QRadioButton,
-                               QSpinBox, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.errors import InvalidRequest
 from app.settings import TOOL_LIMITS, ToolSettings
@@ -314,8 +330,8 @@ class McpPage(QWidget):
     # -- results ------------------------------------------------------------------------------------------
     def result_config(self) -> Any:
         """The edited ``McpConfig``; raises ``InvalidRequest`` (``McpConfigError``) naming the bad field."""
-        from app.tools import McpConfig
-        from app.tools.mcp_config import parse_server
+        from app.mcp import McpConfig
+        from app.mcp.config import parse_server
 
         self._commit()
         servers = tuple(parse_server(d["name"], self._entry(d)) for d in self.drafts)

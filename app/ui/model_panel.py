@@ -9,13 +9,25 @@ import logging
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
-                               QListWidgetItem, QProgressBar, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListView,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.ui.formatting import human_bytes
-from app.ui.model_files import link_model
+from app.catalog.files import link_model
 from app.ui.models import ItemRole, ModelListModel
-from app.ui.recommend import Recommendation, load_catalog, recommend
+from app.catalog.recommended import Recommendation, load_catalog, recommend
 
 log = logging.getLogger(__name__)
 VERDICT_COLOURS = {"fits": "#2e7d32", "tight": "#ef6c00", "won't fit": "#c62828", "unknown": "#777777"}
@@ -27,7 +39,7 @@ REMOTE = "remote:"  # the path of a remote engine's row (the pool's name for it 
 def list_models_job(remotes: dict | None = None) -> list:
     """The installed GGUF files (``registry.list_models``), then one row per remote engine of the settings
     (``remotes``: name → ``RemoteSettings``; docs/remote.md), whose path is ``remote:<name>``."""
-    from app.engine.registry import ModelEntry, list_models
+    from app.catalog.registry import ModelEntry, list_models
 
     rows = list_models()
     for name, r in sorted((remotes or {}).items()):
@@ -48,7 +60,7 @@ def estimate_job(entry: Any, settings: Any) -> Any:
     """The ``MemoryEstimate`` of ``entry`` under ``settings``, with ``n_parallel`` auto (None) resolved as the
     engine resolves it on load (``choose_parallel``), so the KV of every sequence is counted. Returns
     ``(estimate, n_parallel)``."""
-    from app.engine.memory_estimate import available_vram_bytes, estimate_memory, resolve_parallel
+    from app.catalog.memory_estimate import available_vram_bytes, estimate_memory, resolve_parallel
 
     settings = resolve_parallel(entry.info, settings)
     est = estimate_memory(entry.info, settings, available_vram_bytes=available_vram_bytes())

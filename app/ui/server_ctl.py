@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 def server_available() -> bool:
     try:
-        from app.server.run import ServerThread  # noqa: F401
         from app.server import create_app  # noqa: F401
+        from app.server.run import ServerThread  # noqa: F401
     except ImportError:
         return False
     return True
@@ -102,10 +102,9 @@ class ServerController(QObject):
         metrics = ServerMetrics()
         docs = self.documents() if self.documents is not None else None
         embedder = self.embedder() if self.embedder is not None else None
+        from app.engine.pool import local_pool
         from app.server.app import settings_reasoning_defaults
         from app.settings import load_user_settings
-
-        from app.engine.pool import local_pool
 
         user = load_user_settings()
         defaults = settings_reasoning_defaults(user)  # each model's thinking default

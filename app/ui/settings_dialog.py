@@ -16,15 +16,27 @@ after Save, ``new_theme`` is the chosen mode, which the window saves and applies
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Any
 
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QGroupBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
-from app.engine.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.errors import HearthError, InvalidRequest
+from app.protocol.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.settings import UserSettings
 
 

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 from app.ui import theme
 from app.ui.formatting import context_bar, context_tooltip, status_texts
 
-
 THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled tokens; inserted text counts in "
                 "neither).\nTTFAT, time to first answer token: from the request entering its slot in the engine to "
                 "the first answer text, after the thinking (TTFT counts from the same start to the first text "

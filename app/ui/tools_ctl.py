@@ -1,4 +1,4 @@
-"""``ToolsController``: the desktop app's MCP servers (``app.tools.McpHub``) and the person's answers to calls.
+"""``ToolsController``: the desktop app's MCP servers (``app.mcp.McpHub``) and the person's answers to calls.
 
 The hub is built from ``mcp.json`` when the window opens and started without waiting (``start(wait=False)``):
 servers come up on the hub's own loop thread and report through ``on_status``, which runs there and only
@@ -50,7 +50,7 @@ class ToolsController(QObject):
     def __init__(self, config_path: str | Path | None = None, parent: QObject | None = None,
                  settings: Any = None) -> None:
         super().__init__(parent)
-        from app.tools import McpConfig, McpHub, load_config
+        from app.mcp import McpConfig, McpHub, load_config
 
         self.config_path = config_path
         self.config_error: str | None = None
@@ -93,7 +93,7 @@ class ToolsController(QObject):
         """Save ``cfg`` as mcp.json (atomically) and run it: switches apply at once, new or changed servers
         (re)start in the background, removed ones stop, and servers that had failed are started again. Raises
         ``OSError`` when the file cannot be written (then nothing changes)."""
-        from app.tools import save_config
+        from app.mcp import save_config
 
         save_config(self.config_path, cfg)
         self.config_error = None

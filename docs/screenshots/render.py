@@ -35,9 +35,9 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import paths
-    from app.engine.types import DecodingParams, LoadSettings
+    from app.catalog.bundled import ensure_bundled_model
+    from app.protocol.types import DecodingParams, LoadSettings
     from app.settings import UserSettings, save_user_settings
-    from app.setup_model import ensure_bundled_model
     from app.ui.theme import apply_theme
 
     paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))

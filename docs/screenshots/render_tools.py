@@ -42,7 +42,7 @@ def add_mcp_server() -> None:
 def render() -> None:
     from PySide6.QtWidgets import QApplication
 
-    from app.engine.tools import ToolChoice
+    from app.protocol.tools import ToolChoice
     from app.ui.theme import apply_theme
 
     app = QApplication.instance() or QApplication([])

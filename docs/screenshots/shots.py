@@ -56,9 +56,9 @@ def pause(app: Any, seconds: float) -> None:
 def setup_home(max_tokens: int) -> None:
     """The bundled model linked into HEARTH_HOME, greedy answers of at most ``max_tokens`` tokens."""
     from app import paths
-    from app.engine.types import DecodingParams, LoadSettings
+    from app.catalog.bundled import ensure_bundled_model
+    from app.protocol.types import DecodingParams, LoadSettings
     from app.settings import UserSettings, save_user_settings
-    from app.setup_model import ensure_bundled_model
 
     paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
     save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),

@@ -1,0 +1,194 @@
+"""The curated list of instruction-tuned models (``app/data/recommended_models.json``) sized to this machine.
+
+Qt-free (tested without a window). Each entry states only what is known: the exact file size or null,
+parameters, licence, and the architecture numbers (``shape``) the memory estimate needs. The quantization is
+read from the file name only when its last ``-``/``.`` part is a llama.cpp type name (``Q4_K_M``, ``Q8_0``,
+``MXFP4``...: ``quantization_from_name``); anything else is "unknown", never guessed.
+
+Memory fit (``fit``): the entry becomes a header-less ``ModelInfo`` and goes through
+``app.catalog.memory_estimate.estimate_memory`` at n_ctx 4096, one sequence, f16 KV: once with every layer on
+the GPU against free VRAM (when a GPU reports it), once on the CPU against available RAM; the better verdict
+wins and says where. Weights are the file size when it is known, else parameters × the quantization's bits per
+weight (an estimate, marked ``size_estimated``); with neither the verdict is "unknown". The largest models
+that fit come first: on a bigger machine the better model is the one to try. Without a GPU, files above
+``CPU_MAX_FILE_BYTES`` are left out: they fit in RAM but answer at a few tokens per second on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from app.catalog.memory_estimate import FITS_FRACTION
+
+CPU_MAX_FILE_BYTES = 5_500_000_000  # ~8B parameters at Q4_K_M (Qwen3 8B: about 5.0 GB): still usable on a CPU
+FIT_N_CTX = 4096
+CATALOG = Path(__file__).resolve().parents[1] / "data" / "recommended_models.json"
+# llama.cpp's type names: file types (Q4_K_M, IQ4_XS, ...) and tensor types (MXFP4, Q8_0, ...).
+QUANT_NAMES = frozenset(
+    {n.split("_", 1)[1] for n in gguf.LlamaFileType.__members__ if n.startswith(("MOSTLY_", "ALL_"))}
+    | set(gguf.GGMLQuantizationType.__members__)) - {"MXFP4_MOE", "I8", "I16", "I32", "I64", "F64"}
+# Average bits per weight of the mixes (llama.cpp keeps some tensors at higher precision): from the sizes
+# `llama-quantize --help` lists for Llama-3-8B (e.g. Q4_K_M 4.58 GiB for 8.03 B weights). Other types: the
+# block size of the base type (gguf.GGML_QUANT_SIZES).
+MIX_BPW = {"Q4_K_M": 4.89, "Q4_K_S": 4.67, "Q5_K_M": 5.70, "Q5_K_S": 5.57, "Q3_K_M": 3.91, "Q6_K": 6.56,
+           "Q8_0": 8.50, "Q4_0": 4.55, "MXFP4": 4.65}
+
+
+def resources_dir() -> Path:
+    """``resources/`` next to the package (source tree) or inside a PyInstaller bundle (icons)."""
+    base = getattr(sys, "_MEIPASS", None)
+    if base:
+        return Path(base) / "resources"
+    return Path(__file__).resolve().parents[2] / "resources"
+
+
+def quantization_from_name(file_name: str) -> str:
+    """``Qwen3-4B-Instruct-2507-Q4_K_M.gguf`` → ``Q4_K_M``; ``gpt-oss-20b-mxfp4.gguf`` → ``MXFP4``; a name
+    whose last ``-``/``.`` part is not a llama.cpp type (``model-q4km.gguf``, ``x-UD-Q4_K_XL.gguf``) →
+    ``unknown``."""
+    stem = file_name[:-5] if file_name.lower().endswith(".gguf") else file_name
+    last = stem.replace(".", "-").rsplit("-", 1)[-1].upper()
+    return last if last in QUANT_NAMES else "unknown"
+
+
+def bits_per_weight(quant: str) -> float | None:
+    """Average bits per weight of a file quantized as ``quant`` (None for "unknown")."""
+    if quant in MIX_BPW:
+        return MIX_BPW[quant]
+    base = quant.rsplit("_", 1)[0] if quant.endswith(("_S", "_M", "_L", "_XS", "_XXS")) else quant
+    for name in (quant, base, base + "_K" if "_K" not in base else base):
+        if name in gguf.GGMLQuantizationType.__members__:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+            return size * 8 / block
+    return None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One curated model and its verdict on this machine ("fits" / "tight" / "won't fit" / "unknown").
+
+    ``size_bytes``: the exact file size, None when not known; ``min_memory_bytes``: the estimated memory on
+    the device it fits best (``where``: "GPU" / "CPU"), None before ``fit`` or when unknown;
+    ``quantization``: from the file name or "unknown"; ``size_estimated``: the weights in the estimate come
+    from parameters × bits per weight, not a known size."""
+
+    id: str
+    name: str
+    repo: str
+    file: str
+    size_bytes: int | None
+    min_memory_bytes: int | None
+    blurb: str
+    license: str
+    verdict: str = "unknown"
+    params: int | None = None
+    context_length: int | None = None
+    shape: dict[str, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    quantization: str = "unknown"
+    where: str | None = None
+    size_estimated: bool = False
+
+    def weights_bytes(self) -> int | None:
+        """The file size, else parameters × bits per weight, else None."""
+        if self.size_bytes:
+            return self.size_bytes
+        bpw = bits_per_weight(self.quantization)
+        return int(self.params * bpw / 8) if self.params and bpw else None
+
+    def size_text(self) -> str:
+        """"2.3 GiB", "≈4.6 GiB (size unknown)" or "size unknown"."""
+        if self.size_bytes:
+            return _gib(self.size_bytes)
+        est = self.weights_bytes()
+        return f"≈{_gib(est)} (size unknown)" if est else "size unknown"
+
+    def label(self) -> str:
+        """The line a list shows: name, quantization, size, licence, verdict (and where), blurb."""
+        where = f" on {self.where}" if self.where and self.verdict in ("fits", "tight") else ""
+        return (f"{self.name} · {self.quantization if self.quantization != 'unknown' else 'quantization unknown'}"
+                f" · {self.size_text()} · {self.license} · {self.verdict}{where} — {self.blurb}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def load_catalog(path: Path | None = None) -> list[Recommendation]:
+    """The curated models from the data file (``path`` overrides), each with its quantization read from the
+    file name; not yet judged against a machine."""
+    data = json.loads((path or CATALOG).read_text(encoding="utf-8"))
+    names = set(Recommendation.__dataclass_fields__) - {"quantization", "verdict", "where", "size_estimated"}
+    out = []
+    for m in data["models"]:
+        r = Recommendation(**{"min_memory_bytes": None, **{k: m[k] for k in names if k in m}},
+                           quantization=quantization_from_name(m["file"]))
+        out.append(replace(r, size_estimated=not r.size_bytes and r.weights_bytes() is not None))
+    return out
+
+
+def _info(r: Recommendation, weights: int) -> Any:
+    """A header-less ``ModelInfo`` for ``r``'s shape and weights (layers share the weights evenly)."""
+    from app.catalog.gguf import ModelInfo
+
+    s = r.shape
+    n_layer = int(s["n_layer"])
+    return ModelInfo(
+        path="", file_name=r.file, size_bytes=weights, architecture="unknown", name=r.name, general_type=None,
+        gguf_version=3, parameter_count=r.params or 0, tensor_count=0, tensor_bytes=weights, file_type=None,
+        quantization=r.quantization, n_layer=n_layer, n_embd=int(s["n_embd"]), n_ff=int(s["n_ff"]),
+        n_head=int(s["n_head"]), n_head_kv=int(s["n_head_kv"]), head_dim_k=int(s["head_dim"]),
+        head_dim_v=int(s["head_dim"]), sliding_window=None, swa_pattern=None, swa_layers=(),
+        context_length=r.context_length, n_vocab=int(s["n_vocab"]), chat_template=None, bos_token_id=None,
+        eos_token_id=None, pooling_type=None, is_embedding_model=False,
+        layer_bytes=tuple([weights // n_layer] * n_layer), output_bytes=0)
+
+
+def fit(r: Recommendation, ram_bytes: int | None, vram_bytes: int | None = None) -> Recommendation:
+    """``r`` judged on a machine with ``ram_bytes`` available and ``vram_bytes`` free (None: unknown / no GPU):
+    the better of all layers on the GPU and all on the CPU (see the module docstring)."""
+    from app.catalog.memory_estimate import estimate_memory
+    from app.protocol.types import LoadSettings
+
+    weights = r.weights_bytes()
+    if weights is None or not r.shape:
+        return replace(r, verdict="unknown", min_memory_bytes=None, where=None)
+    info = _info(r, weights)
+    tries = []
+    if vram_bytes:
+        gpu = estimate_memory(info, LoadSettings(n_ctx=FIT_N_CTX, n_parallel=1, n_gpu_layers=-1), ram_bytes,
+                              vram_bytes, detect_ram=False)
+        tries.append((gpu.vram_verdict if ram_bytes is None else gpu.verdict, gpu.vram_bytes, "GPU"))
+    cpu = estimate_memory(info, LoadSettings(n_ctx=FIT_N_CTX, n_parallel=1, n_gpu_layers=0), ram_bytes, None,
+                          detect_ram=False)
+    tries.append((cpu.verdict, cpu.ram_bytes, "CPU"))
+    order = {"fits": 0, "tight": 1, "won't fit": 2, "unknown": 3}
+    verdict_, need, where = min(tries, key=lambda t: order[t[0]])
+    return replace(r, verdict=verdict_, min_memory_bytes=need, where=where)
+
+
+def verdict(need: int, available: int | None) -> str:
+    """"fits" when ``need`` ≤ 0.8 × ``available``, "tight" up to all of it, else "won't fit"; "unknown"
+    without a figure (the same rule as ``app.catalog.memory_estimate``)."""
+    if not available:
+        return "unknown"
+    if need <= FITS_FRACTION * available:
+        return "fits"
+    return "tight" if need <= available else "won't fit"
+
+
+def recommend(catalog: list[Recommendation], ram_bytes: int | None, vram_bytes: int | None = None,
+              limit: int = 4) -> list[Recommendation]:
+    """Up to ``limit`` models for this machine: those that fit, largest first; if none fits, the smallest."""
+    pool = [r for r in catalog if vram_bytes or (r.weights_bytes() or 0) <= CPU_MAX_FILE_BYTES]
+    judged = [fit(r, ram_bytes, vram_bytes) for r in pool]
+    fitting = sorted((r for r in judged if r.verdict == "fits"), key=lambda r: -(r.min_memory_bytes or 0))
+    if fitting:
+        return fitting[:limit]
+    known = [r for r in judged if r.min_memory_bytes is not None]
+    return sorted(known, key=lambda r: r.min_memory_bytes or 0)[:limit] or judged[:limit]

@@ -1,0 +1,133 @@
+"""Gates a JSON schema passes before it becomes a grammar: shared by ``response_format`` and ``tools``.
+
+A schema from a request is turned into GBNF by llama-cpp-python's converter
+(``app.engine.structured.grammar``) and then
+parsed by llama.cpp inside an engine process. Three things here keep that safe and honest:
+
+1. ``check_schema``: size and nesting limits on the schema itself, no ``$ref`` outside the document
+   (llama-cpp-python's converter would fetch an ``https://`` reference from the network), and ``jsonschema``'s
+   meta-schema check (a schema that is not a schema is a 400, not a converter crash);
+2. ``unenforceable``: the keywords the converter silently ignores (``minimum``, ``uniqueItems``,
+   ``format: email``…: ``UNENFORCED``), refused under ``strict: true`` so that a strict answer validates
+   against the whole schema (as OpenAI's strict mode refuses what it cannot enforce);
+3. ``check_grammar``: limits on the grammar, its length and its parenthesis nesting. The converter writes
+   ``maxLength: 5000`` as 5000 nested groups, and llama.cpp parses grammars by recursion; a deep one could
+   overflow the engine process's stack. (The engine process would restart, but a request must not be able to
+   do that.)
+
+Every check raises ``InvalidRequest`` with the ``param`` the caller names (``response_format``,
+``tools[2].function.parameters``…). This module was ``app/server/structured.py``'s; it moved into the engine
+when tool schemas (issue 13) needed the same gates, and ``structured`` imports it from here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.errors import InvalidRequest
+
+MAX_SCHEMA_CHARS = 64_000
+MAX_SCHEMA_DEPTH = 32
+MAX_GRAMMAR_CHARS = 200_000
+MAX_GRAMMAR_NESTING = 256
+
+# Keywords llama-cpp-python's schema converter (0.3.36) does not turn into grammar rules: an answer could
+# break them.
+UNENFORCED = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "not", "if", "then", "else",
+    "uniqueItems", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
+    "unevaluatedProperties", "unevaluatedItems"})
+ENFORCED_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+
+
+def check_schema(schema: Any, param: str = "response_format",
+                 where: str = "response_format.json_schema.schema") -> None:
+    """Raise ``InvalidRequest(param=param)`` unless ``schema`` is a small, self-contained, valid JSON schema.
+    ``where`` names the schema in the message ("… must be a JSON object")."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{where} must be a JSON object", param=param)
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise InvalidRequest(f"the JSON schema is larger than {MAX_SCHEMA_CHARS} characters", param=param)
+    _walk(schema, 0, param)
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidRequest(f"invalid JSON schema: {exc.message}", param=param) from None
+
+
+def unenforceable(schema: Any, path: str = "schema") -> list[str]:
+    """``"'maximum' at schema.properties.age"``… for each keyword in ``schema`` the grammar would ignore."""
+    if not isinstance(schema, dict):
+        return []
+    out = [f"{k!r} at {path}" for k in sorted(UNENFORCED & set(schema))]
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in ENFORCED_FORMATS:
+        out.append(f"format {fmt!r} at {path}")
+    for key in ("properties", "$defs", "definitions"):
+        for name, sub in (schema.get(key) or {}).items() if isinstance(schema.get(key), dict) else ():
+            out += unenforceable(sub, f"{path}.{key}.{name}")
+    for key in ("items", "additionalProperties"):
+        out += unenforceable(schema.get(key), f"{path}.{key}")
+    for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+        subs = schema.get(key)
+        for i, sub in enumerate(subs if isinstance(subs, list) else ()):
+            out += unenforceable(sub, f"{path}.{key}[{i}]")
+    if isinstance(schema.get("items"), list):
+        for i, sub in enumerate(schema["items"]):
+            out += unenforceable(sub, f"{path}.items[{i}]")
+    return out
+
+
+def refuse_unenforceable(schema: Any, param: str, label: str = "strict json_schema") -> None:
+    """The ``strict: true`` gate: raise ``InvalidRequest(param=param)`` naming up to five keywords of
+    ``schema`` that the grammar cannot enforce; ``label`` opens the message."""
+    ignored = unenforceable(schema)
+    if ignored:
+        raise InvalidRequest(f"{label}: the grammar cannot enforce " + ", ".join(ignored[:5])
+                             + "; remove these keywords or set strict to false", param=param)
+
+
+def check_grammar(gbnf: str, param: str) -> None:
+    """Raise ``InvalidRequest(param=param)`` if ``gbnf`` is longer than ``MAX_GRAMMAR_CHARS`` or nests
+    parentheses deeper than ``MAX_GRAMMAR_NESTING``."""
+    if len(gbnf) > MAX_GRAMMAR_CHARS or grammar_nesting(gbnf) > MAX_GRAMMAR_NESTING:
+        raise InvalidRequest("this JSON schema compiles to a grammar too large to enforce (lower maxLength, "
+                             "maxItems or similar bounds)", param=param)
+
+
+def grammar_nesting(gbnf: str) -> int:
+    """Deepest parenthesis nesting in GBNF text, skipping string literals and character classes."""
+    depth = deepest = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def _walk(node: Any, depth: int, param: str) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidRequest(f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
+            raise InvalidRequest(f"only local $ref (starting with '#') are supported, got {ref!r}", param=param)
+        for v in node.values():
+            _walk(v, depth + 1, param)
+    elif isinstance(node, list):
+        for v in node:
+            _walk(v, depth + 1, param)
