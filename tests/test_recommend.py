@@ -11,21 +11,13 @@ import pytest
 import tomllib
 
 from app.catalog.recommended import (
-
     CATALOG,
-
     Recommendation,
-
     bits_per_weight,
-
     fit,
-
     load_catalog,
-
     quantization_from_name,
-
     recommend,
-
 )
 
 REPO = Path(__file__).resolve().parents[1]

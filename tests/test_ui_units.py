@@ -13,6 +13,9 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import Qt
 
+from app.catalog.files import link_model
+from app.catalog.hub import DownloadCancelled, HubClient
+from app.catalog.recommended import Recommendation, load_catalog, recommend
 from app.errors import HearthError
 from app.ui.formatting import (
     context_bar,
@@ -23,11 +26,8 @@ from app.ui.formatting import (
     human_bytes,
     status_texts,
 )
-from app.catalog.hub import DownloadCancelled, HubClient
 from app.ui.markdown import code_blocks, copy_index, with_copy_links
-from app.catalog.files import link_model
 from app.ui.models import ChatModel, ChatRow, ConversationListModel, DocRow, DocumentListModel, IdRole, KindRole
-from app.catalog.recommended import Recommendation, load_catalog, recommend
 
 
 # ---------------------------------------------------------------------------------------------- pure

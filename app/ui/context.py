@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject
 
+from app.catalog.hub import HubClient
 from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
 from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
 from app.ui.download_ctl import DownloadController
 from app.ui.engine_ctl import EngineController, LoadJob
-from app.catalog.hub import HubClient
 from app.ui.server_ctl import ServerController
 from app.ui.tools_ctl import ToolsController
 from app.ui.workers import WorkerPool

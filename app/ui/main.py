@@ -24,9 +24,9 @@ def run_app(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from app.catalog.recommended import resources_dir
     from app.ui.context import AppContext
     from app.ui.main_window import MainWindow
-    from app.catalog.recommended import resources_dir
     from app.ui.theme import follow_system
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "hearth"])

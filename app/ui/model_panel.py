@@ -24,10 +24,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui.formatting import human_bytes
 from app.catalog.files import link_model
-from app.ui.models import ItemRole, ModelListModel
 from app.catalog.recommended import Recommendation, load_catalog, recommend
+from app.ui.formatting import human_bytes
+from app.ui.models import ItemRole, ModelListModel
 
 log = logging.getLogger(__name__)
 VERDICT_COLOURS = {"fits": "#2e7d32", "tight": "#ef6c00", "won't fit": "#c62828", "unknown": "#777777"}
