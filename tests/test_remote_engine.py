@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from app.engine.remote.engine.engine import (
+from app.engine.remote.engine import (
     RemoteAuthError,
     RemoteBadRequest,
     RemoteEngine,

@@ -151,7 +151,7 @@ def remove(args: argparse.Namespace) -> int:
 def open_remote(name: str, user=None):
     """The ``RemoteEngine`` for ``remotes[name]`` of the settings, its key resolved (not yet loaded)."""
     from app import secrets
-    from app.engine.remote.engine.engine import RemoteEngine
+    from app.engine.remote.engine import RemoteEngine
     from app.settings import load_user_settings
 
     user = user or load_user_settings()

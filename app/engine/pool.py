@@ -368,7 +368,7 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
     def make(key: str, path: str) -> Any:
         if path.startswith(REMOTE_PREFIX):
             from app import secrets
-            from app.engine.remote.engine.engine import RemoteEngine
+            from app.engine.remote.engine import RemoteEngine
 
             r = remotes[key]
             return RemoteEngine.from_settings(key, r, api_key=secrets.api_key_for(key, r),

@@ -97,7 +97,7 @@ class EngineController(QObject):
         if old is not None:
             old.close()
         if job.remote:
-            from app.engine.remote.engine.engine import RemoteEngine
+            from app.engine.remote.engine import RemoteEngine
 
             self._pending = RemoteEngine(job.path, job.remote, model=job.remote_model, api_key=job.api_key)
         else:
