@@ -1,19 +1,10 @@
-"""Tools the model may call: MCP servers (``mcp_config``: ``mcp.json``; ``mcp_client``: ``McpHub``).
+"""Tools the model may call: MCP servers (``config``: ``mcp.json``; ``client``: ``McpHub``; ``types``: its
+values; ``transport``: one server's connection).
 
 Qt-free and independent of the server and the UI, which both drive it (docs/mcp.md).
 """
 
-from app.mcp.client import (
-    DEFAULT_CALL_TIMEOUT_S,
-    DEFAULT_START_TIMEOUT_S,
-    McpHub,
-    McpTool,
-    ServerStatus,
-    ToolError,
-    ToolResult,
-    content_to_text,
-    qualified_names,
-)
+from app.mcp.client import McpHub
 from app.mcp.config import (
     McpConfig,
     McpConfigError,
@@ -22,6 +13,16 @@ from app.mcp.config import (
     load_config,
     parse_config,
     save_config,
+)
+from app.mcp.types import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_START_TIMEOUT_S,
+    McpTool,
+    ServerStatus,
+    ToolError,
+    ToolResult,
+    content_to_text,
+    qualified_names,
 )
 
 __all__ = [

@@ -1,259 +1,65 @@
-"""MCP client: Hearth's servers from ``mcp.json``, behind a synchronous facade for plain threads.
+"""``McpHub``: Hearth's MCP servers from ``mcp.json`` behind a synchronous facade for plain threads.
 
-The official SDK (``mcp`` 2.x) is async and built on anyio, whose cancel scopes and task groups must be entered
-and left by the same task. So one ``McpHub`` owns one asyncio event loop in a daemon thread, and each server is
-one long-lived *runner* task on it that holds the whole connection (transport, then ``ClientSession``) for the
-server's life: it connects, runs ``initialize`` and ``tools/list`` under the start timeout, marks the server
-ready, then sleeps until it is stopped or the connection ends. Callers on any thread (a Qt worker, the
-assistant's tool loop) submit coroutines with ``asyncio.run_coroutine_threadsafe`` and wait on the future with
-their own timeout as well, so no caller waits past ``timeout_s`` plus a few seconds whatever the server does.
-
-Failure is per server and never raises out of ``start``: a command that cannot be spawned, a process that exits
-before the handshake, a handshake past the timeout, an HTTP endpoint that refuses; each leaves that server
-``failed`` with a one-line reason (plus the last lines the process wrote to stderr) and the others running.
-Calls to a server that is not ready raise ``ToolError``. Crash detection: the session does not read the
-transport directly but through a forwarding stream whose end wakes the runner, so a server that dies between
-calls is marked failed at once, not at the next call. A call past its timeout is cancelled (the SDK sends
-``notifications/cancelled``) and raises ``ToolError(kind="timeout")``; the server stays ready unless a
-``ping`` right after also goes unanswered (a slow tool is not a dead server).
-
-Processes: stdio servers are spawned by the SDK's ``stdio_client`` in their own process group; leaving it
-closes stdin, waits 2 s, then SIGTERMs and SIGKILLs the group and reaps it (the shutdown sequence of the MCP
-spec, ``basic/lifecycle#shutdown``), so ``stop``/``close`` leave no child or zombie behind. ``close`` also runs
-at interpreter exit for a hub left open.
-
-Results are not truncated here (the caller cuts to its share of the context and keeps the full text in the
-store); ``ToolResult.size_bytes`` reports the size. Content becomes text: text blocks as they are, embedded text
-resources with their URI, images, audio and binary resources as a bracketed note the model can read.
-
-``mcp`` is imported inside the functions that use it: it takes 0.75 s to import (its pydantic models), which a
-desktop start with no MCP server configured should not pay.
+One hub owns one asyncio loop in a daemon thread and each server is one long-lived runner task on it holding
+the whole connection, because the SDK's anyio task groups must be entered and left by the same task. Callers
+on any thread wait on futures with their own deadline. Failure is per server and never raises out of
+``start``. The reasoning, crash detection and process shutdown: docs/mcp.md, 'Inside the client'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
-import binascii
 import concurrent.futures
 import copy
-import hashlib
-import json
 import logging
-import os
-import re
-import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
 from app import __version__
-from app.errors import HearthError, InvalidRequest
-from app.mcp.config import McpConfig, McpServerConfig
-
-if sys.version_info < (3, 11):  # pragma: no cover - anyio depends on the backport there
-    from exceptiongroup import BaseExceptionGroup
+from app.errors import InvalidRequest
+from app.mcp.config import McpConfig
+from app.mcp.transport import (
+    _describe_start,
+    _error_result,
+    _forward,
+    _leaf,
+    _list_tools,
+    _open_http,
+    _open_stdio,
+    _result,
+    _Server,
+    _short,
+    _tail,
+    _tail_when_exited,
+)
+from app.mcp.types import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_START_TIMEOUT_S,
+    McpTool,
+    ServerState,
+    ServerStatus,
+    ToolError,
+    ToolResult,
+    content_to_text,
+    qualified_names,
+)
 
 log = logging.getLogger(__name__)
 
-ServerState = Literal["stopped", "starting", "ready", "failed"]
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S", "McpHub", "McpTool", "ServerStatus", "ToolError",
+    "ToolResult", "content_to_text", "qualified_names",
+]
 
-DEFAULT_START_TIMEOUT_S = 30.0  # first run of an `npx -y` server downloads it
-DEFAULT_CALL_TIMEOUT_S = 60.0
 _GRACE_S = 5.0  # a caller's own wait beyond timeout_s: covers the loop's reaction, never the server's
 _STOP_WAIT_S = 8.0  # stdio shutdown: 0.5 s flush + 2 s for stdin EOF + 2 s after SIGTERM + reaping
 _PING_TIMEOUT_S = 5.0
-_STDERR_LINES = 20
-_MAX_PAGES = 100  # tools/list pages: a server whose cursor never ends cannot hang the start
-_NAME_MAX = 64  # OpenAI function names: ^[a-zA-Z0-9_-]{1,64}$
-_PREFIX_MAX = 24
-# The SDK refuses an HTTP event (one whole JSON-RPC answer) over 1 MiB by default; a 1 MB tool result is about
-# 2 MB on the wire (MCPServer repeats it as structuredContent). The limit guards memory against a runaway server.
-_MAX_HTTP_EVENT_BYTES = 64 * 1024 * 1024
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-class ToolError(HearthError):
-    """An MCP server cannot run a tool call. ``server``: its name in ``mcp.json``; ``tool``: the MCP tool name
-    (None when the call never got that far); ``kind``: ``"unavailable"`` (the server is not ready: not started,
-    failed to start, stopped, crashed earlier; the reason says which), ``"timeout"`` (the call ran past its
-    ``timeout_s``), ``"crashed"`` (the connection was lost during this call; the server is now ``failed``),
-    ``"failed"`` (this call's HTTP request failed, the session lives on), ``"unknown_tool"`` (no enabled tool
-    has that name); ``reason``: a short reason for a person.
-
-    A tool that runs and reports failure is not a ``ToolError``: it is a ``ToolResult`` with ``is_error`` (MCP
-    asks clients to show those to the model, which may correct itself)."""
-
-    def __init__(self, server: str, reason: str, kind: str = "unavailable", tool: str | None = None) -> None:
-        where = (f"MCP server {server!r}" if server else "MCP") + (f", tool {tool!r}" if tool else "")
-        super().__init__(f"{where}: {reason}")
-        self.server = server
-        self.reason = reason
-        self.kind = kind
-        self.tool = tool
-
-    def __reduce__(self):
-        return (self.__class__, (self.server, self.reason, self.kind, self.tool))
-
-
-@dataclass(frozen=True)
-class McpTool:
-    """One tool of one server. ``name``: the MCP tool name; ``qualified_name``: the name the model sees, unique
-    over all servers and valid as an OpenAI function name (``^[a-zA-Z0-9_-]{1,64}$``: ``<server>__<tool>``
-    sanitized, shortened with a hash when needed); ``input_schema``: the tool's JSON Schema (an object schema,
-    MCP ``inputSchema``); ``annotations``: MCP hints (``readOnlyHint``, ``destructiveHint``...), possibly empty;
-    ``enabled``: the Settings switch; ``always_allowed``: the person allowed it "always" (``alwaysAllow``)."""
-
-    server: str
-    name: str
-    qualified_name: str
-    description: str
-    input_schema: dict[str, Any]
-    title: str | None = None
-    annotations: dict[str, Any] = field(default_factory=dict)
-    enabled: bool = True
-    always_allowed: bool = False
-
-    def openai_tool(self) -> dict[str, Any]:
-        """The tool as an OpenAI ``tools`` entry (``{"type": "function", "function": {...}}``)."""
-        return {"type": "function", "function": {
-            "name": self.qualified_name, "description": self.description,
-            "parameters": copy.deepcopy(self.input_schema)}}
-
-
-@dataclass(frozen=True)
-class ServerStatus:
-    """Where one server stands. ``state``: ``stopped`` (never started, stopped, or ``disabled``), ``starting``,
-    ``ready``, ``failed`` (``error`` says why, for a person); ``tools``: every tool it listed, switched off ones
-    included (for the Settings switches), empty unless ready; ``server_info``: name and version from its
-    ``initialize`` answer; ``transport``: ``"stdio"`` or ``"http"``."""
-
-    name: str
-    state: ServerState
-    error: str | None = None
-    tools: tuple[McpTool, ...] = ()
-    server_info: str | None = None
-    transport: str = "stdio"
-    disabled: bool = False
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """A finished ``tools/call``. ``text``: every content block as text (see ``content_to_text``), never
-    truncated; ``is_error``: the tool reported failure (MCP ``isError``; also set for a JSON-RPC error answer
-    and a result that breaks the tool's output schema); ``raw``: the content blocks as MCP JSON dicts;
-    ``structured``: MCP ``structuredContent`` or None; ``size_bytes``: UTF-8 bytes of ``text``;
-    ``elapsed_s``: wall time of the call in seconds."""
-
-    server: str
-    tool: str
-    text: str
-    is_error: bool
-    raw: list[dict[str, Any]]
-    structured: dict[str, Any] | None = None
-    size_bytes: int = 0
-    elapsed_s: float = 0.0
-
-
-def content_to_text(blocks: Sequence[Mapping[str, Any]], structured: Mapping[str, Any] | None = None) -> str:
-    """MCP content blocks (``CallToolResult.content``, JSON dicts) as one text for the model, blocks joined by
-    newlines: ``text`` as is; an embedded ``resource`` with text as ``[resource <uri>]`` then its text; images,
-    audio and binary resources as a bracketed note with the MIME type and decoded size in bytes (the model
-    cannot see them); ``resource_link`` as a note with its name and URI. With no blocks, ``structured``
-    (``structuredContent``) as JSON."""
-    parts = [_block_text(b) for b in blocks]
-    if not parts and structured is not None:
-        parts = [json.dumps(structured, ensure_ascii=False)]
-    return "\n".join(parts)
-
-
-def _block_text(b: Mapping[str, Any]) -> str:
-    kind = b.get("type")
-    if kind == "text":
-        return str(b.get("text", ""))
-    if kind in ("image", "audio"):
-        return f"[{kind}: {b.get('mimeType', '?')}, {_b64_len(b.get('data', ''))} bytes, not shown to the model]"
-    if kind == "resource":
-        r = b.get("resource") or {}
-        if "text" in r:
-            return f"[resource {r.get('uri', '')}]\n{r['text']}"
-        return (f"[resource {r.get('uri', '')}: {r.get('mimeType', 'binary')}, {_b64_len(r.get('blob', ''))} "
-                "bytes, not shown to the model]")
-    if kind == "resource_link":
-        return f"[resource link: {b.get('name', '')} {b.get('uri', '')}]".replace("  ", " ")
-    return f"[{kind} content, not shown to the model]"
-
-
-def _b64_len(data: Any) -> int:
-    try:
-        return len(base64.b64decode(str(data), validate=False))
-    except (binascii.Error, ValueError):
-        return len(str(data)) * 3 // 4
-
-
-def qualified_names(servers: Sequence[tuple[str, Sequence[str]]]) -> dict[tuple[str, str], str]:
-    """Model-facing names for ``(server, [tool names])`` in config order: ``<server>__<tool>`` with every
-    character outside ``[A-Za-z0-9_-]`` replaced by ``_``, at most 64 characters. Server prefixes are made unique
-    first (from the config alone, so a server going down never renames another's tools), then a tool name that
-    is too long or collides after sanitizing gets a stable hash suffix."""
-    out: dict[tuple[str, str], str] = {}
-    used_prefix: set[str] = set()
-    for server, tools in servers:
-        prefix = _UNSAFE.sub("_", server)[:_PREFIX_MAX] or "_"
-        if prefix in used_prefix:
-            prefix = f"{prefix[:_PREFIX_MAX - 9]}_{_hash8(server)}"
-        used_prefix.add(prefix)
-        used: set[str] = set()
-        for tool in tools:
-            name = f"{prefix}__{_UNSAFE.sub('_', tool)}"
-            if len(name) > _NAME_MAX or name in used:
-                name = f"{name[:_NAME_MAX - 9]}_{_hash8(server + '/' + tool)}"
-            n = 2
-            while name in used:  # a hash clash: never in practice, but names must be unique
-                name = f"{name[:_NAME_MAX - 4]}_{n:03d}"
-                n += 1
-            used.add(name)
-            out[(server, tool)] = name
-    return out
-
-
-def _hash8(s: str) -> str:
-    return hashlib.sha1(s.encode("utf-8")).hexdigest()[:8]
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first real exception inside (nested) exception groups raised by anyio task groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-class _Server:
-    """Runtime state of one configured server. Written on the hub's loop thread under the hub's lock; read
-    anywhere under it."""
-
-    def __init__(self, cfg: McpServerConfig) -> None:
-        self.cfg = cfg
-        self.state: ServerState = "stopped"
-        self.error: str | None = None
-        self.tools: list[dict[str, Any]] = []  # MCP Tool JSON as last listed (kept when it fails or stops)
-        self.server_info: str | None = None
-        self.session: Any = None  # mcp.ClientSession while ready
-        self.task: asyncio.Task | None = None
-        self.wake: asyncio.Event | None = None
-        self.started: asyncio.Future | None = None
-        self.stopping = False
-        self.eof = False  # the transport's read side ended: the connection is gone
-        self.cancel_start: Callable[[], None] | None = None
-        self.stderr: deque[str] = deque(maxlen=_STDERR_LINES)
-        self.stderr_closed = threading.Event()  # the process and its children have closed stderr
 
 
 class McpHub:
@@ -354,7 +160,7 @@ class McpHub:
             self._submit(self._reconfigure(gone, launch, timeout_s))
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop every server (each process exits or is killed, see the module docstring) and end the loop
+        """Stop every server (each process exits or is killed, docs/mcp.md, 'Inside the client') and end the loop
         thread; idempotent, never raises (but ``RuntimeError`` from ``on_status``, i.e. the loop thread itself).
         Waits at most about ``timeout_s`` seconds."""
         if self._thread is not None and threading.current_thread() is self._thread:
@@ -486,7 +292,7 @@ class McpHub:
         await asyncio.shield(started)
 
     async def _run_server(self, srv: _Server, timeout_s: float) -> None:
-        """The runner: holds the connection of one server for its whole life (see the module docstring). A
+        """The runner: holds the connection of one server for its whole life (docs/mcp.md, 'Inside the client'). A
         failure is reported as soon as it is known; closing the connection (and the process) follows."""
         try:
             async with AsyncExitStack() as stack:
@@ -719,137 +525,6 @@ class McpHub:
                         title=t.get("title"), annotations=dict(t.get("annotations") or {}),
                         enabled=cfg.tool_enabled(t["name"]), always_allowed=t["name"] in cfg.always_allow)
                 for t in srv.tools]
-
-
-# -- transports and helpers ---------------------------------------------------------------------------------
-
-async def _open_stdio(stack: AsyncExitStack, srv: _Server):
-    """``stdio_client`` with the server's stderr on a pipe read by a daemon thread (last lines kept for error
-    messages, all of it logged at DEBUG)."""
-    from mcp import StdioServerParameters, stdio_client
-
-    cfg = srv.cfg
-    params = StdioServerParameters(command=cfg.command or "", args=list(cfg.args), env=dict(cfg.env) or None,
-                                   cwd=cfg.cwd)
-    r, w = os.pipe()
-    srv.stderr_closed.clear()
-    errlog = os.fdopen(w, "w", encoding="utf-8", errors="replace")
-    threading.Thread(target=_read_stderr, args=(r, srv), name=f"mcp-stderr:{cfg.name}", daemon=True).start()
-    try:
-        return await stack.enter_async_context(stdio_client(params, errlog=errlog))
-    finally:
-        errlog.close()  # the child holds its own copy; ours must go or the reader never sees EOF
-
-
-def _read_stderr(fd: int, srv: _Server) -> None:
-    try:
-        with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.rstrip()
-                if line:
-                    srv.stderr.append(line)
-                    log.debug("MCP server %r stderr: %s", srv.cfg.name, line)
-    finally:
-        srv.stderr_closed.set()
-
-
-async def _open_http(stack: AsyncExitStack, cfg: McpServerConfig):
-    # The SDK's documented way to send headers is an httpx2 client of our own (httpx2 comes with mcp 2.x);
-    # timeouts as the SDK's default client: 30 s, 300 s to read a held-open event stream.
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
-    client = await stack.enter_async_context(
-        httpx2.AsyncClient(headers=dict(cfg.headers), timeout=httpx2.Timeout(30.0, read=300.0)))
-    return await stack.enter_async_context(streamable_http_client(
-        cfg.url or "", http_client=client, max_sse_event_size=_MAX_HTTP_EVENT_BYTES))
-
-
-async def _forward(read: Any, send: Any, srv: _Server) -> None:
-    try:
-        async for item in read:
-            await send.send(item)
-        srv.eof = True  # the transport ended (a stdio server exited): set before the session sees the end
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-        pass  # our own shutdown closed the session's end
-    finally:
-        await send.aclose()
-        if srv.wake is not None:
-            srv.wake.set()
-
-
-async def _list_tools(session: Any) -> list[dict[str, Any]]:
-    from mcp.types import PaginatedRequestParams
-
-    tools: list[dict[str, Any]] = []
-    cursor = None
-    for _ in range(_MAX_PAGES):
-        page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
-        tools += [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools]
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tools
-
-
-def _result(server: str, tool: str, result: Any, t0: float) -> ToolResult:
-    raw = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
-    structured = result.structured_content
-    text = content_to_text(raw, structured)
-    return ToolResult(server=server, tool=tool, text=text, is_error=bool(result.is_error), raw=raw,
-                      structured=structured, size_bytes=len(text.encode("utf-8")),
-                      elapsed_s=time.monotonic() - t0)
-
-
-def _error_result(server: str, tool: str, text: str, t0: float) -> ToolResult:
-    return ToolResult(server=server, tool=tool, text=text, is_error=True, raw=[{"type": "text", "text": text}],
-                      size_bytes=len(text.encode("utf-8")), elapsed_s=time.monotonic() - t0)
-
-
-def _describe_start(e: BaseException, srv: _Server, timeout_s: float) -> str:
-    from mcp import MCPError
-    from mcp_types import CONNECTION_CLOSED
-
-    cfg = srv.cfg
-    if isinstance(e, TimeoutError):
-        return f"no answer to initialize within {timeout_s:g} s"
-    if isinstance(e, FileNotFoundError) and cfg.transport == "stdio":
-        return f"cannot start {cfg.command!r}: no such program (check command and PATH)"
-    if isinstance(e, OSError) and cfg.transport == "stdio":
-        return f"cannot start {cfg.command!r}: {e.strerror or e}"
-    if isinstance(e, MCPError) and e.error.code == CONNECTION_CLOSED:
-        return "the server exited before answering initialize" if cfg.transport == "stdio" else (
-            f"{cfg.url} closed the connection during initialize")
-    if isinstance(e, MCPError):
-        return f"initialize failed: MCP error {e.error.code}: {e.error.message}"
-    if cfg.transport == "http":
-        return f"cannot reach {cfg.url}: {_short(e)}"
-    return f"start failed: {_short(e)}"
-
-
-def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-async def _tail_when_exited(srv: _Server, e: BaseException | None) -> str:
-    """``_tail`` once a process that ended has had its last stderr lines read (at most 1 s): its last words
-    usually say why (a missing key, a missing module). A server still running (a timeout) is not waited for."""
-    from mcp import MCPError
-    from mcp_types import CONNECTION_CLOSED
-
-    leaf = _leaf(e) if e is not None else None
-    exited = leaf is None or (isinstance(leaf, MCPError) and leaf.error.code == CONNECTION_CLOSED)
-    if srv.cfg.transport == "stdio" and exited:
-        deadline = time.monotonic() + 1.0
-        while not srv.stderr_closed.is_set() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-    return _tail(srv)
-
-
-def _tail(srv: _Server) -> str:
-    lines = [" ".join(line.split()) for line in list(srv.stderr)[-3:]]
-    return ("; its last output: " + " | ".join(lines)) if lines else ""
 
 
 def _resolve(fut: asyncio.Future | None) -> None:
