@@ -77,7 +77,8 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/hearth
 
-test: setup
+# The checks run first (seconds), then the suite. PYTEST_ARGS='-m "not model and not gui"' is the fast core.
+test: setup lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
@@ -119,8 +120,12 @@ bench-peer: $(PEER_SERVER)
 bench-peer-compare: setup $(PEER_SERVER)
 	HEARTH_LLAMA_SERVER=$(PEER_SERVER) $(BIN)/hearth bench load --peer llama-server $(BENCH_ARGS)
 
+# Fails on any finding: ruff (rules in pyproject.toml), the import contracts (layers, Qt and llama_cpp
+# confinement) and mypy over the typed packages ([tool.mypy] in pyproject.toml).
 lint: $(VENV)/.installed
-	$(BIN)/python -m ruff check app tests || true
+	$(BIN)/python -m ruff check app tests benchmarks
+	$(BIN)/lint-imports
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""Structured output: JSON schemas checked and turned into llama.cpp grammars (GBNF)."""
