@@ -4,15 +4,14 @@ grounding of port requests (``app.assistant.grounding``), so that neither import
 
 from __future__ import annotations
 
-from typing import Any
-
+from app.protocol.backend import Backend
 from app.protocol.tools import ToolSpec
 from app.protocol.types import ChatMessage, GenerateRequest
 
 DEFAULT_MAX_TOKENS = 256  # tokens reserved for an answer when the decoding settings give none
 
 
-def prompt_tokens(engine: Any, messages: list[ChatMessage] | tuple[ChatMessage, ...],
+def prompt_tokens(engine: Backend, messages: list[ChatMessage] | tuple[ChatMessage, ...],
                   tools: tuple[ToolSpec, ...] = ()) -> int:
     """Exact prompt tokens of ``messages`` (and the definitions of ``tools``) once ``engine``'s chat template
     is applied (BOS included)."""

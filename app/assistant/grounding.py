@@ -34,6 +34,7 @@ from app.assistant import evidence as ev
 from app.assistant.budget import DEFAULT_MAX_TOKENS, prompt_tokens
 from app.errors import InvalidRequest
 from app.memory.context import ContextBuilder, with_evidence
+from app.protocol.backend import Backend
 from app.protocol.types import ChatMessage
 from app.retrieval.types import Evidence
 
@@ -85,7 +86,7 @@ def last_user(messages: tuple[ChatMessage, ...]) -> int:
     raise InvalidRequest("hearth.documents needs a user message to search for", param="messages")
 
 
-def ground(engine: Any, documents: ev.DocumentSource, messages: tuple[ChatMessage, ...], *, k: int,
+def ground(engine: Backend, documents: ev.DocumentSource, messages: tuple[ChatMessage, ...], *, k: int,
            max_tokens: int | None) -> tuple[tuple[ChatMessage, ...], Grounding]:
     """``messages`` with evidence in each user message (module docstring), and what was given. ``k``:
     passages searched per question; ``max_tokens``: the answer's reserve (tokens; None:

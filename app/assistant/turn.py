@@ -75,6 +75,7 @@ from app.engine.chat.tool_stream import ToolsDone, ToolStream
 from app.engine.policies.consistency import parse_self_consistency
 from app.engine.policies.self_consistency import SelfConsistencyRun
 from app.memory.context import ContextPlan, Grounder
+from app.protocol.backend import Backend
 from app.protocol.reasoning import Layer, ReasoningSettings, resolve_budget
 from app.protocol.tools import ToolChoice, ToolSpec
 from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, ReasoningRequest
@@ -158,7 +159,7 @@ class EngineCalls:
     them) and the turn's ``reasoning`` (summaries none); the running ``Generation`` is remembered so that
     ``cancel()`` and ``stop_thinking()`` reach it from any thread."""
 
-    def __init__(self, engine: Any, base: DecodingParams, caller: Caller = Caller.CLI) -> None:
+    def __init__(self, engine: Backend, base: DecodingParams, caller: Caller = Caller.CLI) -> None:
         self.engine, self.base, self.caller = engine, base, caller
         self._known = {f.name for f in fields(DecodingParams)}
         self._lock = threading.Lock()
@@ -265,7 +266,7 @@ class Assistant:
     self-consistency answers per generation (1: off; see the module docstring). One turn runs at a time per
     assistant."""
 
-    def __init__(self, engine: Any, store: Any, *, decoding: DecodingParams | None = None,
+    def __init__(self, engine: Backend, store: Any, *, decoding: DecodingParams | None = None,
                  system_prompt: str = "", documents: ev.DocumentSource | None = None, k: int = DEFAULT_K,
                  caller: Caller = Caller.CLI, tools: ToolBox | None = None, reasoning_default: Layer = None,
                  answer_now: str | None = None, samples: int = 1) -> None:
@@ -446,7 +447,7 @@ def _fields(s: ReasoningSettings | None) -> tuple[Any, Any, Any]:
     return (None, None, None) if s is None else (s.effort, s.budget_tokens, s.deadline_s)
 
 
-def _open_session(engine: Any, store: Any, calls: EngineCalls, decoding: DecodingParams,
+def _open_session(engine: Backend, store: Any, calls: EngineCalls, decoding: DecodingParams,
                   system_prompt: str) -> ChatSession:
     """The ``ChatSession`` every adapter uses (see the module docstring for what it fixes)."""
     n_ctx = engine.settings.n_ctx

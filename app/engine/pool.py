@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from app.errors import HearthError, ModelLoadError
+from app.protocol.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class _Slot:
     key: str
     path: str
     state: str = "unloaded"
-    engine: Any = None
+    engine: Optional[Backend] = None
     need_bytes: int = 0
     leases: int = 0
     last_used: float = 0.0
@@ -283,7 +284,7 @@ class ModelPool:
             except Exception:  # noqa: BLE001 - the reaper must keep running
                 log.exception("model pool reaper")
 
-    def _close(self, slot: _Slot, engine: Any, why: str) -> None:
+    def _close(self, slot: _Slot, engine: Optional[Backend], why: str) -> None:
         log.info("unloading model %s (%s)", slot.key, why)
         self.unloads.append((slot.key, why))
         del self.unloads[:-100]

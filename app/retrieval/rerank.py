@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
-from app.protocol.types import DecodingParams, GenerateRequest
+from app.protocol.backend import Backend
+from app.protocol.types import DecodingParams, Delta, GenerateRequest
 from app.retrieval.types import Evidence
 
 PROMPT = ("Passage:\n{passage}\n\nQuestion: {question}\n"
@@ -36,7 +36,7 @@ class Reranker:
     top passages are scored (>= 1; the rest keep their order after them); ``blend``: the model's share of the
     final score, 0..1. Raises ``ValueError`` for an out-of-range ``depth`` or ``blend``."""
 
-    def __init__(self, engine: Any, depth: int = 10, blend: float = 1.0) -> None:
+    def __init__(self, engine: Backend, depth: int = 10, blend: float = 1.0) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
         if not 0.0 <= blend <= 1.0:
@@ -62,7 +62,7 @@ class Reranker:
                               want_logprobs=TOP_LOGPROBS)
         top: list[tuple[int, float]] = []
         for ev in self.engine.generate(req):
-            if getattr(ev, "logprobs", None):
+            if isinstance(ev, Delta) and ev.logprobs:
                 top = list(ev.logprobs[0][2])
         if not top:
             return 0.0

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from starlette.concurrency import run_in_threadpool
 
 from app.assistant.turn import DEFAULT_K
+from app.protocol.backend import Backend
 from app.server.convert import Plan
 from app.server.errors import DocumentsUnavailable
 from app.server.openai_schema import HearthOptions
@@ -25,7 +26,7 @@ class Documents:
     def __init__(self, provider: Any = None) -> None:
         self.provider = provider
 
-    async def ground(self, plan: Plan, options: Optional[HearthOptions], engine: Any) -> Plan:
+    async def ground(self, plan: Plan, options: Optional[HearthOptions], engine: Backend) -> Plan:
         """``plan`` with the evidence in its messages and ``plan.grounding`` set; unchanged without
         ``hearth.documents``. Raises ``DocumentsUnavailable`` (no provider) and ``InvalidRequest`` (no user
         message, or an empty one)."""
@@ -36,7 +37,7 @@ class Documents:
                                        "`hearth serve --documents` (or the desktop app's port)")
         return await run_in_threadpool(self._ground, plan, options.k or DEFAULT_K, engine)
 
-    def _ground(self, plan: Plan, k: int, engine: Any) -> Plan:
+    def _ground(self, plan: Plan, k: int, engine: Backend) -> Plan:
         from app.assistant.grounding import ground
 
         first = plan.requests[0]

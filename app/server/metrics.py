@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional
+
+from app.protocol.backend import Backend
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -97,7 +99,7 @@ class ServerMetrics:
                 self.tpot.observe(m.tpot_s)
 
     # -- exposition ----------------------------------------------------------------------------------
-    def render(self, engine: Any = None) -> str:
+    def render(self, engine: Optional[Backend] = None) -> str:
         with self._lock:
             out: list[str] = []
             _family(out, "hearth_http_requests_total", "counter", "HTTP requests answered",
@@ -132,7 +134,7 @@ class ServerMetrics:
         return "\n".join(out) + "\n"
 
 
-def _engine_lines(engine: Any) -> list[str]:
+def _engine_lines(engine: Optional[Backend]) -> list[str]:
     out: list[str] = []
     loaded = engine is not None
     _family(out, "hearth_model_loaded", "gauge", "1 when a chat model is loaded", [("", int(loaded))])

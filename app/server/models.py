@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from app.errors import HearthError, InvalidRequest, ModelNotFound
+from app.protocol.backend import Backend
 from app.server.errors import CannotEmbed, ModelNotLoaded
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def _registry_entries() -> list[Entry]:
     return out
 
 
-def loaded_id(engine: Any) -> str:
+def loaded_id(engine: Backend) -> str:
     """The loaded model's id: ``registry.model_id`` of its file (the id ``/v1/models`` lists)."""
     from app.catalog.registry import model_id
 
@@ -73,7 +74,7 @@ class ModelCatalog:
         self._load_for = load_for
         self._infos: dict[str, tuple[tuple, Any]] = {}  # path -> (file stamp, ModelInfo | None)
 
-    def entries(self, engine: Any, embedder: Any, extra_paths: Iterable[str] = ()) -> list[Entry]:
+    def entries(self, engine: Optional[Backend], embedder: Any, extra_paths: Iterable[str] = ()) -> list[Entry]:
         """The models to list: the registry's, the loaded ``engine``'s and ``extra_paths`` when they live
         elsewhere, and the served ``embedder``'s."""
         try:
@@ -92,7 +93,7 @@ class ModelCatalog:
             found.append((embedder.model_id, "", "embedding"))
         return found
 
-    def listing(self, engine: Any, embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,
+    def listing(self, engine: Optional[Backend], embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,
                 extra_paths: Iterable[str] = ()) -> list[dict[str, Any]]:
         """``/v1/models``' ``data``. ``pool``: a ``ModelPool.status()`` (then ``loaded``, ``state`` and the
         pool's figures come from it); ``engine``: the window's engine (its model is loaded too), or None."""
@@ -165,7 +166,7 @@ class ModelCatalog:
         except HearthError:
             return None
 
-    def check_chat(self, requested: Optional[str], engine: Any, embedder: Any = None) -> str:
+    def check_chat(self, requested: Optional[str], engine: Backend, embedder: Any = None) -> str:
         """The id to answer with, or ``ModelNotLoaded`` / ``ModelNotFound``."""
         loaded = loaded_id(engine)
         if not requested or requested in _aliases(str(engine.model_path), loaded):
@@ -181,7 +182,7 @@ class ModelCatalog:
             raise ModelNotLoaded(requested, loaded)
         raise ModelNotFound(requested, [e[0] for e in entries])
 
-    def check_embedding(self, requested: Optional[str], engine: Any, embedder: Any) -> str:
+    def check_embedding(self, requested: Optional[str], engine: Optional[Backend], embedder: Any) -> str:
         if embedder is None:
             raise CannotEmbed("the loaded model cannot embed; this server has no embedding model (start it with "
                               "`hearth serve --embeddings`)")

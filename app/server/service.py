@@ -48,6 +48,7 @@ from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
 from app.engine.chat.tool_stream import ToolStream
 from app.engine.policies.self_consistency import SelfConsistencyRun
 from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
+from app.protocol.backend import Backend
 from app.protocol.types import Delta, Done, GenerateRequest
 from app.server import format as fmt
 from app.server.convert import Plan
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 class _Call:
     """What every generation of one HTTP request shares."""
 
-    engine: Any
+    engine: Backend
     watcher: DisconnectWatcher
     entry: Entry
     tool_fmt: Any = None
@@ -111,7 +112,7 @@ class Service:
         self.metrics = metrics
         self.running = running or Running()
 
-    async def respond(self, plan: Plan, engine: Any, request: Request, answer: Optional[Answer] = None,
+    async def respond(self, plan: Plan, engine: Backend, request: Request, answer: Optional[Answer] = None,
                       release: Callable[[], None] = lambda: None):
         """The answer to ``plan``: a ``JSONResponse`` or an ``SSEResponse``, written by ``answer`` (default
         ``CHAT``). ``release`` is called once when the answer is over (the model's lease)."""
@@ -283,7 +284,7 @@ class _Recording:
     """The engine as a self-consistency run sees it: each sample's generation is recorded in the answer's
     registry entry as it is created, so ``stop_thinking`` reaches every sample."""
 
-    def __init__(self, engine: Any, entry: Entry) -> None:
+    def __init__(self, engine: Backend, entry: Entry) -> None:
         self._engine, self._entry = engine, entry
 
     def generate(self, request: GenerateRequest) -> Any:

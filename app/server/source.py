@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from app.errors import InvalidRequest, ModelNotFound
+from app.protocol.backend import Backend
 from app.server.errors import ModelNotLoaded, NoModelLoaded
 from app.server.models import ModelCatalog, loaded_id
 
@@ -69,7 +70,7 @@ def keep_alive_of(body: Any) -> Optional[float]:
 class Held:
     """A model held for one answer: its ``engine``, the ``model`` id the answer names, and ``release``."""
 
-    engine: Any
+    engine: Backend
     model: str
     release: Callable[[], None] = lambda: None
 

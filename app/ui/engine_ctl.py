@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 
+from app.protocol.backend import Backend
 from app.protocol.types import LoadSettings
 from app.ui.workers import WorkerPool
 
@@ -49,7 +50,7 @@ class EngineController(QObject):
     def __init__(self, pool: WorkerPool, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.pool = pool
-        self.engine: Any = None
+        self.engine: Optional[Backend] = None
         self.job: LoadJob | None = None  # the job of ``engine``
         self.state = "idle"
         self._pending: Any = None  # the engine being loaded
