@@ -81,7 +81,7 @@ class RemoteSettings:
 
     def validate(self, name: str) -> "RemoteSettings":
         """Raise ``InvalidRequest`` naming the bad field; return a copy with ``url`` normalized."""
-        from app.engine.remote.engine import check_name, normalize_url
+        from app.engine.remote.wire import check_name, normalize_url
         from app.secrets import ENV_NAME_RE
 
         check_name(name)

@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from app.engine.remote.engine import (
+
+from app.engine.chat.tool_stream import ToolStream
+from app.engine.remote import (
     RemoteAuthError,
     RemoteBadRequest,
     RemoteEngine,
@@ -33,8 +35,6 @@ from app.engine.remote.engine import (
     normalize_url,
     sse_data,
 )
-
-from app.engine.chat.tool_stream import ToolStream
 from app.errors import Cancelled, EngineCrashed, InvalidRequest, ModelLoadError, QueueFull
 from app.protocol.tools import ToolChoice, ToolSpec
 from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest

@@ -23,8 +23,8 @@ from typing import Iterator
 
 import httpx
 import pytest
-from app.engine.remote.engine import RemoteEngine, RemoteError, RemoteStreamError
 
+from app.engine.remote import RemoteEngine, RemoteError, RemoteStreamError
 from app.errors import Cancelled
 from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest
 
