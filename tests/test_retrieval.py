@@ -20,8 +20,9 @@ from app.retrieval.chunking import SPECIAL_TOKENS, ApproxTokenCounter, chunk_tex
 from app.retrieval.extract import decode_text, extract
 from app.retrieval.ingest import Ingester
 from app.retrieval.rag import cited_ids, format_evidence_block, parse_citations
+from app.retrieval.schema import migrations
 from app.retrieval.search import Retriever, rrf
-from app.retrieval.store import DocumentStore, evidence_id, fts_query, migrations
+from app.retrieval.store import DocumentStore, evidence_id, fts_query
 from app.retrieval.types import Evidence
 
 REPO = Path(__file__).resolve().parents[1]

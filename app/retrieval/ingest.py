@@ -1,41 +1,9 @@
-"""Index files and folders into the documents store: one file at a time, one transaction per file.
+"""``Ingester``: index files and folders into the documents store, one transaction per file.
 
-For each file (folders are walked, hidden entries skipped):
-
-- same size and mtime as stored → unchanged, not even read; otherwise its sha256 decides: same content →
-  unchanged (the new mtime is remembered);
-- content already indexed under a path that no longer exists → a rename: the document moves to the new path
-  with its chunks and evidence IDs; under a path that still exists → a duplicate, recorded but not indexed
-  twice;
-- otherwise extract → chunk → embed → write, replacing the file's previous chunks (a modified file);
-- any ``IngestError`` (unsupported type, empty, binary, encrypted, no text layer, corrupt) is recorded as
-  ``failed`` with its reason, and the batch goes on. Only ``indexed`` files have chunks.
-
-Documents under a given folder (or a given file) that are gone from disk are removed with their chunks and
-vectors; if an identical copy still exists elsewhere, the document moves there instead. Because every file is
-its own transaction and unchanged files are skipped by hash, a killed run leaves every finished file intact
-and a new run continues with the rest.
-
-Given paths are remembered as roots; ``rescan()`` walks them again (on demand) and ``watch()`` does it in a
-polling loop (cheap: unchanged files cost one ``stat``).
-
-Embedding in the background (issue 16). Files are read and chunked on the caller's thread; the chunks that
-need vectors are gathered, across documents, into groups of about ``embed_group_tokens`` tokens, and a group
-is embedded on one worker thread (the embedding engine is another process, so reading and chunking the next
-files runs on another core meanwhile; the engine counts tokens on its side lane, so chunking never waits
-behind an embedding). When a group's vectors are back, each of its documents is written in its own
-transaction, in order, on the caller's thread. So a ``kill -9`` loses at most the documents of the group
-being embedded and of the group being gathered (a few seconds of embedding); every committed document is
-complete and the next run skips it by hash. Content already waiting in a group is never indexed twice: a
-file whose hash matches a waiting document flushes the pipeline first, then is a duplicate or a rename.
-``embed_group_tokens=0`` and ``background=False`` give the behaviour before issue 16 (each document
-embedded and written before the next is read), which ``benchmarks.retrieval_perf`` measures as the baseline.
-
-Progress (for the CLI's bar and the window's per-file progress and ETA): ``progress(Progress)`` is called on
-the caller's thread with ``event == "file"`` after each file (``last`` says what happened to it) and
-``event == "embed"`` after each batch of vectors comes back (``in_flight``: per waiting file, chunks embedded
-and chunks in all; ``eta_s``; ``tokens_per_s``). A window runs ``ingest`` on a worker thread with its own
-``DocumentStore`` and forwards each ``Progress`` (a copy: ``Progress.snapshot()``) as a signal.
+Unchanged files are skipped by size, mtime and then sha256; renames, duplicates and deleted files are
+handled; a failing file is recorded with its reason and the batch goes on. Chunks are embedded in groups
+across documents on a worker thread (``embed_pipeline``) while the next files are read, and each document is
+committed alone, so a killed run keeps every finished file. docs/retrieval.md, 'Ingestion'.
 """
 
 from __future__ import annotations
@@ -43,16 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import queue
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from app.errors import HearthError, IngestError
 from app.retrieval.chunking import (
@@ -65,6 +28,7 @@ from app.retrieval.chunking import (
     lead_text,
     page_of,
 )
+from app.retrieval.embed_pipeline import _assemble, _assemble_leads, _Pipeline, _Prepared
 from app.retrieval.extract import MAX_FILE_BYTES, Extracted, extract, kind_of
 from app.retrieval.store import DocumentRow, DocumentStore, NewChunk
 from app.retrieval.types import (
@@ -86,42 +50,15 @@ ProgressCallback = Callable[[Progress], None]
 
 DEFAULT_EMBED_GROUP_TOKENS = 8192  # tokens per background embedding group (~4 decodes of 2,048 tokens)
 
-
-@dataclass
-class _Prepared:
-    """A document read and chunked, waiting for its vectors: its place in the report, what to write, and
-    which chunks need embedding (``todo``: chunk indices) or reuse a stored vector (``known``); the same for
-    the chunks' leads (``leads``: their texts, ``chunking.lead_text``; None for a chunk without a lead)."""
-
-    index: int
-    path: Path
-    sha: str
-    st: os.stat_result
-    extracted: Extracted
-    chunks: list[NewChunk]
-    todo: list[int] = field(default_factory=list)
-    known: dict[int, bytes] = field(default_factory=dict)
-    vectors: np.ndarray | None = None
-    note: str | None = None
-    done: int = 0  # chunks of ``todo`` embedded so far (progress)
-    leads: list[str | None] = field(default_factory=list)
-    lead_todo: list[int] = field(default_factory=list)
-    lead_known: dict[int, bytes] = field(default_factory=dict)
-    lead_vectors: list[np.ndarray | None] | None = None
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.chunks[i].token_count + 2 for i in self.todo)
-
-
 class Ingester:
     """Indexes files into ``store``. ``embedder`` (an ``Embedder``, optional) computes vectors and counts
     tokens; without it chunks are sized by ``ApproxTokenCounter`` and search is BM25 only.
     ``max_tokens`` / ``overlap_tokens``: chunk size (special tokens included) and overlap, in tokens.
     ``embed_group_tokens``: tokens of chunks gathered across documents before they are embedded together
-    (0: each document alone); ``background``: embed on a worker thread while the next files are read (see
-    the module docstring); ``leads``: also embed each chunk's lead (``chunking.lead_text``, embedded with the
-    chunk's group; False: one vector per chunk, what Hearth did before, for ``benchmarks.retrieval_perf``)."""
+    (0: each document alone); ``background``: embed on a worker thread while the next files are read
+    (docs/retrieval.md, 'Ingestion'); ``leads``: also embed each chunk's lead (``chunking.lead_text``,
+    embedded with the chunk's group; False: one vector per chunk, what Hearth did before, for
+    ``benchmarks.retrieval_perf``)."""
 
     def __init__(self, store: DocumentStore, embedder=None, *, counter: TokenCounter | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
@@ -142,7 +79,7 @@ class Ingester:
 
     def ingest(self, paths: Iterable[Path | str], progress: ProgressCallback | None = None,
                remember: bool = True) -> IngestReport:
-        """Index files and folders (see the module docstring). ``progress`` is called after each file."""
+        """Index files and folders (docs/retrieval.md, 'Ingestion'). ``progress`` is called after each file."""
         started = time.monotonic()
         roots = [_abs(p) for p in paths]
         if remember:
@@ -414,205 +351,6 @@ class Ingester:
             progress(state)
 
 
-class _Pipeline:
-    """Groups prepared documents, embeds each group (on a worker thread when ``background``) while the next
-    is gathered, and writes a group's documents once its vectors are back (see the module docstring). All
-    store writes and progress callbacks happen on the ingest thread; the worker only calls the embedder and
-    posts its progress on a queue."""
-
-    def __init__(self, ingester: Ingester, state: Progress, started: float, progress: ProgressCallback | None,
-                 finished: Callable[[int, FileStatus], None]) -> None:
-        self.ing, self.state, self.started, self.progress, self.finished = ingester, state, started, progress, \
-            finished
-        self.group: list[_Prepared] = []
-        self.group_tokens = 0
-        self.flight: tuple[list[_Prepared], Future | None] | None = None
-        self.events: queue.Queue = queue.Queue()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hearth-embed") if ingester.background else None
-        # per unique text of the group in flight: (document, chunk index, is the chunk's lead)
-        self._owners: list[list[tuple[_Prepared, int, bool]]] = []
-        self._base_chunks = self._base_tokens = self._flight_tokens = 0
-
-    def waiting(self, sha: str) -> bool:
-        """Whether a document with this content hash waits for its vectors."""
-        flying = self.flight[0] if self.flight else []
-        return any(p.sha == sha for p in (*self.group, *flying))
-
-    def add(self, prep: _Prepared) -> None:
-        self.group.append(prep)
-        self.group_tokens += prep.tokens
-        self.state.chunks_pending += len(prep.todo)
-        if self.group_tokens >= self.ing.embed_group_tokens:
-            self._launch()
-
-    def poll(self) -> None:
-        """Report embedding progress that arrived while the caller read files."""
-        self._drain(block=False)
-
-    def finish(self) -> None:
-        """Embed and write everything still waiting."""
-        if self.group:
-            self._launch()
-        self._land()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-    # ------------------------------------------------------------------------------------------ internals
-
-    def _launch(self) -> None:
-        self._land()
-        group, self.group, self.group_tokens = self.group, [], 0
-        texts, owners = self._texts(group)
-        self.flight = (group, None)
-        self._owners, self._flight_tokens = owners, 0
-        if not texts:
-            return
-        if self.pool is not None:
-            future: Future = self.pool.submit(self._embed, texts)
-        else:
-            future = Future()
-            try:
-                future.set_result(self._embed(texts, inline=True))
-            except HearthError as exc:
-                future.set_exception(exc)
-        self.flight = (group, future)
-
-    def _texts(self, group: list[_Prepared]) -> tuple[list[str], list[list[tuple[_Prepared, int, bool]]]]:
-        """The unique texts to embed (per document its chunks, then their leads) and, per text, the
-        (document, chunk index, lead?) that get its vector."""
-        if self.ing.embedder is None or self.ing._embed_failed:
-            return [], []
-        index: dict[str, int] = {}
-        texts: list[str] = []
-        owners: list[list[tuple[_Prepared, int, bool]]] = []
-        for prep in group:
-            wanted = [(prep.chunks[i].text, i, False) for i in prep.todo]
-            wanted += [(prep.leads[i], i, True) for i in prep.lead_todo]
-            for text, i, lead in wanted:
-                if text not in index:
-                    index[text] = len(texts)
-                    texts.append(text)
-                    owners.append([])
-                owners[index[text]].append((prep, i, lead))
-        return texts, owners
-
-    def _embed(self, texts: list[str], inline: bool = False) -> np.ndarray:
-        def report(n_texts: int, n_tokens: int) -> None:
-            self.events.put((n_texts, n_tokens))
-            if inline:
-                self._drain(block=False)
-
-        return self.ing.embedder.embed(texts, progress=report)
-
-    def _land(self) -> None:
-        """Wait for the group in flight (reporting its progress), then write its documents in order."""
-        if self.flight is None:
-            return
-        group, future = self.flight
-        vectors, note = None, None
-        if future is not None:
-            while not future.done():
-                self._drain(block=True)
-            try:
-                vectors = future.result()
-            except HearthError as exc:
-                log.warning("embedding failed; indexing for keyword search only: %s", exc)
-                self.ing._embed_failed = str(exc)
-                note = f"indexed for keyword search only (embedding failed: {exc})"
-            self._drain(block=False)
-            if vectors is not None:
-                self._landed()
-        self.flight = None
-        if vectors is not None:
-            fresh: dict[tuple[int, bool], dict[int, np.ndarray]] = {}
-            for row, owners in zip(vectors, self._owners):
-                for prep, i, lead in owners:
-                    fresh.setdefault((id(prep), lead), {})[i] = row
-        for prep in group:
-            self.state.chunks_pending -= len(prep.todo)
-            if vectors is not None and (prep.todo or prep.known):
-                n = len(prep.chunks)
-                prep.vectors = _assemble(n, fresh.get((id(prep), False)), prep.known)
-                if prep.leads:
-                    prep.lead_vectors = _assemble_leads(prep, fresh.get((id(prep), True)))
-            elif note and prep.todo:
-                prep.note = note
-            self.finished(prep.index, self.ing._write(prep))
-
-    def _drain(self, block: bool) -> None:
-        latest = None
-        try:
-            latest = self.events.get(timeout=0.1) if block else self.events.get_nowait()
-            while True:
-                latest = self.events.get_nowait()
-        except queue.Empty:
-            pass
-        if latest is not None and self.flight is not None:
-            self._in_flight(*latest)
-
-    def _in_flight(self, texts_done: int, tokens_done: int) -> None:
-        """Progress of the group in flight: its first ``texts_done`` unique texts have vectors."""
-        st, group = self.state, self.flight[0]
-        done: dict[int, int] = {}
-        for owners in self._owners[:texts_done]:
-            for prep, _i, lead in owners:
-                if not lead:
-                    done[id(prep)] = done.get(id(prep), 0) + 1
-        st.chunks_embedded = self._base_chunks + sum(done.values())
-        st.tokens_embedded = self._base_tokens + tokens_done
-        self._flight_tokens = tokens_done
-        st.in_flight = {str(p.path): (done.get(id(p), 0), len(p.todo)) for p in group if p.todo}
-        self._emit()
-
-    def _landed(self) -> None:
-        st = self.state
-        chunks = sum(1 for owners in self._owners for _p, _i, lead in owners if not lead)
-        st.chunks_embedded = self._base_chunks = self._base_chunks + chunks
-        st.tokens_embedded = self._base_tokens = self._base_tokens + self._flight_tokens
-        self._flight_tokens = 0
-        st.in_flight = {}
-        self._emit()
-
-    def _emit(self) -> None:
-        self.state.elapsed_s = time.monotonic() - self.started
-        self.state.event = "embed"
-        if self.progress is not None:
-            self.progress(self.state)
-
-
-def _assemble(n: int, fresh: dict[int, np.ndarray] | None, known: dict[int, bytes]) -> np.ndarray | None:
-    """One row per chunk (``n``): fresh vectors, else stored ones for known texts (None if any is missing)."""
-    fresh = fresh or {}
-    rows: list[np.ndarray] = []
-    for i in range(n):
-        if i in fresh:
-            rows.append(np.asarray(fresh[i], dtype=np.float32))
-        elif i in known:
-            rows.append(np.frombuffer(known[i], dtype=np.float32))
-        else:
-            return None
-    return np.vstack(rows) if rows else None
-
-
-def _assemble_leads(prep: _Prepared, fresh: dict[int, np.ndarray] | None) -> list[np.ndarray | None] | None:
-    """One entry per chunk: its lead's vector (fresh, else stored), None for a chunk without a lead; None
-    when a lead's vector is missing."""
-    fresh = fresh or {}
-    out: list[np.ndarray | None] = []
-    for i, lead in enumerate(prep.leads):
-        if lead is None:
-            out.append(None)
-        elif i in fresh:
-            out.append(np.asarray(fresh[i], dtype=np.float32))
-        elif i in prep.lead_known:
-            out.append(np.frombuffer(prep.lead_known[i], dtype=np.float32))
-        else:
-            return None
-    return out
-
-
 def _todo_known(texts: list[str | None], stored: dict[str, bytes]) -> tuple[list[int], dict[int, bytes]]:
     """Indices of ``texts`` without a stored vector (by text sha256), and the stored vectors of the rest;
     None entries are neither."""
@@ -686,4 +424,3 @@ def open_default(with_embedder: bool = True, workers: int | None = None):
 
             embedder = Embedder(model, workers=workers)
     return store, embedder
-

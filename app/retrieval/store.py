@@ -1,24 +1,9 @@
-"""The documents store (``documents.db``): documents, chunks (evidence), an FTS5 index and embeddings.
+"""``DocumentStore``: the documents database (``documents.db``): documents, chunks (evidence), an FTS5 index
+and embeddings, over SQLite in WAL mode with the schema of ``app.retrieval.schema``.
 
-SQLite through sqlite-utils, schema by named forward-only migrations (``sqlite_utils.Migrations``, as in
-simonw/llm ``llm/embeddings_migrations.py``): each runs once, in a transaction, in order; never edit an applied
-one, add ``m00N_...`` instead. WAL mode, so searches read while an ingest writes; a 10 s busy timeout for a
-second writer (the CLI while the app runs).
-
-Each document is written in one transaction (``write_document``): its row, its chunks, their FTS rows (by
-triggers) and their embeddings appear together or not at all, so a killed ingest leaves every finished file
-intact and the next run continues with the rest. ``check()`` runs SQLite's and FTS5's integrity checks and
-Hearth's own invariants (chunk counts, no orphans), for tests and for a person who suspects a damaged file.
-
-Evidence IDs are ``sha256("<document sha256>:<ordinal>")[:12]`` (48 bits: for 50,000 chunks the chance of any
-collision is ~4e-6; 8 hex digits would give ~25%). They depend on content and position only, so a renamed
-file keeps its IDs and an unchanged file re-indexed gets the same ones. Two files with the same content would
-share IDs; the ingester indexes such content once and records the other path as a duplicate.
-
-Search helpers: ``bm25()`` ranks with FTS5's ``bm25()`` (Robertson/Sparck Jones BM25, k1=1.2, b=0.75) over a
-Porter-stemmed, diacritics-folding ``unicode61`` index; ``vector_search()`` ranks by cosine similarity with
-numpy over an in-memory float32 matrix of one model's vectors, rebuilt only when ``meta.embeddings_version``
-(bumped by every write to embeddings, in any process) changes.
+Each document is written in one transaction (``write_document``), so a killed ingest leaves every finished
+file intact; evidence IDs depend on content and position only. Why, with the search helpers (BM25, cached
+vector matrix): docs/retrieval.md, 'Store' and 'Search'.
 """
 
 from __future__ import annotations
@@ -37,153 +22,17 @@ from pathlib import Path
 
 import numpy as np
 import sqlite_utils
-from sqlite_utils import Migrations
 
 from app import paths
 from app.errors import StoreError
 from app.retrieval.chunking import LEAD_MIN_TOKENS, LEAD_RECIPE, lead_text
+from app.retrieval.schema import migrations
 from app.retrieval.types import Evidence
 
 log = logging.getLogger(__name__)
 
 EVIDENCE_ID_HEX = 12
 MAX_BM25_POSTINGS = 8000  # chunks scored per BM25 query before common words are left out (see ``bm25``)
-FTS_TOKENIZE = "porter unicode61 remove_diacritics 2"
-
-migrations = Migrations("hearth.retrieval")
-
-
-@migrations()
-def m001_create_documents(db: sqlite_utils.Database) -> None:
-    db.execute("""
-        CREATE TABLE documents (
-            id INTEGER PRIMARY KEY,
-            path TEXT NOT NULL UNIQUE,      -- absolute path, resolved
-            sha256 TEXT,                    -- of the file's bytes; NULL when not read (unsupported type)
-            size INTEGER,                   -- bytes
-            mtime_ns INTEGER,               -- st_mtime_ns when indexed
-            type TEXT,                      -- text, html, pdf, docx, or the unsupported suffix
-            status TEXT NOT NULL,           -- indexed, failed, duplicate
-            error TEXT,                     -- reason when failed / duplicate
-            page_count INTEGER,
-            chunk_count INTEGER NOT NULL DEFAULT 0,
-            tokenizer TEXT,                 -- token counter used for chunking
-            indexed_at REAL                 -- unix time (s)
-        )""")
-    db.execute("CREATE INDEX documents_sha256 ON documents(sha256)")
-
-
-@migrations()
-def m002_create_chunks(db: sqlite_utils.Database) -> None:
-    db.execute("""
-        CREATE TABLE chunks (
-            id INTEGER PRIMARY KEY,
-            evidence_id TEXT NOT NULL UNIQUE,
-            document_id INTEGER NOT NULL REFERENCES documents(id),
-            ordinal INTEGER NOT NULL,       -- 0-based position in the document
-            text TEXT NOT NULL,             -- verbatim passage
-            text_sha256 TEXT NOT NULL,      -- lets a re-index reuse the embedding of an unchanged passage
-            page INTEGER,                   -- 1-based page (PDF), NULL otherwise
-            char_start INTEGER NOT NULL,    -- span in the extracted text (str indices)
-            char_end INTEGER NOT NULL,
-            token_count INTEGER NOT NULL    -- embedding-model tokens, special tokens excluded
-        )""")
-    db.execute("CREATE INDEX chunks_document ON chunks(document_id, ordinal)")
-    db.execute("CREATE INDEX chunks_text_sha256 ON chunks(text_sha256)")
-
-
-@migrations()
-def m003_create_chunks_fts(db: sqlite_utils.Database) -> None:
-    # External-content FTS5 kept in step by triggers (the shape sqlite-utils' enable_fts creates; written out
-    # because enable_fts uses executescript, which would commit the migration's transaction half-way).
-    db.execute(f"CREATE VIRTUAL TABLE chunks_fts USING fts5(text, content='chunks', content_rowid='id', "
-               f"tokenize='{FTS_TOKENIZE}')")
-    db.execute("CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN "
-               "INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END")
-    db.execute("CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN "
-               "INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END")
-    db.execute("CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN "
-               "INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); "
-               "INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END")
-
-
-@migrations()
-def m004_create_embeddings(db: sqlite_utils.Database) -> None:
-    db.execute("""
-        CREATE TABLE embeddings (
-            chunk_id INTEGER NOT NULL REFERENCES chunks(id),
-            model TEXT NOT NULL,            -- embedding model id (Embedder.model_id)
-            vector BLOB NOT NULL,           -- float32, little-endian, L2-normalised
-            PRIMARY KEY (chunk_id, model)
-        )""")
-    db.execute("CREATE INDEX embeddings_model ON embeddings(model)")
-
-
-@migrations()
-def m005_create_meta(db: sqlite_utils.Database) -> None:
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-    db.execute("INSERT INTO meta(key, value) VALUES ('embeddings_version', 0)")
-
-
-@migrations()
-def m006_create_roots(db: sqlite_utils.Database) -> None:
-    db.execute("""
-        CREATE TABLE roots (
-            path TEXT PRIMARY KEY,          -- a file or folder given to `ingest`: what `rescan` walks again
-            added_at REAL NOT NULL          -- unix time (s)
-        )""")
-
-
-@migrations()
-def m007_chunk_heading_path(db: sqlite_utils.Database) -> None:
-    # Issue 16: chunks are cut by structure and carry the titles of their enclosing headings, outermost
-    # first, as a JSON array of strings; NULL for chunks without headings (and for every chunk indexed
-    # before this migration, until its file is re-indexed).
-    db.execute("ALTER TABLE chunks ADD COLUMN heading_path TEXT")
-
-
-@migrations()
-def m008_fts_heading_path(db: sqlite_utils.Database) -> None:
-    # The keyword index gets a second column, the chunk's heading_path (m007), so that a question naming a
-    # section or document title ("the lease: notice period") matches chunks under that heading; queries weigh
-    # it with bm25() column weights (app.retrieval.query.HEADING_WEIGHT). The table is recreated with both
-    # columns and rebuilt from ``chunks`` ('rebuild' reads the content table), so an existing store keeps
-    # its chunks and is searchable as soon as it is opened (~0.2 s per 1,000 chunks).
-    for trigger in ("chunks_ai", "chunks_ad", "chunks_au"):
-        db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-    db.execute("DROP TABLE IF EXISTS chunks_fts")
-    db.execute(f"CREATE VIRTUAL TABLE chunks_fts USING fts5(text, heading_path, content='chunks', "
-               f"content_rowid='id', tokenize='{FTS_TOKENIZE}')")
-    db.execute("CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN "
-               "INSERT INTO chunks_fts(rowid, text, heading_path) VALUES (new.id, new.text, new.heading_path); END")
-    db.execute("CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN "
-               "INSERT INTO chunks_fts(chunks_fts, rowid, text, heading_path) "
-               "VALUES ('delete', old.id, old.text, old.heading_path); END")
-    db.execute("CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN "
-               "INSERT INTO chunks_fts(chunks_fts, rowid, text, heading_path) "
-               "VALUES ('delete', old.id, old.text, old.heading_path); "
-               "INSERT INTO chunks_fts(rowid, text, heading_path) VALUES (new.id, new.text, new.heading_path); END")
-    db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
-
-
-@migrations()
-def m009_lead_vectors(db: sqlite_utils.Database) -> None:
-    # A second vector per chunk: its lead (heading path and first sentence, ``chunking.lead_text``); a
-    # chunk's vector score is the larger of its two cosines (docs/retrieval.md, "Search"). A store indexed
-    # before has none: it is searched by chunk vectors alone until ``Ingester.embed_missing`` (run at the end
-    # of every ingest with an embedder) adds them. ``recipe`` is ``chunking.LEAD_RECIPE``: leads built another
-    # way are ignored by searches and embedded again. ``lead_sha256`` lets a re-indexed document re-use the
-    # vectors of unchanged leads.
-    db.execute("""
-        CREATE TABLE lead_vectors (
-            chunk_id INTEGER NOT NULL REFERENCES chunks(id),
-            model TEXT NOT NULL,            -- embedding model id (Embedder.model_id)
-            recipe TEXT NOT NULL,           -- how the lead text was built (chunking.LEAD_RECIPE)
-            lead_sha256 TEXT NOT NULL,      -- of the lead text
-            vector BLOB NOT NULL,           -- float32, little-endian, L2-normalised
-            PRIMARY KEY (chunk_id, model, recipe)
-        )""")
-    db.execute("CREATE INDEX lead_vectors_sha256 ON lead_vectors(lead_sha256)")
 
 
 def evidence_id(document_sha256: str, ordinal: int) -> str:
