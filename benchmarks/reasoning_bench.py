@@ -158,7 +158,7 @@ def run_singles(engine, items: list[Item], budget: int, args, spec) -> dict[str,
 
 def grid_row(grid: dict[str, dict], items: list[Item], budget: int, k: int) -> dict:
     """Accuracy, agreement and cost at ``budget`` from the first ``k`` samples of each item."""
-    from app.engine.policies.consistency import cost_per_accepted, vote
+    from app.engine.policies.vote import cost_per_accepted, vote
 
     by_item = {it.id: grid[it.id]["candidates"][:k] for it in items}
     votes = {it.id: vote(by_item[it.id]) for it in items}
@@ -175,7 +175,7 @@ def grid_row(grid: dict[str, dict], items: list[Item], budget: int, k: int) -> d
 
 
 def gains(rows: list[dict], key: str) -> list[dict]:
-    from app.engine.policies.consistency import BudgetPoint, marginal_gains
+    from app.engine.policies.vote import BudgetPoint, marginal_gains
 
     pts = [BudgetPoint(r[key], r["accuracy"], r["tokens_per_item"], r["seconds_per_item"]) for r in rows]
     return [asdict(g) for g in marginal_gains(pts)]
@@ -183,8 +183,8 @@ def gains(rows: list[dict], key: str) -> list[dict]:
 
 def router_rows(items: list[Item], fast: dict, reasoning: dict, budgets: tuple[int, int]) -> tuple[list, dict]:
     """Always-fast, always-reasoning and the router over ``items``; the router's time is part of its cost."""
-    from app.engine.policies.consistency import cost_per_accepted
     from app.engine.policies.router import RouterConfig, route
+    from app.engine.policies.vote import cost_per_accepted
 
     cfg = RouterConfig(fast_tokens=budgets[0], reasoning_tokens=budgets[1])
     routes = {it.id: route(it.question, "auto", cfg) for it in items}

@@ -1,5 +1,5 @@
-"""Self-consistency and verification (app.engine.policies.consistency) and the arithmetic set
-(benchmarks.reasoning_items): pure and fast, no model."""
+"""Self-consistency and verification (app.engine.policies: consistency, extract, checks, vote, ...) and the
+arithmetic set (benchmarks.reasoning_items): pure and fast, no model."""
 
 from __future__ import annotations
 
@@ -11,23 +11,12 @@ import time
 
 import pytest
 
-from app.engine.policies import consistency as sc
-from app.engine.policies.consistency import (
-    BudgetPoint,
-    Candidate,
-    Verdict,
-    canonical_number,
-    cost_per_accepted,
-    judge,
-    marginal_gains,
-    parse_extractor,
-    parse_self_consistency,
-    parse_verifier,
-    regex_gate,
-    sample_seeds,
-    verify_safely,
-    vote,
-)
+from app.engine.policies import checks, extract
+from app.engine.policies.checks import Verdict
+from app.engine.policies.consistency import parse_self_consistency, parse_verifier, sample_seeds, verify_safely
+from app.engine.policies.extract import canonical_number, parse_extractor
+from app.engine.policies.regex_gate import regex_gate
+from app.engine.policies.vote import BudgetPoint, Candidate, cost_per_accepted, judge, marginal_gains, vote
 from app.errors import InvalidRequest
 from benchmarks import reasoning_items as ri
 
@@ -71,7 +60,7 @@ def test_last_number_reads_realistic_answers(text, expected):
 def test_last_number_takes_the_last_of_several_and_keeps_long_numbers_as_written():
     assert ext("last_number").extract("Step 1: 3 * 4 = 12\nStep 2: 12 - 2 = 10\nSo 10 apples.\n") == "10"
     assert canonical_number("", "1" * 70) == "1" * 70
-    assert sc.numbers_in("3 boxes of 1,200.50 and 7") == ["3", "1200.5", "7"]
+    assert extract.numbers_in("3 boxes of 1,200.50 and 7") == ["3", "1200.5", "7"]
     assert canonical_number("-", "0", "125") == "-0.125"
 
 
@@ -174,7 +163,7 @@ def test_regex_verifier_full_matches_the_answer_or_the_text():
     v = ver({"regex": r"\d+"})
     assert v.verify("42", "The answer is 42.").accepted
     assert not v.verify("42a", "").accepted
-    assert v.verify(None, "text") == sc.NO_ANSWER
+    assert v.verify(None, "text") == checks.NO_ANSWER
     on_text = ver({"regex": r"(?s).*The answer is \d+\.", "on": "text"})
     assert on_text.verify(None, "blah\nThe answer is 4.").accepted
     assert not on_text.verify(None, "The answer is 4. Or 5").accepted
@@ -271,7 +260,7 @@ def test_python_sandbox_bounds_evaluation_and_rejects_errors(expr):
 
 
 def test_python_verifier_without_answer():
-    assert ver({"python": "answer == '1'"}).verify(None, "t") == sc.NO_ANSWER
+    assert ver({"python": "answer == '1'"}).verify(None, "t") == checks.NO_ANSWER
     assert ver({"python": "'42' in text"}).verify(None, "it is 42").accepted
 
 
@@ -403,7 +392,7 @@ def test_spec_parses_and_round_trips():
     assert parse_self_consistency(spec.to_api()) == spec
     assert pickle.loads(pickle.dumps(spec)) == spec
     default = parse_self_consistency({"n": 1})
-    assert default.extract == sc.LastNumber() and default.verifier is None
+    assert default.extract == extract.LastNumber() and default.verifier is None
 
 
 @pytest.mark.parametrize("raw, param", [
@@ -509,10 +498,10 @@ def test_backreferences_are_refused_by_the_regex_gate():
     # (a*)(a*)\1\2b passed the repeat count and took 8 s on 4,400 characters (about W^3 steps, the GIL held).
     for pattern in (r"(a*)(a*)\1\2b", r"(\w)\1", r"(?P<x>a)(?P=x)"):
         with pytest.raises(InvalidRequest, match="backreference"):
-            sc.regex_gate(pattern, "hearth.self_consistency.verifier")
+            regex_gate(pattern, "hearth.self_consistency.verifier")
 
 
 def test_a_json_field_segment_in_non_ascii_digits_is_a_key_not_an_index():
-    got = sc.parse_extractor({"json_field": "a.²"}, "hearth.self_consistency.extract")
+    got = extract.parse_extractor({"json_field": "a.²"}, "hearth.self_consistency.extract")
     assert got.extract('result {"a": [1, 2, 3]}') is None  # was a ValueError (int('²')) and a 500
-    assert sc.parse_extractor({"json_field": "a.١"}, "x").extract('{"a": [1, 2]}') is None
+    assert extract.parse_extractor({"json_field": "a.١"}, "x").extract('{"a": [1, 2]}') is None

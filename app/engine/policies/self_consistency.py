@@ -1,6 +1,6 @@
 """Running self-consistency: ``n`` samples of one request on one engine, judged and voted (issue 14).
 
-``app.engine.policies.consistency`` holds the pure half (extractors, verifiers, ``judge``, ``vote``); this module
+``app.engine.policies.consistency`` and ``vote`` hold the pure half (spec, verifiers, ``judge``, ``vote``); this
 schedules the samples on an ``Engine`` and collects them. ``run_self_consistency(engine, request, spec)``
 returns a ``SelfConsistencyResult``; ``SelfConsistencyRun`` is the same with a ``cancel()`` for the window.
 
@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from app.engine.policies.consistency import Candidate, SelfConsistencySpec, Vote, judge, sample_seeds, vote
+from app.engine.policies.consistency import SelfConsistencySpec, sample_seeds
+from app.engine.policies.vote import Candidate, Vote, judge, vote
 from app.errors import Cancelled, InvalidRequest
 from app.protocol.types import Delta, Done, GenerateRequest
 
