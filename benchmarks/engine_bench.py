@@ -61,7 +61,7 @@ def _hearth_run(engine, prompt: str, n: int) -> dict:
 
 def run(model: str | None = None, prompt_tokens: int = 1000, gen_tokens: int = 128, rounds: int = 3,
         n_ctx: int = 4096, n_threads: int | None = None) -> dict:
-    from app.childhost.host import default_threads, tune_openmp
+    from app.childhost import default_threads, tune_openmp
 
     tune_openmp()  # the same OpenMP spin setting on both sides (Hearth's engine sets it in its process)
     import llama_cpp

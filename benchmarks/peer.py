@@ -67,7 +67,7 @@ def find_binary(env: Mapping[str, str] = os.environ) -> Path:
 class PeerConfig:
     """llama-server's load settings. ``n_ctx_per_slot``: each of ``n_parallel`` slots gets that many tokens of
     its own KV (``-c`` is the total, non-unified KV as in Hearth's engine). ``n_threads`` None: Hearth's
-    default (``app.childhost.host.default_threads``). ``extra``: more llama-server arguments, appended."""
+    default (``app.childhost.threads.default_threads``). ``extra``: more llama-server arguments, appended."""
 
     model: Path
     n_parallel: int = 1
@@ -107,7 +107,7 @@ class PeerConfig:
     def threads(self) -> int:
         if self.n_threads:
             return int(self.n_threads)
-        from app.childhost.host import default_threads
+        from app.childhost import default_threads
 
         return default_threads()
 
@@ -132,7 +132,7 @@ def command(binary: Any, cfg: PeerConfig, port: int, host: str = "127.0.0.1") ->
 
 def peer_env(base: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment for the peer: OpenMP's spin count as Hearth's engine gets it
-    (``app.childhost.host.tune_openmp``: 1000 unless the environment sets a policy), so neither side spins more."""
+    (``app.childhost.threads.tune_openmp``: 1000 unless the environment sets a policy), so neither side spins more."""
     env = dict(base)
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = env.get("HEARTH_GOMP_SPINCOUNT", "1000")

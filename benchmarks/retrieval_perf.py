@@ -174,7 +174,7 @@ def compare_vectors(db_a: Path, db_b: Path) -> dict:
 
 def bench_ingest(work: Path, model: Path, n_text: int, n_pdf: int, repeat: int = 1,
                  batch_tokens: int | None = None, workers: int | None = None) -> dict:
-    from app.childhost.host import default_threads
+    from app.childhost import default_threads
     from app.retrieval.embedder import Embedder
     from app.retrieval.ingest import DEFAULT_EMBED_GROUP_TOKENS
 

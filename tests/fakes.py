@@ -10,7 +10,9 @@ rendered prompt is ``role: content`` lines then ``assistant:``, and a generation
 ``reply(request) -> str`` chooses the answer (default: ``echo: <last message>``, or ``{}`` under a grammar);
 ``token_delay_s`` paces tokens, one per request per scheduler step (a cancel is honoured within one step);
 ``fail_next`` makes the next
-generation raise that error before its first token; ``seen`` lists the requests generated; ``started`` is
+generation raise that error before its first token; ``crash_next`` makes the next generation end the
+runtime's serving thread (``SystemExit``), which the engine reports as a crash (``EngineCrashed``, "its thread
+ended") as it would a killed child process; ``seen`` lists the requests generated; ``started`` is
 set when a generation begins. A prompt that leaves no room for ``max_tokens`` raises
 ``ContextLengthExceeded``, as the real runtime does.
 
@@ -86,6 +88,7 @@ class FakeRuntime:
         self.n_slots = n_parallel
         self.prefill_budget = 1  # one prompt per step
         self.fail_next: Optional[BaseException] = None
+        self.crash_next = False
         self.seen: list[GenerateRequest] = []
         self.started = threading.Event()
 
@@ -94,6 +97,9 @@ class FakeRuntime:
 
     # -- main lane (the scheduler's SeqRuntime) -------------------------------------------------------
     def begin(self, rid: int, req: GenerateRequest, free: list[int]) -> Seq:
+        if self.crash_next:  # past the scheduler's ``except Exception``: the serving thread ends, as a process dies
+            self.crash_next = False
+            raise SystemExit("scripted crash")
         self.seen.append(req)
         text, finish, n_prompt = self._plan(req)
         seq = _FakeSeq(rid, req, free[0])

@@ -41,7 +41,7 @@ def test_command_line_mirrors_the_load_settings(tmp_path):
 
 
 def test_from_load_settings_takes_the_engines_slots_and_default_threads(tmp_path):
-    from app.childhost.host import default_threads
+    from app.childhost import default_threads
 
     s = LoadSettings(n_ctx=1024, n_batch=512, n_ubatch=128, n_parallel=None, flash_attn=False)
     cfg = peer.PeerConfig.from_load_settings(tmp_path / "m.gguf", s, n_parallel=3)

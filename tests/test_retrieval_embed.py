@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crashes import gone, kill, wait_dead
 
 from app.errors import EngineCrashed, ModelLoadError
 from app.retrieval.chunking import SPECIAL_TOKENS, chunk_text
@@ -137,31 +138,23 @@ def test_tokens_are_counted_without_special_tokens(embedder):
 
 def test_an_engine_crash_is_an_error_then_the_engine_restarts(embedder):
     embedder.embed(["warm"])
-    crash = embedder.crash_for_test()  # the child aborts mid-request, as llama.cpp does on fatal errors
-    assert isinstance(crash, EngineCrashed) and "died" in str(crash) and "SIGABRT" in str(crash)
+    texts = [f"passage {i}: " + "words of a long passage " * 40 for i in range(64)]  # several decodes
+    killed: list[int] = []
+
+    def crash_on_first_progress(_texts: int, _tokens: int) -> None:
+        if not killed:  # the child is mid-request: killed as llama.cpp's abort ends it
+            killed.append(embedder.pid)
+            kill(killed[0])
+
+    with pytest.raises(EngineCrashed) as ei:
+        embedder.embed(texts, progress=crash_on_first_progress)
+    assert "died" in str(ei.value) and "SIGKILL" in str(ei.value)
     assert embedder.embed(["restarted"]).shape == (1, 384)
     pid = embedder.pid
-    os.kill(pid, signal.SIGKILL)  # died while idle: restarted on the next request
-    # (/proc may show the zombie leader while its other threads still exit: wait for what waitpid says)
-    deadline = time.monotonic() + 10
-    while embedder.host.alive and time.monotonic() < deadline:
-        time.sleep(0.05)
+    kill(pid)  # died while idle: restarted on the next request
+    assert wait_dead(embedder.host)
     assert embedder.embed(["restarted again"]).shape == (1, 384)
     assert embedder.pid != pid
-
-
-def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 _PARENT = """
@@ -193,14 +186,14 @@ def test_child_of_a_killed_parent_exits_quietly(model_path: Path, tmp_path: Path
         time.sleep(1.0)  # a few batches in
         parent.kill()
         parent.wait(10)
-        assert _wait_gone(child, 10), "the embedding child outlived its parent"
+        assert gone(child, 10), "the embedding child outlived its parent"
         time.sleep(0.5)  # anything it printed on its way out is in the file now
         text = err.read_text()
         assert "Traceback" not in text and "BrokenPipe" not in text, text
     finally:
         parent.kill()
         parent.wait(10)
-        if child is not None and not _wait_gone(child, 0):
+        if child is not None and not gone(child, 0):
             os.kill(child, signal.SIGKILL)
 
 

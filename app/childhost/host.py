@@ -1,61 +1,6 @@
-"""One host for Hearth's llama.cpp child processes: the chat engine (``app.engine.local.engine``) and the embedder
-(``app.retrieval.embedder``) both run their model through ``ChildHost``.
-
-Why a child: llama.cpp aborts its whole process on some inputs and files; in a child that is an
-``EngineCrashed`` for the caller (naming the signal, e.g. ``killed by signal SIGABRT``), and the next request
-starts a fresh child. Every child is *spawned* (never forked: the parent holds threads, Qt and sqlite
-handles), ignores SIGINT (Ctrl+C reaches the parent, which cancels), sets the OpenMP spin policy before
-llama.cpp loads (``tune_openmp``), and ends when its parent dies, even by SIGKILL: a closed pipe ends it
-quietly (no ``BrokenPipeError`` traceback), and a watch thread ends it within ``PARENT_WATCH_S`` seconds when
-it is busy and not writing.
-
-Wire protocol: pickled tuples over ``multiprocessing`` pipes, the same words on every lane and for every
-child::
-
-    child  -> parent  once, when the handler is built:  ("ready", info)   | ("error", HearthError)
-    parent -> child   one request at a time per lane:   (op, *args)       ("close",) ends the lane
-    child  -> parent  per request, zero or more:        ("event", *payload)     (streamed progress)
-                      then exactly one:                 ("ok", result) | ("error", HearthError) | ("bug", text)
-
-Known errors (``HearthError``) cross as themselves. Any other exception in the handler is a bug: it crosses
-as ``("bug", formatted traceback)`` and the parent raises ``ChildBug`` (not a ``HearthError``, so it is logged
-as a bug at the edges); the child keeps serving after either. The op ``"_abort"`` (a test hook, either lane)
-makes the child die as llama.cpp does on a fatal error (``os.abort``).
-
-Lanes: the *main* lane runs ``handler.call(op, args, emit, cancelled)``, one request at a time (callers
-serialise it: the embedder's lock; the engine uses the multiplexed lane below). The optional *side* lane
-is a second pipe served by a
-second thread in the child, for short read-only ops (``handler.side(op, args)``) that must not wait behind a
-running main-lane request: the engine's vocabulary (llama.cpp's tokenizer only reads the vocabulary;
-llama-server tokenizes in its HTTP threads while it decodes). Parent-side, side requests are serialised by a
-lock and may run while a main-lane request streams.
-
-Multiplexed main lane (``mux=True``, the chat engine's continuous batching): many requests are open at once
-on the main lane, each named by a request id (``rid``) the parent picks::
-
-    parent -> child   any time:   ("submit", rid, op, *args)   ("cancel", rid)   ("stop_thinking", rid)
-                                  ("close",)
-    child  -> parent  per rid:    ("event", rid, *payload) ...  then  ("ok", rid, result) | ("error", rid, exc)
-                                  | ("bug", rid, text)
-                      batched:    ("events", [(rid, *payload), ...])   (one step's events, in order)
-
-In the child a reader thread puts every parent message on a queue and the handler's ``serve(inbox, send)``
-runs the loop (the engine's scheduler: ``app.engine.local.scheduler``) on the main thread. In the parent one reader
-thread per child hands each message to its request's ``MuxCall``; a child that dies or stays silent for
-``reply_s`` while a request is open ends every open request with ``EngineCrashed``.
-
-Cancel: one flag in shared memory (a ``RawValue``: no semaphore, so nothing for the resource tracker to
-report when a parent is killed), read by the handler through ``cancelled()``.
-
-Timeouts (``Timeouts``, one policy for every child): ``start_s`` from spawn to "ready" (the model load);
-``reply_s`` the longest silence while a request is open (each event restarts it; a generation sends one per
-token). When one runs out the child is killed: ``ModelLoadError`` for a start, ``EngineCrashed`` for a
-request.
-
-``in_thread=True`` runs the same handler and protocol on threads of this process instead: no crash
-isolation and no spawn cost, for handlers that never load llama.cpp (scripted runtimes for tests and UI
-development). There ``"_abort"`` ends the handler's thread, which the parent sees as a crash.
-"""
+"""``ChildHost``: the parent's handle on one llama.cpp child process (the chat engine and the embedder both
+run their model through it): spawn, the lanes, timeouts, crashes and restarts. Why a child, the wire protocol,
+the lanes and the timeout policy: docs/engine.md ("The process host")."""
 
 from __future__ import annotations
 
@@ -63,246 +8,21 @@ import ctypes
 import itertools
 import logging
 import multiprocessing as mp
-import os
 import queue
 import signal
 import threading
 import time
-import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional
 
-from app.errors import EngineCrashed, HearthError, ModelLoadError
+from app.childhost.child import ChildBug, Handler, _child_main, _close, _run_handler
+from app.errors import EngineCrashed, ModelLoadError
 
 log = logging.getLogger(__name__)
 
-PARENT_WATCH_S = 0.5  # seconds between checks that the parent still lives
 _POLL_S = 0.5  # seconds between liveness checks while waiting for a reply
 
 
-# ------------------------------------------------------------------------------------------------------
-# thread and OpenMP policy (applies to every child that loads llama.cpp)
-# ------------------------------------------------------------------------------------------------------
-def default_threads(*, background: bool = False) -> int:
-    """CPU threads for llama.cpp when the settings give none (an int >= 1).
-
-    Foreground (the chat engine): every CPU this process may run on when there are at most 4, else half of
-    them (at least 4): hyper-threads do not help llama.cpp, and llama-cpp-python's own default
-    (``cpu_count // 2``) left half of a 2-core machine idle during decode (23 vs 38 tokens/s measured here).
-
-    ``background=True`` (the embedder, which runs next to the chat engine and the UI): half of the foreground
-    count, at least one. llama.cpp's threads wait for each other at every barrier, so one busy core stalls
-    them all: measured on the 2-core machine while other work ran, 2 threads embedded 1.7 chunks/s (182
-    tokens each) and took 144 ms per query, 1 thread 6.4 chunks/s and 3.8 ms."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        n = os.cpu_count() or 1
-    foreground = n if n <= 4 else max(4, n // 2)
-    return max(1, foreground // 2) if background else foreground
-
-
-def tune_openmp() -> None:
-    """Call before llama.cpp is loaded. llama.cpp's OpenMP threads spin-wait at every barrier (libgomp's default
-    spin count is 300,000); when another process holds a core, decode collapses. Measured here, 2 threads on 2
-    cores, decode tokens/s idle / with one busy process: default spin 48 / 7.5; ``GOMP_SPINCOUNT=1000`` 48.5 /
-    23.6; one thread 27.7 / 27.5. So Hearth sets 1000 unless the environment already sets it (or
-    ``OMP_WAIT_POLICY``); ``HEARTH_GOMP_SPINCOUNT`` overrides the value."""
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = os.environ.get("HEARTH_GOMP_SPINCOUNT", "1000")
-
-
-# ------------------------------------------------------------------------------------------------------
-# what runs in the child
-# ------------------------------------------------------------------------------------------------------
-class Handler(Protocol):
-    """The child-side object a host serves (built in the child by the host's ``target(*args)``)."""
-
-    def ready_info(self) -> Any:
-        """What the parent gets from ``start()`` (picklable)."""
-
-    def call(self, op: str, args: tuple, emit: Callable[..., None], cancelled: Callable[[], bool]) -> Any:
-        """A main-lane request. ``emit(*payload)`` streams an event; ``cancelled()`` polls the cancel flag."""
-
-    def side(self, op: str, args: tuple) -> Any:
-        """A side-lane request (read-only; runs on another thread while ``call`` may be running)."""
-
-
-class MuxHandler(Protocol):
-    """A handler for a multiplexed main lane (``ChildHost(mux=True)``)."""
-
-    def ready_info(self) -> Any: ...
-
-    def serve(self, inbox: "queue.Queue[tuple]", send: Callable[[tuple], bool]) -> None:
-        """Serve until ``("close",)`` arrives on ``inbox``: ``("submit", rid, op, *args)`` and ``("cancel", rid)``
-        messages; ``send(msg)`` (thread-safe) writes ``("event", rid, ...)`` / ``("ok", rid, result)`` /
-        ``("error", rid, exc)`` / ``("bug", rid, text)`` and returns False once the parent is gone."""
-
-    def side(self, op: str, args: tuple) -> Any: ...
-
-
-class ChildBug(RuntimeError):
-    """An unexpected exception in a child's handler (a bug, not a known error). ``str()`` is its type and
-    message; ``child_traceback`` the traceback formatted in the child."""
-
-    def __init__(self, text: str) -> None:
-        lines = text.rstrip().splitlines()
-        super().__init__(lines[-1] if lines else "unknown error")
-        self.child_traceback = text
-
-
-class _ParentGone(BaseException):
-    """Raised inside ``emit`` when the parent no longer reads: unwinds the handler (a BaseException, so no
-    ``except Exception`` in a handler swallows it) and ends the lane quietly."""
-
-
-def _child_main(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
-                mux: bool = False) -> None:
-    """Entry point of a spawned child."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the parent, which cancels
-    watch_parent()
-    tune_openmp()
-    _run_handler(target, args, main, side, cancel, os.abort, mux)
-
-
-def watch_parent(interval_s: float = PARENT_WATCH_S) -> None:
-    """End this process (exit status 0, nothing printed) within ``interval_s`` seconds of its parent's death,
-    even a SIGKILL, instead of running on (a long prefill would not notice the closed pipe)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
-                 abort: Callable[[], None], mux: bool = False) -> None:
-    """Build the handler, say "ready" (or why not), then serve the lanes until the main lane closes."""
-    try:
-        handler: Optional[Handler] = target(*args)
-        reply: tuple = ("ready", handler.ready_info())  # type: ignore[union-attr]
-    except HearthError as exc:
-        handler, reply = None, ("error", exc)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
-        handler, reply = None, ("bug", bug_text(exc))
-    if not _reply(main, reply) or handler is None:
-        _close(main, side)
-        return
-    if side is not None:
-        threading.Thread(target=_serve_lane, name="side-lane", daemon=True,
-                         args=(side, lambda op, a, _emit: handler.side(op, a), abort)).start()
-
-    if mux:
-        _serve_mux(main, handler, abort)  # type: ignore[arg-type]
-        return
-
-    def cancelled() -> bool:
-        return bool(cancel.value)
-
-    _serve_lane(main, lambda op, a, emit: handler.call(op, a, emit, cancelled), abort)
-
-
-def _serve_mux(conn: Any, handler: MuxHandler, abort: Callable[[], None]) -> None:
-    """The child's end of a multiplexed main lane: a reader thread feeds ``inbox``; ``handler.serve`` runs
-    here until ``("close",)`` (also queued when the pipe closes)."""
-    inbox: "queue.Queue[tuple]" = queue.Queue()
-    lock = threading.Lock()
-
-    def send(msg: tuple) -> bool:
-        with lock:
-            return _reply(conn, msg)
-
-    def read() -> None:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                msg = ("close",)
-            if msg[0] == "_abort":
-                abort()
-                msg = ("close",)
-            inbox.put(msg)
-            if msg[0] == "close":
-                return
-
-    threading.Thread(target=read, name="mux-reader", daemon=True).start()
-    try:
-        handler.serve(inbox, send)
-    except _ParentGone:
-        pass
-    finally:
-        conn.close()
-
-
-def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], Any],
-                abort: Callable[[], None]) -> None:
-    """Answer requests on ``conn`` until ``("close",)``, a closed pipe or a parent that no longer reads."""
-
-    def emit(*payload: Any) -> None:
-        if not _send(conn, ("event", *payload)):
-            raise _ParentGone
-
-    try:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                return
-            op, args = msg[0], tuple(msg[1:])
-            if op == "close":
-                return
-            if op == "_abort":
-                abort()
-                return
-            try:
-                reply: tuple = ("ok", handle(op, args, emit))
-            except _ParentGone:
-                return
-            except HearthError as exc:
-                reply = ("error", exc)
-            except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the child
-                reply = ("bug", bug_text(exc))
-            if not _reply(conn, reply):
-                return
-    finally:
-        conn.close()
-
-
-def _send(conn: Any, msg: tuple) -> bool:
-    """Send ``msg``; False when the other end is gone (BrokenPipeError, ConnectionResetError, EOF)."""
-    try:
-        conn.send(msg)
-    except (OSError, EOFError):
-        return False
-    return True
-
-
-def _reply(conn: Any, msg: tuple) -> bool:
-    """``_send``, turning a reply that cannot be pickled into a ``bug`` reply."""
-    try:
-        return _send(conn, msg)
-    except Exception as exc:  # noqa: BLE001 - pickling failed before anything was written
-        return _send(conn, ("bug", bug_text(exc)))
-
-
-def bug_text(exc: BaseException) -> str:
-    """The formatted traceback of ``exc``: what a ``("bug", text)`` reply carries (raised as ``ChildBug``)."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
-def _close(*conns: Any) -> None:
-    for c in conns:
-        if c is not None:
-            c.close()
-
-
-# ------------------------------------------------------------------------------------------------------
-# the parent side
-# ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Timeouts:
     """Seconds a host waits. ``start_s``: spawn → "ready" (loading a large model from a slow disk takes
@@ -388,7 +108,8 @@ class ChildHost:
     ``name``: the process (or thread) name. ``target``: called in the child to build the handler; with a
     process it and ``args`` must be picklable (a module-level function). ``label``: how errors name the
     child ("the engine process"). ``model_path``: put on ``ModelLoadError``. ``side_lane``: open the second
-    lane. ``in_thread``: run on threads of this process (see the module docstring). ``timeouts``:
+    lane. ``in_thread``: run on threads of this process (no crash isolation, no spawn cost: for handlers that never
+    load llama.cpp). ``timeouts``:
     ``Timeouts``. ``on_crash``: called once per child that dies unasked (for crash counters).
 
     ``mux``: the main lane is multiplexed (the handler is a ``MuxHandler``; requests go through ``submit``).
@@ -484,7 +205,7 @@ class ChildHost:
         side_parent, side_child = self._ctx.Pipe() if self.side_lane else (None, None)
         if self.in_thread:
             runner: Any = threading.Thread(target=_run_handler, name=self.name, daemon=True, args=(
-                self.target, self.args, main_child, side_child, self._cancel, lambda: None, self.mux))
+                self.target, self.args, main_child, side_child, self._cancel, self.mux))
         else:
             runner = self._ctx.Process(target=_child_main, name=self.name, daemon=True, args=(
                 self.target, self.args, main_child, side_child, self._cancel, self.mux))
@@ -546,10 +267,9 @@ class ChildHost:
             if child.reader_gone is not None:
                 raise self._died(child, op, child.reader_gone)
             child.calls[rid] = call
-        msg = ("_abort",) if op == "_abort" else ("submit", rid, op, *args)
         try:
             with self._send_lock:
-                child.main.send(msg)
+                child.main.send(("submit", rid, op, *args))
         except (OSError, EOFError) as exc:
             with child._lock:
                 child.calls.pop(rid, None)
@@ -630,14 +350,6 @@ class ChildHost:
     def clear_cancel(self) -> None:
         self._cancel.value = 0
 
-    def crash_for_test(self) -> EngineCrashed:
-        """Make the child abort as llama.cpp's GGML_ABORT does; returns the ``EngineCrashed`` it caused."""
-        try:
-            self.request("_abort")
-        except EngineCrashed as exc:
-            return exc
-        raise AssertionError(f"{self.label} did not die")
-
     def _running(self) -> _Child:
         child = self._child
         if child is None:
@@ -670,7 +382,6 @@ class ChildHost:
             why = f"it did not answer within {self.timeouts.reply_s:.0f} s and was stopped"
         else:
             why = child.exit_text()
-        doing = "a forced abort" if doing == "_abort" else doing
         return EngineCrashed(f"{self.label} died during {doing} ({why}); it restarts on the next request")
 
 

@@ -72,8 +72,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from app.childhost.host import ChildHost, Timeouts, default_threads
-from app.errors import EngineCrashed, HearthError, ModelLoadError
+from app.childhost import ChildHost, Timeouts, default_threads
+from app.errors import HearthError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Embedder:
     (None: ``default_workers(n_threads)``, 2 on a 2-core machine); with more than one, ``embed`` splits a
     call's texts into contiguous parts embedded at once (independent processes do not stall each other at
     OpenMP barriers the way threads of one child do on a busy core). The first child runs at normal priority
-    (queries, token counting: ``host``, ``pid``, ``crash_for_test``); the others start on the first call that
+    (queries, token counting: ``host``, ``pid``); the others start on the first call that
     has work for them and run at the lowest CPU priority (``nice`` 19 where the OS has it), so they take idle
     cores only and the chat engine's threads keep theirs. Raises ``ModelLoadError`` (no such file) and
     ``ValueError`` (``batch_tokens`` < 0, ``workers`` < 1)."""
@@ -222,11 +222,6 @@ class Embedder:
         for i in range(0, len(texts), 1024):
             out.extend(self.host.side("tokenize", list(texts[i:i + 1024])))
         return out
-
-    def crash_for_test(self) -> EngineCrashed:
-        """Make the child abort mid-request as llama.cpp does on a fatal error; returns the error it caused."""
-        with self._lock:
-            return self.host.crash_for_test()
 
     def close(self) -> None:
         """Stop the children (politely, then by force) once the request in progress is answered. A later

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol
 
-from app.childhost.host import ChildHost, MuxCall
+from app.childhost import ChildHost, MuxCall
 from app.engine.chat.templates import tool_format
 from app.engine.chat.tool_formats import FORMATS, ToolFormat
 from app.engine.local.scheduler import Scheduler, SeqRuntime
@@ -103,10 +103,6 @@ def _llama_service(model_path: str, settings: LoadSettings, meta: dict, cache_cf
         raise
     except Exception as exc:  # noqa: BLE001 - anything from llama.cpp becomes a load error
         raise ModelLoadError(f"{type(exc).__name__}: {exc}", path=model_path) from None
-
-
-def _scripted_service(make_runtime: Callable[[], EngineRuntime]) -> _Service:
-    return _Service(make_runtime())
 
 
 class Generation(StreamHandle):
@@ -220,8 +216,9 @@ class Engine:
         return int(self.info.get("n_parallel") or self.settings.n_parallel or 1)
 
     def _make_host(self) -> ChildHost:
-        if self._runtime is not None:
-            return ChildHost("hearth-engine", _scripted_service, (self._runtime,), label="the engine",
+        make_runtime = self._runtime
+        if make_runtime is not None:
+            return ChildHost("hearth-engine", lambda: _Service(make_runtime()), label="the engine",
                              side_lane=True, in_thread=True, on_crash=self._on_crash, mux=True)
         from app.catalog.gguf import inspect_model
 
@@ -289,11 +286,6 @@ class Engine:
         """Requests running in a slot now."""
         with self._lock:
             return self._running_n
-
-    def crash_for_test(self) -> None:
-        """Make the engine process abort (as llama.cpp's GGML_ABORT does); for tests. Raises the
-        ``EngineCrashed`` it causes."""
-        raise self._running().crash_for_test()
 
     # -- vocabulary (side lane: never waits for a scheduler step) ---------------------------------------
     def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:

@@ -27,7 +27,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from app.childhost.host import default_threads
+from app.childhost import default_threads
 from app.engine.chat.reasoning_budget import BudgetForcer, plan_prompt, render_kwargs
 from app.engine.chat.templates import RenderedPrompt, choose_template_name, render, template_tool_caps, tool_format
 from app.engine.chat.thinking import markers_for

@@ -43,7 +43,7 @@ import queue
 import time
 from typing import Any, Callable, Optional, Protocol
 
-from app.childhost.host import bug_text
+from app.childhost import bug_text
 from app.engine.chat.reasoning_budget import BudgetForcer
 from app.engine.chat.thinking import AnswerPiece, ReasoningPiece
 from app.engine.local.textstream import StopStreamer

@@ -1,0 +1,39 @@
+"""Crashing a child for real, as llama.cpp does: the product has no crash hook, so tests kill the child's
+process (``SIGKILL``, by its ``pid``) and wait until the host can see it is gone. (A scripted runtime on
+threads ends its own serving loop instead: ``tests/fakes.py::FakeRuntime.crash_next``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def kill(pid: int) -> None:
+    """SIGKILL ``pid`` (a child process of this one)."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def gone(pid: int, timeout_s: float) -> bool:
+    """True once ``pid`` has exited (gone, or a zombie nobody reaped yet) within ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def wait_dead(host, timeout_s: float = 10.0) -> bool:
+    """True once ``host`` (a ``ChildHost``) no longer reports its child alive (what waitpid says: /proc may show
+    the zombie leader while its other threads still exit)."""
+    deadline = time.monotonic() + timeout_s
+    while host.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not host.alive
