@@ -55,7 +55,7 @@ def progress_class(on_progress: ProgressFn, cancel: threading.Event) -> type:
     """A ``tqdm`` subclass that reports bytes to ``on_progress`` and raises ``DownloadCancelled`` on cancel."""
     from tqdm.auto import tqdm
 
-    class _Progress(tqdm):  # type: ignore[misc, valid-type]
+    class _Progress(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["file"] = io.StringIO()  # no terminal output from a desktop app
             super().__init__(*args, **kwargs)
@@ -110,7 +110,9 @@ class HubClient:
         file. Raises ``DownloadCancelled`` when ``cancel`` is set, ``HearthError`` on a network failure."""
         fn = self._download
         if fn is None:
-            from huggingface_hub import hf_hub_download as fn
+            from huggingface_hub import hf_hub_download
+
+            fn = hf_hub_download
         target = dest_dir or paths.models_dir()
         try:
             path = fn(repo_id=repo, filename=filename, local_dir=str(target),

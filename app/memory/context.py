@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from app.errors import ContextLengthExceeded, InvalidRequest
 from app.protocol.types import ChatMessage
@@ -76,7 +76,7 @@ class EvidenceText:
         return self.header.strip() + "\n\n" + "\n\n".join(chosen) + "\n\n" if chosen else ""
 
 
-EvidenceInput = "EvidenceText | str | Sequence[str] | None"  # what ``build`` accepts as evidence
+EvidenceInput: TypeAlias = "EvidenceText | str | Sequence[str] | None"  # what ``build`` accepts as evidence
 
 
 class Grounded(Protocol):
@@ -526,13 +526,13 @@ class ContextBuilder:
         msgs.append(ChatMessage("user", with_evidence(evidence_block, user_message)))
         msgs.extend(self._tool_message(m, cap) for m in tail)
         out: list[ChatMessage] = []
-        for m in _pair_calls(msgs):
+        for cm in _pair_calls(msgs):
             prev = out[-1] if out else None
-            if prev and prev.role == m.role and m.role in ("user", "assistant") and not (prev.tool_calls
-                                                                                       or m.tool_calls):
-                out[-1] = ChatMessage(m.role, prev.content + "\n\n" + m.content)
+            if prev and prev.role == cm.role and cm.role in ("user", "assistant") and not (prev.tool_calls
+                                                                                         or cm.tool_calls):
+                out[-1] = ChatMessage(cm.role, prev.content + "\n\n" + cm.content)
             else:
-                out.append(m)
+                out.append(cm)
         return out
 
     def _tool_message(self, m: HistoryItem, cap: int | None = None) -> ChatMessage:

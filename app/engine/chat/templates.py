@@ -360,7 +360,10 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
         raise InvalidRequest(f"unknown template {name!r}; choose one of {', '.join(TEMPLATE_NAMES)}",
                              param="template")
     if not _uses_tools(messages, tools):
-        return _gguf(messages, chat_template, bos_token, eos_token, template_vars) if fn is None else fn(messages)
+        if fn is not None:
+            return fn(messages)
+        assert chat_template is not None  # "gguf" without one was refused above
+        return _gguf(messages, chat_template, bos_token, eos_token, template_vars)
     fmt = tool_format(name, architecture, chat_template)
     if fn is None:
         assert chat_template is not None

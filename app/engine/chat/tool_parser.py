@@ -239,6 +239,7 @@ class ToolCallParser:
     # -- input ----------------------------------------------------------------------------------------------
     def _getc(self, record: bool = True) -> Chars:
         """The next character, or None once the answer has ended."""
+        c: str | None
         if self._back:
             c = self._back.pop()
         elif self._ended:

@@ -167,11 +167,10 @@ def _complete_calls(held: list, finish_reason: str) -> list:
     new = {old: i for i, old in enumerate(kept)}
     out = []
     for p in held:
-        index = getattr(p, "index", None)
         if isinstance(p, (CallStart, ArgsPiece, CallEnd)):
-            if index in drop:
+            if p.index in drop:
                 continue
-            p = replace(p, index=new[index])
+            p = replace(p, index=new[p.index])
         out.append(p)
     return out
 
