@@ -1,7 +1,7 @@
 """Running self-consistency: ``n`` samples of one request on one engine, judged and voted (issue 14).
 
 ``app.engine.policies.consistency`` and ``vote`` hold the pure half (spec, verifiers, ``judge``, ``vote``); this
-schedules the samples on an ``Engine`` and collects them. ``run_self_consistency(engine, request, spec)``
+module schedules the samples on an ``Engine`` and collects them. ``run_self_consistency(engine, request, spec)``
 returns a ``SelfConsistencyResult``; ``SelfConsistencyRun`` is the same with a ``cancel()`` for the window.
 
 The design decision this module holds is **the order in which the samples start**:
