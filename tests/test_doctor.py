@@ -320,6 +320,32 @@ def test_models_check_reads_other_files_and_names_a_bad_one(home_with_model: Pat
     assert bad.status == "warn" and "broken" in bad.summary and "remove or replace" in bad.fix
 
 
+def test_backend_check_reads_llama_cpp_in_a_child_and_names_each_failure(monkeypatch):
+    """Only engine child processes import llama_cpp: doctor's own process never does; what the child finds
+    (not installed, a library that cannot load, a crash while loading) reads as before."""
+    from app.doctor import backend
+
+    code = ("import sys; from app.doctor import checks; c = checks.check_backend(); "
+            "print(c.status, 'llama_cpp' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.stdout.split()[-1] == "False", r.stdout
+
+    def child(code: str) -> None:
+        monkeypatch.setattr(backend, "probe_command", lambda: [sys.executable, "-c", code])
+
+    child(backend.PROBE_CODE.replace("import llama_cpp", "import llama_cpp_not_here"))
+    c = checks.check_backend()
+    assert c.status == "fail" and c.summary.startswith("llama-cpp-python is not installed (") and c.fix == "make run"
+    child(backend.PROBE_CODE.replace("import llama_cpp", "raise OSError('libggml-cuda.so.0: cannot open')"))
+    c = checks.check_backend()
+    assert c.status == "fail" and c.summary == "llama.cpp's library cannot load: libggml-cuda.so.0: cannot open"
+    assert "BACKEND=cpu" in c.fix
+    child("import os, sys; print('undefined symbol: ggml_foo', file=sys.stderr, flush=True); os.abort()")
+    c = checks.check_backend()
+    assert c.status == "fail" and c.summary == "llama.cpp's library cannot load: undefined symbol: ggml_foo"
+
+
 def test_backend_check_sees_an_nvidia_gpu_the_cpu_build_does_not_use(tmp_path: Path, monkeypatch):
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()

@@ -3,7 +3,8 @@
 The checks are ``app.doctor.checks`` (display, Qt platform plugin, llama.cpp backend and GPU, memory for the
 chosen model, disk, model files, port, embedding model, user service). Exit status 1 when one failed.
 ``--qt-probe`` (hidden) is the child ``app.doctor.qt`` starts in a frozen bundle to try creating the Qt
-application; from a source tree the child is ``python -c`` of the same code.
+application, ``--backend-probe`` (hidden) the one ``app.doctor.backend`` starts to read the llama.cpp build;
+from a source tree each child is ``python -c`` of the same code.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="resolve the Qt plugin's libraries in these folders only, instead of the system's "
                         "(to see what a machine without them would lack)")
     p.add_argument("--qt-probe", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--backend-probe", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -33,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
         from app.doctor.qt import PROBE_CODE
 
         exec(PROBE_CODE, {"__name__": "__qt_probe__"})  # noqa: S102 - our own constant, run in a child process
+        return 0
+    if args.backend_probe:
+        from app.doctor import backend
+
+        exec(backend.PROBE_CODE, {"__name__": "__backend_probe__"})  # noqa: S102 - as --qt-probe
         return 0
     from app.doctor import exit_code, format_text, run_checks
     from app.doctor.checks import ALL

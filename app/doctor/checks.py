@@ -18,6 +18,7 @@ from pathlib import Path
 
 from app import paths
 from app.doctor import Check, qt
+from app.doctor.backend import probe as probe_backend
 
 GIB = 1 << 30
 DISK_FAIL_BYTES = 1 * GIB    # below this even the bundled model (253 MB) and the caches run out
@@ -73,19 +74,16 @@ def check_qt(env: dict[str, str] | None = None, qt_search_dirs: list[str] | None
 def check_backend() -> Check:
     """Which llama.cpp backend llama-cpp-python was built with, against the GPU this machine has."""
     gpus = _gpus()
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        return Check("backend", "fail", f"llama-cpp-python is not installed ({exc})", "make run")
-    except OSError as exc:  # the wheel is there but its libllama / libggml-* cannot load (e.g. no CUDA driver)
-        return Check("backend", "fail", f"llama.cpp's library cannot load: {exc}",
+    found = probe_backend()  # in a child: only engine processes import llama_cpp
+    if found["outcome"] == "missing":
+        return Check("backend", "fail", f"llama-cpp-python is not installed ({found['error']})", "make run")
+    if found["outcome"] != "ok":  # the wheel is there but its libllama / libggml-* cannot load (e.g. no CUDA driver)
+        return Check("backend", "fail", f"llama.cpp's library cannot load: {found['error']}",
                      "rebuild for this machine: `make run BACKEND=cpu` (or install the GPU driver it was built for)",
                      {"gpus": gpus})
-    libs = sorted(p.name for p in Path(llama_cpp.__file__).parent.joinpath("lib").glob("*ggml-*"))
-    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    libs, info, offload = found["libs"], found["info"], bool(found["offload"])
     built = [b for b in ("CUDA", "Metal", "Vulkan", "HIP", "SYCL")
              if f"{b} :" in info or any(f"ggml-{b.lower()}" in n for n in libs)]
-    offload = bool(llama_cpp.llama_supports_gpu_offload())
     cpu = [f.split(" = ")[0].strip() for f in info.split("|") if f.strip().endswith("= 1")
            and f.split(" = ")[0].strip() in ("AVX2", "AVX512", "NEON", "ARM_FMA", "AMX_INT8")]
     backend = "+".join(built) if built else "CPU"
