@@ -138,6 +138,13 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
 
 
 def _routes(app: FastAPI, st: State) -> None:
+    _status_routes(app, st)
+    _generation_routes(app, st)
+
+
+def _status_routes(app: FastAPI, st: State) -> None:
+    """What is loaded and how it runs: health, metrics, the model listing."""
+
     @app.get("/health")
     async def health() -> JSONResponse:
         eng = st.provider()
@@ -172,6 +179,10 @@ def _routes(app: FastAPI, st: State) -> None:
             if model_id == m["id"] or model_id == m["hearth"]["file"]:
                 return m
         raise ModelNotFound(model_id, [m["id"] for m in data])
+
+
+def _generation_routes(app: FastAPI, st: State) -> None:
+    """Requests that run a model: completions (chat and plain), stopping a request's thinking, embeddings."""
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

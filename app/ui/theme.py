@@ -101,11 +101,16 @@ def palette(name: str) -> QPalette:
 
 
 def stylesheet(name: str) -> str:
-    """The application stylesheet of theme ``name``, written from the tokens only."""
-    c, (xs, s, m, lg, _xl), t = PALETTES[name], SPACE, TYPE
-    r = RADIUS
-    return f"""
-QWidget {{ font-size: {t['body']}px; }}
+    """The application stylesheet of theme ``name``, written from the tokens only: the controls, then the chat
+    column and status strip, then the remaining widgets (in this order: later rules win)."""
+    c = PALETTES[name]
+    return "\n" + _controls_qss(c) + _chat_qss(c) + _widgets_qss(c)
+
+
+def _controls_qss(c: Colors) -> str:
+    """Rules for the window, toolbar, buttons, inputs, lists and tabs."""
+    xs, s, m, r, t = SPACE[0], SPACE[1], SPACE[2], RADIUS, TYPE
+    return f"""QWidget {{ font-size: {t['body']}px; }}
 QMainWindow, QDialog {{ background: {c.window}; }}
 QToolBar {{ background: {c.window}; border: none; border-bottom: 1px solid {c.border}; padding: {xs}px {s}px;
            spacing: {s}px; }}
@@ -129,7 +134,13 @@ QListView::item:selected {{ background: {c.accent}; color: {c.accent_text}; }}
 QTabWidget::pane {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface}; }}
 QTabBar::tab {{ padding: {xs + 2}px {m}px; border: none; color: {c.muted}; }}
 QTabBar::tab:selected {{ color: {c.text}; border-bottom: 2px solid {c.accent}; }}
-QScrollArea#chatScroll, QWidget#chatColumn {{ background: {c.window}; border: none; }}
+"""
+
+
+def _chat_qss(c: Colors) -> str:
+    """Rules for the chat column (bubbles, messages, header, notices) and the status strip."""
+    xs, s, m, r, t = SPACE[0], SPACE[1], SPACE[2], RADIUS, TYPE
+    return f"""QScrollArea#chatScroll, QWidget#chatColumn {{ background: {c.window}; border: none; }}
 QFrame#userMessage {{ background: {c.user_bubble}; border: 1px solid {c.user_border}; border-radius: {r}px; }}
 QFrame#assistantMessage {{ background: {c.assistant_bubble}; border: 1px solid {c.assistant_border};
               border-radius: {r}px; }}
@@ -152,7 +163,13 @@ QLabel#chatNotice, QLabel#noticeText {{ color: {c.notice}; padding: {xs}px {s}px
 QWidget#statusStrip {{ background: {c.surface}; border-top: 1px solid {c.border}; }}
 QWidget#statusStrip QLabel {{ color: {c.muted}; font-size: {t['small'] + 1}px; padding: 0 {xs}px; }}
 QLabel#serviceStatus[running="true"] {{ color: {c.accent}; }}
-QProgressBar {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface_alt};
+"""
+
+
+def _widgets_qss(c: Colors) -> str:
+    """Rules for progress bars, group boxes, splitters and tooltips."""
+    xs, s, m, lg, r, t = SPACE[0], SPACE[1], SPACE[2], SPACE[3], RADIUS, TYPE
+    return f"""QProgressBar {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface_alt};
               text-align: center; font-size: {t['small']}px; min-height: 16px; max-height: 16px; }}
 QProgressBar::chunk {{ background: {c.accent}; border-radius: {r // 2 - 1}px; }}
 QGroupBox {{ border: 1px solid {c.border}; border-radius: {r // 2}px; margin-top: {lg}px; padding: {m}px {s}px
