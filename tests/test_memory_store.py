@@ -18,7 +18,9 @@ import pytest
 from sqlite_utils import Database
 
 from app.errors import InvalidRequest, StoreError
-from app.memory.store import Store, message_id, migrations
+from app.memory.migrations import migrations
+from app.memory.records import message_id
+from app.memory.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["m001_conversations_messages", "m002_summaries_citations", "m003_messages_fts", "m004_tool_messages",

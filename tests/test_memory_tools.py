@@ -15,8 +15,8 @@ from sqlite_utils import Database
 from app.errors import StoreError
 from app.memory import Store
 from app.memory.context import ContextBuilder, cut_note
+from app.memory.migrations import migrations
 from app.memory.records import message_id
-from app.memory.store import migrations
 from app.protocol.tools import ToolCall
 from app.protocol.types import ChatMessage
 

@@ -14,7 +14,8 @@ from sqlite_utils import Database
 
 from app.assistant.session import ChatSession
 from app.errors import Cancelled, InvalidRequest, StoreError
-from app.memory.store import Store, migrations
+from app.memory.migrations import migrations
+from app.memory.store import Store
 from app.protocol.reasoning import ReasoningBudget, ReasoningSettings
 from app.protocol.types import Delta, Done, Metrics, ReasoningRequest
 

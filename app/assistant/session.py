@@ -42,8 +42,8 @@ from typing import Any
 from app.engine.chat.tool_stream import ToolsDone
 from app.errors import HearthError
 from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, Grounder, Summarizer, SummaryRequest
-from app.memory.records import reasoning_info_from
-from app.memory.store import Citation, Store
+from app.memory.records import Citation, reasoning_info_from
+from app.memory.store import Store
 from app.protocol.tools import ToolCall
 from app.protocol.types import ChatMessage, Delta, Done
 

@@ -1,58 +1,7 @@
-"""The conversation store: SQLite (``hearth.db``) through sqlite-utils, append-only and content-addressed.
-
-Design decisions held here:
-
-- **Named, forward-only migrations** (sqlite-utils ``Migrations``, as in simonw/llm ``llm/migrations.py``):
-  ``m001_...`` run in order in the constructor, each in its own transaction with its record. Never edit an
-  applied migration; add ``m00N_...``.
-- **Messages are append-only and content-addressed.** A message's id is ``sha256`` (hex) over
-  ``[parent key, role, content]`` (``message_id``), where the parent key is the parent message's id, or
-  ``"conversation:<id>"`` for a first message, so two conversations that both begin with "hi" do not share a
-  row. Appending the same content under the same parent gives the same id and changes nothing. Edits and
-  regenerations are new children of the same parent (branches); nothing is overwritten. "The conversation up
-  to this message" therefore has a stable key (the id chains the whole path, like simonw/llm ``llm/logs.py``).
-- **The one permitted mutation** is of a message whose status is ``incomplete``: while an answer streams, its
-  content/reasoning are updated in place (``update_streaming_message``), and ``finish_message`` sets the final
-  status (``complete`` or ``error``). A trigger in the database enforces this (an UPDATE of id, parent, role,
-  content, reasoning or status of a finished message aborts). A streamed message starts under a provisional
-  id (random, it has no content yet); ``finish_message(status="complete")`` re-keys it to its content hash
-  (same transaction: insert the final row, move its citations, delete the provisional row) unless something
-  already hangs off it (children, summaries), in which case it keeps its id. ``error`` and crash-left
-  ``incomplete`` messages keep their provisional id.
-- **Crash safety.** WAL, ``synchronous=NORMAL`` (durable across a killed process; an OS crash or power loss
-  may lose the last commits but never corrupts), every write in one transaction. A process killed while an
-  answer streams leaves the last committed partial text with status ``incomplete``; the next open needs no
-  repair.
-- **Degrade, don't fail, on bad rows.** A JSON field (``conversations.settings``, ``messages.meta``,
-  ``summaries.settings``) that does not parse (edited by hand) loads as ``{}`` with a logged warning and an
-  entry in ``ConversationData.warnings``; other rows and conversations load normally.
-- **Tool use is messages too** (m004): an assistant message's ``tool_calls`` (a JSON array) and a ``tool``
-  message's ``tool_call_id`` / ``tool_name`` are columns under the same immutability trigger, and part of the
-  content address (``records.message_id``). A tool result is stored whole, however large; the context builder
-  cuts it in the prompt, never here.
-- **Reasoning is stored apart** (m005 ``message_reasoning``: one row per message with the thinking text, its
-  tokens, budget, effort, and whether and why Hearth ended it). The message row is never rewritten for it and
-  its content address stays the answer's; the context builder reads ``content`` only, so thinking is never
-  given back to a model as answer text, and search does not see it. While the answer streams the row is
-  updated in place; once its message is finished a trigger refuses changes, as for the message. Re-keying
-  moves it to the final id; when an identical answer already exists under the same parent (same content,
-  so the same id), the first reasoning stored for it stays, as the first writer's meta does.
-  (``messages.reasoning``, m001's column, is no longer written; m005 copied what it held.)
-- **A conversation's reasoning setting** (``reasoning_settings`` / ``set_reasoning_settings``) is the
-  conversation layer of the thinking budget (``app.engine.chat.reasoning_budget``): ``settings["reasoning"]``,
-  a mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``, validated by
-  ``ReasoningSettings.from_mapping`` when written; a hand-edited bad value loads as unset with a warning.
-- **Presets and projects** (m006, ``app.memory.library``): their own tables; a conversation's project, preset
-  and own system prompt are keys of its settings, so the conversation rows and their export stay as they were.
-- **Citations carry their check** (m007): ``supported`` (1/0; NULL for a citation stored before the check,
-  which loads as "not checked"), the citing sentence's span in the message's content and the check's details
-  (``support``, JSON), written with the citation; the message row is untouched.
-- **FTS5 over original message text** (``messages_fts``, external content keyed on ``messages.seq``, an
-  INTEGER PRIMARY KEY so VACUUM cannot renumber it). Summaries live in their own table and are not searched:
-  a search always finds what was actually said.
-
-Times are ISO 8601 UTC strings (microseconds), which sort as text.
-"""
+"""The conversation store: SQLite (``hearth.db``) through sqlite-utils, append-only and content-addressed. A
+message's id hashes its parent, role and content; only a streaming (``incomplete``) message changes in place.
+Its schema is ``app.memory.migrations``; summaries and citations are ``app.memory.annotations``, presets and
+projects ``app.memory.library`` (mixins). The design decisions it holds: docs/memory.md "Store"."""
 
 from __future__ import annotations
 
@@ -65,22 +14,22 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from sqlite_utils import Database, Migrations
+from sqlite_utils import Database
 
 from app.errors import InvalidRequest, StoreError
 from app.memory import transfer
+from app.memory.annotations import INSERT_CITATION, SummariesCitations, citation_values
 from app.memory.library import PresetsProjects
+from app.memory.migrations import migrations
 from app.memory.records import (
     STATUSES,
-    Citation,
     Conversation,
     ConversationData,
     Message,
     Reasoning,
     SearchHit,
-    Summary,
     check_reasoning_info,
     dumps_calls,
     dumps_json,
@@ -89,212 +38,11 @@ from app.memory.records import (
     message_id,
     now,
     provisional_id,
-    summary_id,
 )
 from app.protocol.reasoning import ReasoningSettings
 from app.protocol.tools import ToolCall
 
 log = logging.getLogger(__name__)
-
-migrations = Migrations("hearth.memory")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Migrations (forward-only; never edit one that has shipped)
-
-
-@migrations()
-def m001_conversations_messages(db: Database) -> None:
-    db.execute("""
-        CREATE TABLE conversations (
-            id TEXT PRIMARY KEY,
-            title TEXT NOT NULL DEFAULT '',
-            model TEXT NOT NULL DEFAULT '',
-            settings TEXT NOT NULL DEFAULT '{}',
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL,
-            current_message_id TEXT
-        )""")
-    db.execute("""
-        CREATE TABLE messages (
-            seq INTEGER PRIMARY KEY,
-            id TEXT NOT NULL UNIQUE,
-            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-            parent_id TEXT REFERENCES messages(id),
-            role TEXT NOT NULL,
-            content TEXT NOT NULL DEFAULT '',
-            reasoning TEXT,
-            token_count INTEGER,
-            created TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'complete' CHECK (status IN ('complete', 'incomplete', 'error')),
-            meta TEXT NOT NULL DEFAULT '{}'
-        )""")
-    db.execute("CREATE INDEX messages_conversation ON messages(conversation_id, seq)")
-    db.execute("CREATE INDEX messages_parent ON messages(parent_id)")
-    # History is append-only: once a message is finished, what was said (and by whom, after what) is frozen.
-    db.execute("""
-        CREATE TRIGGER messages_immutable
-        BEFORE UPDATE OF id, conversation_id, parent_id, role, content, reasoning, status ON messages
-        WHEN old.status != 'incomplete'
-        BEGIN
-            SELECT RAISE(ABORT, 'hearth: a finished message cannot be changed (history is append-only)');
-        END""")
-
-
-@migrations()
-def m002_summaries_citations(db: Database) -> None:
-    db.execute("""
-        CREATE TABLE summaries (
-            id TEXT PRIMARY KEY,
-            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-            text TEXT NOT NULL,
-            first_message_id TEXT NOT NULL REFERENCES messages(id),
-            last_message_id TEXT NOT NULL REFERENCES messages(id),
-            model TEXT NOT NULL DEFAULT '',
-            settings TEXT NOT NULL DEFAULT '{}',
-            created TEXT NOT NULL
-        )""")
-    db.execute("CREATE INDEX summaries_conversation ON summaries(conversation_id, created)")
-    db.execute("""
-        CREATE TABLE citations (
-            id INTEGER PRIMARY KEY,
-            message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-            evidence_id TEXT NOT NULL,
-            path TEXT,
-            page INTEGER,
-            quote TEXT
-        )""")
-    db.execute("CREATE INDEX citations_message ON citations(message_id)")
-
-
-@migrations()
-def m003_messages_fts(db: Database) -> None:
-    db.execute("""
-        CREATE VIRTUAL TABLE messages_fts USING fts5(
-            content, content='messages', content_rowid='seq',
-            tokenize='porter unicode61 remove_diacritics 2'
-        )""")
-    db.execute("""
-        CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN
-            INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
-        END""")
-    db.execute("""
-        CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN
-            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
-        END""")
-    db.execute("""
-        CREATE TRIGGER messages_fts_au AFTER UPDATE OF content ON messages BEGIN
-            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
-            INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
-        END""")
-    db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")  # index rows that predate it
-
-
-@migrations()
-def m004_tool_messages(db: Database) -> None:
-    db.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT")  # JSON [{id, name, arguments}]; NULL: none
-    db.execute("ALTER TABLE messages ADD COLUMN tool_call_id TEXT")  # a tool message: the call it answers
-    db.execute("ALTER TABLE messages ADD COLUMN tool_name TEXT")
-    # The same rule as m001's trigger, now also over the tool columns (a trigger cannot be altered in place).
-    db.execute("DROP TRIGGER messages_immutable")
-    db.execute("""
-        CREATE TRIGGER messages_immutable
-        BEFORE UPDATE OF id, conversation_id, parent_id, role, content, reasoning, status, tool_calls,
-                         tool_call_id, tool_name ON messages
-        WHEN old.status != 'incomplete'
-        BEGIN
-            SELECT RAISE(ABORT, 'hearth: a finished message cannot be changed (history is append-only)');
-        END""")
-
-
-@migrations()
-def m005_message_reasoning(db: Database) -> None:
-    db.execute("""
-        CREATE TABLE message_reasoning (
-            message_id TEXT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
-            text TEXT NOT NULL DEFAULT '',
-            tokens INTEGER,
-            budget INTEGER,
-            effort TEXT,
-            forced INTEGER NOT NULL DEFAULT 0,
-            stopped_by TEXT CHECK (stopped_by IS NULL OR stopped_by IN ('budget', 'deadline', 'user')),
-            unclosed INTEGER NOT NULL DEFAULT 0,
-            thinking_s REAL,
-            created TEXT NOT NULL
-        )""")
-    # Like the message: while it streams its reasoning grows in place; once it is finished, it is frozen.
-    db.execute("""
-        CREATE TRIGGER message_reasoning_immutable
-        BEFORE UPDATE ON message_reasoning
-        WHEN (SELECT status FROM messages WHERE id = old.message_id) != 'incomplete'
-        BEGIN
-            SELECT RAISE(ABORT, 'hearth: the reasoning of a finished message cannot be changed');
-        END""")
-    # m001's column held reasoning inside the message row; copy it out (the message rows stay as they are).
-    db.execute("INSERT INTO message_reasoning (message_id, text, created) SELECT id, reasoning, created "
-               "FROM messages WHERE reasoning IS NOT NULL AND reasoning != ''")
-
-
-@migrations()
-def m006_presets_projects(db: Database) -> None:
-    # Presets and projects (app.memory.library). A conversation names its project, preset and own system prompt
-    # in its settings (``project``, ``preset``, ``system_prompt``), so exports of conversations are unchanged.
-    db.execute("""
-        CREATE TABLE presets (
-            id TEXT PRIMARY KEY,
-            name TEXT NOT NULL UNIQUE COLLATE NOCASE,
-            system_prompt TEXT NOT NULL DEFAULT '',
-            decoding TEXT NOT NULL DEFAULT '{}',
-            model TEXT,
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL
-        )""")
-    db.execute("""
-        CREATE TABLE projects (
-            id TEXT PRIMARY KEY,
-            name TEXT NOT NULL UNIQUE COLLATE NOCASE,
-            preset_id TEXT REFERENCES presets(id) ON DELETE SET NULL,
-            documents TEXT,
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL
-        )""")
-
-
-@migrations()
-def m007_citation_check(db: Database) -> None:
-    # The citation check (app.retrieval.citecheck) stored with each citation, so a reopened conversation still
-    # shows which sentences its passages do not support. NULL supported: not checked (rows from before).
-    db.execute("ALTER TABLE citations ADD COLUMN supported INTEGER")  # 1 / 0 / NULL
-    db.execute("ALTER TABLE citations ADD COLUMN sentence_start INTEGER")  # str indices in the message content
-    db.execute("ALTER TABLE citations ADD COLUMN sentence_end INTEGER")
-    db.execute("ALTER TABLE citations ADD COLUMN support TEXT")  # JSON {missing, similarity, threshold, reason}
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Helpers
-
-
-_INSERT_CITATION = ("INSERT INTO citations (message_id, evidence_id, path, page, quote, supported, sentence_start, "
-                    "sentence_end, support) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-
-
-def _citation_values(d: dict) -> list[Any]:
-    """A citation dict's column values after ``message_id`` (``_INSERT_CITATION``); the check's columns NULL
-    when it has no ``supported`` (not checked)."""
-    page, supported = d.get("page"), d.get("supported")
-    checked = supported is not None
-    span = [d.get("sentence_start"), d.get("sentence_end")] if checked else [None, None]
-    return [str(d["evidence_id"]), d.get("path"), None if page is None else int(page), d.get("quote"),
-            int(bool(supported)) if checked else None, *(None if v is None else int(v) for v in span),
-            dumps_json(d.get("support")) if checked else None]
-
-
-def _citation_from_row(r: dict, warnings: list[str] | None) -> Citation:
-    """A ``citations`` row as a ``Citation``: ``supported`` None for a row never checked (before m007)."""
-    checked = r["supported"] is not None
-    support = loads_json(r["support"], f"citation {r['id']}: support", warnings) if checked else None
-    return Citation(r["message_id"], r["evidence_id"], r["path"], r["page"], r["quote"],
-                    bool(r["supported"]) if checked else None, r["sentence_start"], r["sentence_end"], support)
 
 
 def _fts_query(query: str) -> str:
@@ -314,7 +62,7 @@ def _fts_query(query: str) -> str:
 # The store
 
 
-class Store(PresetsProjects):
+class Store(SummariesCitations, PresetsProjects):
     """The conversation database. Thread-safe (one connection behind a lock): the UI's workers and the server
     thread may share one ``Store``. ``path`` defaults to ``app.paths.conversations_db()``; ``":memory:"``
     gives a throwaway store (no WAL)."""
@@ -729,85 +477,6 @@ class Store(PresetsProjects):
             rows = self._rows("SELECT * FROM messages WHERE parent_id = ? ORDER BY seq", [message_id])
         return self._messages_from_rows(rows)
 
-    # ---- summaries and citations -----------------------------------------------------------------------------
-
-    def add_summary(self, conversation_id: str, text: str, first_message_id: str, last_message_id: str,
-                    model: str = "", settings: dict | None = None) -> str:
-        """Store a summary of the branch segment ``first_message_id`` .. ``last_message_id`` (inclusive; the
-        first must be on the path to the last). Returns its id (a content hash: adding it twice is a no-op)."""
-        self._require_message(last_message_id, conversation_id)
-        self._require_message(first_message_id, conversation_id)
-        if first_message_id not in {m.id for m in self.path_to(last_message_id)}:
-            raise InvalidRequest(f"summary range: {first_message_id!r} is not on the path to {last_message_id!r}",
-                                 param="first_message_id")
-        sid = summary_id(conversation_id, first_message_id, last_message_id, text)
-        with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO summaries (id, conversation_id, text, first_message_id, "
-                       "last_message_id, model, settings, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [sid, conversation_id, text, first_message_id, last_message_id, model, dumps_json(settings),
-                        now()])
-        return sid
-
-    def _summary_from_row(self, row: dict, warnings: list[str] | None = None) -> Summary:
-        return Summary(id=row["id"], conversation_id=row["conversation_id"], text=row["text"] or "",
-                       first_message_id=row["first_message_id"], last_message_id=row["last_message_id"],
-                       model=row["model"] or "", created=row["created"],
-                       settings=loads_json(row["settings"], f"summary {row['id']}: settings", warnings))
-
-    def summaries_for(self, conversation_id: str, warnings: list[str] | None = None) -> list[Summary]:
-        """All summaries of a conversation (every branch), oldest first."""
-        rows = self._rows("SELECT * FROM summaries WHERE conversation_id = ? ORDER BY created, rowid",
-                          [conversation_id])
-        return [self._summary_from_row(r, warnings) for r in rows]
-
-    def add_citations(self, message_id: str, citations: Iterable[Citation | dict]) -> None:
-        """Link ``message_id`` to retrieval evidence. Items: ``Citation`` or dicts with evidence_id, path,
-        page, quote and, when checked, ``supported``, ``sentence_start``, ``sentence_end``, ``support``
-        (``app.assistant.evidence.checked_citations``; ``message_id`` in them is ignored)."""
-        self._require_message(message_id)
-        rows = []
-        for c in citations:
-            d = c.to_dict() if isinstance(c, Citation) else dict(c)
-            if d.get("evidence_id") is None:
-                raise InvalidRequest("a citation needs an evidence_id", param="evidence_id")
-            rows.append([message_id, *_citation_values(d)])
-        with self._tx() as db:
-            for r in rows:
-                db.execute(_INSERT_CITATION, r)
-
-    def prune_citations(self, resolve: Callable[[list[str]], dict[str, Any]]) -> int:
-        """Drop citations whose evidence no longer exists, and move the rest to their document's current path.
-
-        ``resolve(evidence_ids) -> {evidence_id: obj with .path and .page}`` (the document index's
-        ``DocumentStore.resolve``; passed in so that memory does not import retrieval). A deleted or edited
-        document's evidence IDs stop resolving, so its citations disappear; a renamed one keeps them under the
-        new path. Returns the number of citations removed. Messages themselves are never touched."""
-        rows = self._rows("SELECT id, evidence_id, path, page FROM citations", [])
-        if not rows:
-            return 0
-        found = resolve(sorted({r["evidence_id"] for r in rows}))
-        gone = [r["id"] for r in rows if r["evidence_id"] not in found]
-        moved = [(found[r["evidence_id"]].path, found[r["evidence_id"]].page, r["id"]) for r in rows
-                 if r["evidence_id"] in found and (found[r["evidence_id"]].path, found[r["evidence_id"]].page)
-                 != (r["path"], r["page"])]
-        with self._tx() as db:
-            for cid in gone:
-                db.execute("DELETE FROM citations WHERE id = ?", [cid])
-            for path, page, cid in moved:
-                db.execute("UPDATE citations SET path = ?, page = ? WHERE id = ?", [path, page, cid])
-        return len(gone)
-
-    def citations_for(self, message_id: str, warnings: list[str] | None = None) -> list[Citation]:
-        """The citations of ``message_id`` in the order stored (answer order), with their check when they
-        were checked (``Citation``)."""
-        rows = self._rows("SELECT * FROM citations WHERE message_id = ? ORDER BY id", [message_id])
-        return [_citation_from_row(r, warnings) for r in rows]
-
-    def _citations_of(self, conversation_id: str, warnings: list[str] | None = None) -> list[Citation]:
-        rows = self._rows("SELECT c.* FROM citations c JOIN messages m ON m.id = c.message_id "
-                          "WHERE m.conversation_id = ? ORDER BY m.seq, c.id", [conversation_id])
-        return [_citation_from_row(r, warnings) for r in rows]
-
     # ---- reading a whole conversation, search ----------------------------------------------------------------
 
     def load_conversation(self, conversation_id: str) -> ConversationData:
@@ -893,4 +562,4 @@ class Store(PresetsProjects):
                        [s["id"], conv["id"], s["text"], s["first_message_id"], s["last_message_id"],
                         s.get("model") or "", dumps_json(s.get("settings")), s["created"]])
         for c in doc["citations"]:
-            db.execute(_INSERT_CITATION, [c["message_id"], *_citation_values(c)])
+            db.execute(INSERT_CITATION, [c["message_id"], *citation_values(c)])
