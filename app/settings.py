@@ -130,8 +130,10 @@ class UserSettings:
     ``LoadSettings``, e.g. ``load.n_parallel`` (requests served at once; null: auto, chosen from the memory
     estimate when the model loads; out of 1-64 or not an integer: a warning and auto).
     ``cache_budget_mb``: byte budget of the on-disk prefix cache in MiB. ``per_model``: overrides of
-    ``load`` fields keyed by model id. ``tools``: ``ToolSettings``, the tool loop's limits. ``remotes``:
-    ``RemoteSettings`` by name (remote engines; their keys are elsewhere, ``app.secrets``)."""
+    ``load`` fields keyed by model id, and the model's own keys (``speculative``, ``draft_model``,
+    ``thinking_markers``, ``ttl_s``, the reasoning defaults; ``app.backends`` reads the engine's). ``tools``:
+    ``ToolSettings``, the tool loop's limits. ``remotes``: ``RemoteSettings`` by name (remote engines; their
+    keys are elsewhere, ``app.secrets``)."""
 
     model: str | None = None
     load: LoadSettings = field(default_factory=LoadSettings)
@@ -149,13 +151,6 @@ class UserSettings:
         over = self.per_model.get(model_id or "", {})
         known = {f.name for f in fields(LoadSettings)}
         return replace(self.load, **{k: v for k, v in over.items() if k in known}).validate()
-
-    def engine_options(self, model_id: str | None) -> dict[str, Any]:
-        """``Engine`` keyword arguments from ``per_model[model_id]``: ``speculative`` (the model's default
-        mode, docs/speculative.md), ``draft_model`` (a GGUF path) and ``thinking_markers`` (docs/reasoning.md);
-        only the keys that are set."""
-        over = self.per_model.get(model_id or "", {})
-        return {k: over[k] for k in ("speculative", "draft_model", "thinking_markers") if over.get(k) is not None}
 
     def prefix_cache_options(self, budget_mb: float | None = None) -> dict[str, Any] | None:
         """The engine's ``prefix_cache`` argument: None when the cache is off or its budget is 0, else the

@@ -179,7 +179,7 @@ def test_requests_for_a_loading_model_wait_for_that_one_load():
 def test_a_remote_in_the_settings_is_a_pool_entry_whose_failure_is_tried_again():
     import socket
 
-    from app.engine.pool import local_pool
+    from app.backends import model_pool
     from app.errors import EngineCrashed
     from app.settings import RemoteSettings, UserSettings
 
@@ -188,7 +188,7 @@ def test_a_remote_in_the_settings_is_a_pool_entry_whose_failure_is_tried_again()
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
     settings = UserSettings(remotes={"far": RemoteSettings(url=url, connect_timeout_s=1.0).validate("far")})
-    p = local_pool(settings, budget_bytes=GIB, ttl_s=60)
+    p = model_pool(settings, budget_bytes=GIB, ttl_s=60)
     try:
         for _ in range(2):  # unreachable: an error naming it, and the next request tries again
             with pytest.raises(EngineCrashed, match="far"):

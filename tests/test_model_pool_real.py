@@ -10,7 +10,7 @@ import time
 import pytest
 
 from app import paths
-from app.engine.pool import local_pool
+from app.backends import model_pool
 from app.errors import ModelLoadError
 from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
 from app.settings import UserSettings
@@ -35,10 +35,10 @@ def say(lease) -> str:
 
 def test_alternating_models_load_on_demand_and_evict_within_the_budget(two_models):
     settings = UserSettings(load=LoadSettings(n_ctx=1024, n_parallel=1), prefix_cache=False)
-    probe = local_pool(settings, budget_bytes=None)
+    probe = model_pool(settings, budget_bytes=None)
     one = probe._estimate("second-model", str(two_models / "second-model.gguf"))
     probe.close()
-    pool = local_pool(settings, budget_bytes=int(one * 1.5), ttl_s=300)  # room for one model, not two
+    pool = model_pool(settings, budget_bytes=int(one * 1.5), ttl_s=300)  # room for one model, not two
     try:
         texts = []
         for name in ("gemma-3-270m-q4_k_m", "second-model", "gemma-3-270m-q4_k_m", "second-model.gguf"):
@@ -62,7 +62,7 @@ def test_alternating_models_load_on_demand_and_evict_within_the_budget(two_model
 
 def test_an_idle_model_unloads_after_its_ttl(two_models):
     settings = UserSettings(load=LoadSettings(n_ctx=512, n_parallel=1), prefix_cache=False)
-    pool = local_pool(settings, ttl_s=0.5)  # the reaper checks every second
+    pool = model_pool(settings, ttl_s=0.5)  # the reaper checks every second
     try:
         with pool.acquire("second-model") as lease:
             say(lease)

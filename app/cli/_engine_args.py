@@ -82,21 +82,26 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+LOAD_FLAGS = ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k", "type_v", "flash_attn",
+              "offload_kqv", "use_mmap", "use_mlock")
+
+
+def load_flags(args: argparse.Namespace) -> dict:
+    """The ``LoadSettings`` fields the flags given set (``--parallel`` included), for ``app.backends``. Raises
+    ``InvalidRequest`` naming ``--parallel`` for a bad value."""
+    over = {k: getattr(args, k) for k in LOAD_FLAGS if getattr(args, k, None) is not None}
+    over.update(parallel_override(args))
+    return over
+
+
 def load_settings(args: argparse.Namespace, user=None) -> LoadSettings:
-    """LoadSettings from the saved settings (``user``, read from the file when None) overlaid with the flags
-    given. Raises ``InvalidRequest`` naming a bad value (``--parallel``, or the ``LoadSettings`` field)."""
+    """The base ``LoadSettings`` of every model (``hearth serve``): the saved ``load`` settings (``user``, read
+    from the file when None) overlaid with the flags given, through ``app.backends.load_settings`` (no model's
+    ``per_model`` entry). Raises ``InvalidRequest`` naming a bad value (``--parallel``, or the field)."""
+    from app.backends import load_settings as merged
     from app.settings import load_user_settings
 
-    base = (user or load_user_settings()).load
-    over = {k: getattr(args, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "type_k",
-                                          "type_v", "flash_attn", "offload_kqv", "use_mmap", "use_mlock")
-            if getattr(args, k, None) is not None}
-    over.update(parallel_override(args))
-    if over.get("type_v", base.type_v) != "f16" and "flash_attn" not in over:
-        over["flash_attn"] = True  # a quantized V cache needs it; an explicit --no-flash-attn still errors
-    from dataclasses import replace
-
-    return replace(base, **over).validate()
+    return merged(user or load_user_settings(), None, load_flags(args))
 
 
 def decoding(args: argparse.Namespace) -> DecodingParams:
@@ -110,26 +115,18 @@ def decoding(args: argparse.Namespace) -> DecodingParams:
 
 
 def make_engine(args: argparse.Namespace):
-    """An ``Engine`` for the model named by ``--model`` (resolved through the registry), loaded."""
-    from app.catalog.registry import resolve_model
-    from app.engine.local.engine import Engine
+    """The backend for the model named by ``--model`` (a remote engine's name, an installed model or a path;
+    ``app.backends.plan``: the saved settings, the model's ``per_model`` entry, then the flags), loaded. Raises
+    ``ModelNotFound``, ``InvalidRequest`` for a bad flag or setting, ``ModelLoadError`` from the load."""
+    from app import backends
     from app.settings import load_user_settings
 
     user = load_user_settings()
     name = getattr(args, "model", None)
-    if name and name in user.remotes:  # a remote engine (hearth remote add; docs/remote.md)
-        from app.cli.remote import open_remote
-
-        eng = open_remote(name, user)
-        eng.load()
-        return eng
-    path = resolve_model(name)
-    settings = load_settings(args, user)
-    cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None))
-    if not getattr(args, "prefix_cache", True):
-        cache = None
-    from app.catalog.registry import model_id
-
-    eng = Engine(path, settings, prefix_cache=cache, **user.engine_options(model_id(path)))
+    remote = bool(name) and name in user.remotes  # a remote engine (hearth remote add; docs/remote.md)
+    p = backends.plan(user, name, flags=None if remote else load_flags(args),
+                      prefix_cache=getattr(args, "prefix_cache", True),
+                      cache_budget_mb=getattr(args, "cache_budget_mb", None))
+    eng = backends.build(p)
     eng.load()
     return eng

@@ -149,17 +149,12 @@ def remove(args: argparse.Namespace) -> int:
 
 
 def open_remote(name: str, user=None):
-    """The ``RemoteEngine`` for ``remotes[name]`` of the settings, its key resolved (not yet loaded)."""
-    from app import secrets
-    from app.engine.remote.engine import RemoteEngine
+    """The ``RemoteEngine`` for ``remotes[name]`` of the settings, its key resolved (not yet loaded), built by
+    ``app.backends``. Raises ``InvalidRequest`` when there is no such remote, ``SecretError`` for its key."""
+    from app import backends
     from app.settings import load_user_settings
 
-    user = user or load_user_settings()
-    remote = user.remotes.get(name)
-    if remote is None:
-        raise InvalidRequest(f"no remote engine named {name!r}; see `hearth remote list`", param="name")
-    key = secrets.api_key_for(name, remote)
-    return RemoteEngine.from_settings(name, remote, api_key=key, key_hint=secrets.key_source(name, remote))
+    return backends.build(backends.plan_remote(user or load_user_settings(), name))
 
 
 def test(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """``hearth serve``: the OpenAI-compatible API without the desktop app (same server as the app's port).
 
-Every installed model is served by name: a ``ModelPool`` (``app.engine.pool.local_pool``) loads the model a
+Every installed model is served by name: a ``ModelPool`` (``app.backends.model_pool``) loads the model a
 request's ``model`` field names on demand, within ``--models-budget-gb`` (default: 80 % of the RAM available
 at start), and unloads idle models after ``--ttl`` seconds (a model's ``per_model[id].ttl_s`` and a request's
 ``keep_alive`` override it). ``--model X`` preloads X, keeps it loaded until the budget needs its room, and
@@ -98,12 +98,12 @@ def _budget_bytes(gb: float | None) -> int | None:
 def _pool(args: argparse.Namespace, user, settings, budget: int | None):
     """The model pool, with ``--model`` (when given) loaded and kept; returns ``(pool, the default model's
     path)``."""
+    from app.backends import model_pool
     from app.catalog.registry import resolve_model
-    from app.engine.pool import local_pool
 
-    cache = user.prefix_cache_options(getattr(args, "cache_budget_mb", None)) if args.prefix_cache else None
-    pool = local_pool(user, budget_bytes=budget, ttl_s=args.ttl if args.ttl >= 0 else None,
-                      engine_kwargs={"prefix_cache": cache, "max_queue": settings.max_queue})
+    pool = model_pool(user, budget_bytes=budget, ttl_s=args.ttl if args.ttl >= 0 else None,
+                      prefix_cache=args.prefix_cache, cache_budget_mb=getattr(args, "cache_budget_mb", None),
+                      engine_kwargs={"max_queue": settings.max_queue})
     default = str(resolve_model(args.model))  # None: the bundled model, named here so /health can report it
     if args.model:
         try:

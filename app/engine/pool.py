@@ -34,10 +34,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from app.errors import HearthError, ModelLoadError
 from app.protocol.backend import Backend
+from app.protocol.types import LoadSettings
 
 log = logging.getLogger(__name__)
 
@@ -344,19 +345,22 @@ class ModelPool:
             self._close(s, engine, "pool closed")
 
 
-def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Optional[float] = 300.0,
-               load_timeout_s: float = 300.0, engine_kwargs: Optional[dict[str, Any]] = None) -> ModelPool:
-    """A pool of local GGUF models as ``settings`` (``app.settings.UserSettings``) describe them: names resolved
-    by ``registry.resolve_model``, each engine with ``settings.load_for(model_id)`` and
-    ``settings.engine_options(model_id)`` (speculative default, draft model, thinking markers), memory from
-    the model's estimate, a per-model TTL from ``settings.per_model[model_id]["ttl_s"]``. ``budget_bytes``
-    None: 80 % of the RAM available now (``memory_estimate.detect_available_ram``; no limit when unknown)."""
+def local_pool(make_backend: Callable[[str, str], Backend], load_for: Callable[[str], LoadSettings], *,
+               remote_names: Sequence[str] = (), ttl_for: Callable[[str], Optional[float]] = lambda key: None,
+               budget_bytes: Optional[int] = None, ttl_s: Optional[float] = 300.0,
+               load_timeout_s: float = 300.0) -> ModelPool:
+    """A pool of the installed GGUF models (names resolved by ``registry.resolve_model``) and the remote engines
+    ``remote_names`` (their path is ``REMOTE_PREFIX + name``). Settings-free: ``make_backend(model_id, path)``
+    builds a new, unloaded backend (``app.backends.model_pool`` passes the one settings → backend factory);
+    ``load_for(model_id)``: the ``LoadSettings`` it loads with, for its memory estimate (bytes, from the file's
+    GGUF metadata; a remote needs 0 here); ``ttl_for(model_id)``: its idle TTL in seconds or None for
+    ``ttl_s``. ``budget_bytes`` None: 80 % of the RAM available now (``memory_estimate.detect_available_ram``;
+    no limit when unknown). A file that cannot be inspected raises ``ModelLoadError`` when it is acquired."""
     from app.catalog.gguf import inspect_model
     from app.catalog.memory_estimate import detect_available_ram, estimate_memory, resolve_parallel
     from app.catalog.registry import model_id, resolve_model
-    from app.engine.local.engine import Engine
 
-    remotes = getattr(settings, "remotes", {}) or {}
+    remotes = tuple(remote_names)
 
     def resolve(name: Optional[str]) -> tuple[str, str]:
         if name and name in remotes:
@@ -366,16 +370,6 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
         path = resolve_model(name, allow_paths=bool(name) and ("/" in name or "\\" in name))
         return model_id(path), str(path)
 
-    def make(key: str, path: str) -> Any:
-        if path.startswith(REMOTE_PREFIX):
-            from app import secrets
-            from app.engine.remote.engine import RemoteEngine
-
-            r = remotes[key]
-            return RemoteEngine.from_settings(key, r, api_key=secrets.api_key_for(key, r),
-                                              key_hint=secrets.key_source(key, r))
-        return Engine(path, settings.load_for(key), **{**settings.engine_options(key), **(engine_kwargs or {})})
-
     def estimate(key: str, path: str) -> int:
         if path.startswith(REMOTE_PREFIX):
             return 0  # it runs on the remote machine
@@ -383,16 +377,12 @@ def local_pool(settings: Any, *, budget_bytes: Optional[int] = None, ttl_s: Opti
             info = inspect_model(Path(path))
         except HearthError as exc:
             raise ModelLoadError(str(exc), path=path) from None
-        return estimate_memory(info, resolve_parallel(info, settings.load_for(key)), detect_ram=False).total_bytes
-
-    def ttl_for(key: str) -> Optional[float]:
-        v = settings.per_model.get(key, {}).get("ttl_s")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return estimate_memory(info, resolve_parallel(info, load_for(key)), detect_ram=False).total_bytes
 
     if budget_bytes is None:
         ram = detect_available_ram()
         budget_bytes = int(ram * 0.8) if ram else None
-    pool = ModelPool(resolve, make, estimate, budget_bytes=budget_bytes, ttl_s=ttl_s, ttl_for=ttl_for,
+    pool = ModelPool(resolve, make_backend, estimate, budget_bytes=budget_bytes, ttl_s=ttl_s, ttl_for=ttl_for,
                      load_timeout_s=load_timeout_s)
-    pool.remote_names = tuple(remotes)  # names that are remote engines, not files (for the port's listing)
+    pool.remote_names = remotes  # names that are remote engines, not files (for the port's listing)
     return pool

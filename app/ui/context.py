@@ -16,7 +16,7 @@ from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
 from app.ui.download_ctl import DownloadController
-from app.ui.engine_ctl import EngineController, LoadJob
+from app.ui.engine_ctl import EngineController, LoadJob, job_for
 from app.ui.server_ctl import ServerController
 from app.ui.tools_ctl import ToolsController
 from app.ui.workers import WorkerPool
@@ -54,8 +54,8 @@ class AppContext(QObject):
         self.settings = settings
 
     def job_for(self, path: str, model_id: str) -> LoadJob:
-        s = self.settings
-        return LoadJob(path, s.load_for(model_id), s.prefix_cache_options())
+        """The job loading ``path`` with the current settings and the model's own (``engine_ctl.job_for``)."""
+        return job_for(self.settings, path, model_id)
 
     def load_model(self, path: str, model_id: str, remember: bool = True) -> None:
         if remember:

@@ -18,8 +18,10 @@ from typing import Any, Optional
 
 from PySide6.QtCore import QObject, Signal
 
+from app import backends
+from app.backends import BackendPlan
 from app.protocol.backend import Backend
-from app.protocol.types import LoadSettings
+from app.settings import UserSettings
 from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -27,11 +29,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoadJob:
-    """What to load: the file, its load settings and the prefix-cache options (None: off)."""
+    """What to load: a local model's ``plan`` (``app.backends.BackendPlan``: the file, its load settings, the
+    model's engine options and the prefix-cache options; ``job_for`` makes it from the settings), or a remote."""
 
     path: str
-    settings: LoadSettings
-    cache: dict | None = None
+    plan: BackendPlan | None = None
     remote: str = ""  # an OpenAI base URL: a RemoteEngine named ``path`` (the Hearth service), nothing loaded here
     remote_model: str | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -79,7 +81,7 @@ class EngineController(QObject):
     def connect_remote(self, name: str, url: str, model: str | None = None, api_key: str | None = None) -> None:
         """Use the OpenAI-compatible server at ``url`` (the Hearth service) as the engine, instead of loading a
         model in this process (``app.engine.remote.engine.RemoteEngine``; its ``load`` only asks ``/v1/models``)."""
-        self.load(LoadJob(name, LoadSettings(), remote=url, remote_model=model, api_key=api_key))
+        self.load(LoadJob(name, remote=url, remote_model=model, api_key=api_key))
 
     def _swap(self, job: LoadJob) -> None:
         self.about_to_change.emit()
@@ -92,7 +94,6 @@ class EngineController(QObject):
     def _close_then_load(self, old: Any, job: LoadJob) -> dict:
         """On the worker: close the old engine, then create and load the new one (``_pending`` while it loads,
         so that ``abort_load`` can kill it)."""
-        from app.engine.local.engine import Engine
         from app.errors import Cancelled
 
         if old is not None:
@@ -102,7 +103,9 @@ class EngineController(QObject):
 
             self._pending = RemoteEngine(job.path, job.remote, model=job.remote_model, api_key=job.api_key)
         else:
-            self._pending = Engine(job.path, job.settings, prefix_cache=job.cache)
+            if job.plan is None:
+                raise ValueError(f"LoadJob({job.path!r}) has no plan; make it with engine_ctl.job_for")
+            self._pending = backends.build(job.plan)
         if self._aborted:
             raise Cancelled("the load was aborted")
         return self._pending.load()
@@ -147,17 +150,19 @@ class EngineController(QObject):
         self.unloaded.emit()
         self.pool.run(engine.close)
 
-    def reload(self, settings: LoadSettings, cache: dict | None) -> None:
-        """Apply new load settings: load the same model again with them."""
-        if self.job is not None:
-            self.load(LoadJob(self.job.path, settings, cache))
-
     def shutdown(self) -> None:
         """Close the engine (at exit). Blocks briefly: the window is going away."""
         self.abort_load()
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()
+
+
+def job_for(settings: UserSettings, path: str, model_id: str | None = None) -> LoadJob:
+    """The job that loads the model file at ``path`` as ``settings`` say (``app.backends.plan_file``: the saved
+    load settings, the model's ``per_model`` entry incl. ``speculative`` / ``draft_model`` /
+    ``thinking_markers``, the prefix cache). Raises ``InvalidRequest`` naming a bad setting."""
+    return LoadJob(path, backends.plan_file(settings, path, model_id=model_id))
 
 
 def _inspect(path: str) -> Any:

@@ -3,23 +3,7 @@
 It wires widgets to controllers and keeps the one piece of state the widgets share: which conversation and
 branch is shown. Every slow step is a controller call that returns at once; results come back as signals.
 
-A turn with tools shows as it runs: the streaming answer stops at a call, a tool row appears (asking, with
-the permission buttons, or running), the result fills it, and the next answer streams in a new bubble below;
-at the end the branch is shown again from the store. An MCP server that fails (at start, or later) is named
-in a note under the chat with its reason; the chat goes on with the other servers' tools.
-
-Thinking streams into the answer's bubble, collapsed above its text; while it streams (no answer text yet)
-**Stop thinking** is shown, and pressing it ends the thinking through the engine (the answer follows). The
-effort picker is the conversation's reasoning setting (``Store.set_reasoning_settings``; a new chat keeps the
-choice until its first message creates it). **Answers: 1 / 3 / 5 samples** turns on self-consistency for the
-window's next turns (``ChatController.samples``): the majority's answer is shown, with how many samples
-agree under it.
-
-Presets and projects: the bar above the chat (``chat_header``) shows the chat's title and project, its preset
-(picker) and the system prompt its next turn uses (editable, saved as the chat's own); **Presets…** edits,
-imports and exports them; the sidebar groups chats under their projects. A new chat keeps its project,
-preset and prompt until its first message stores it. The status strip names a running Hearth service and
-**connect** chats through it (``service_ctl``).
+The reasoning: docs/ui.md, 'app/ui/main_window.py'.
 """
 
 from __future__ import annotations
@@ -335,14 +319,14 @@ class MainWindow(QMainWindow):
         self._show_notes()
 
     def apply_settings(self, new: Any, model_id: str | None) -> None:
-        """Save ``new``; reload the model when its load settings or cache options changed."""
-        old = self.ctx.settings
+        """Save ``new``; reload the model when what it is built from changed (load settings, the model's engine
+        options, the cache options: ``app.backends.BackendPlan``)."""
         self.ctx.save_settings(new)
-        reload = (new.load_for(model_id) != old.load_for(model_id) or new.prefix_cache != old.prefix_cache
-                  or new.cache_budget_mb != old.cache_budget_mb)
         job = self.ctx.engine.job
-        if reload and job is not None:
-            self.ctx.engine.load(self.ctx.job_for(job.path, model_id or ""))
+        if job is not None and not job.remote:
+            fresh = self.ctx.job_for(job.path, model_id or "")
+            if fresh.plan != job.plan:
+                self.ctx.engine.load(fresh)
 
     # -- conversations ------------------------------------------------------------------------------------
     def new_chat(self) -> None:

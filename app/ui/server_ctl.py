@@ -1,15 +1,6 @@
 """``ServerController``: the local OpenAI-compatible port inside the desktop app.
 
-``app.server.create_app`` with the engine controller's ``current`` as the engine provider (a model swap in the
-window is picked up by the next request), the window's documents (``hearth.documents``) and embedding model
-(``/v1/embeddings``), as ``hearth serve --documents --embeddings`` serves them; run by
-``app.server.run.ServerThread``. Starting (binding, uvicorn
-start-up) and stopping run on a worker; a settings change while it runs restarts it. The live request count is
-read from the app's ``ServerMetrics`` by a 1 s timer in the panel. If ``app.server`` is not in this build,
-``available`` is False and the panel says so.
-
-Dependency direction: STYLE.md has ``ui`` and ``server`` as sibling adapters; the desktop process still hosts the
-port (docs/architecture.md), so this one module imports ``app.server`` (lazily); ``app.server`` never imports ``ui``.
+The reasoning: docs/ui.md, 'app/ui/server_ctl.py'.
 """
 
 from __future__ import annotations
@@ -102,7 +93,7 @@ class ServerController(QObject):
         metrics = ServerMetrics()
         docs = self.documents() if self.documents is not None else None
         embedder = self.embedder() if self.embedder is not None else None
-        from app.engine.pool import local_pool
+        from app.backends import model_pool
         from app.server.app import settings_reasoning_defaults
         from app.settings import load_user_settings
 
@@ -110,7 +101,7 @@ class ServerController(QObject):
         defaults = settings_reasoning_defaults(user)  # each model's thinking default
         # Other installed models (and remote engines) load on demand for the port, within the RAM available
         # now (the window's model is already in it); the window's own model is served by its engine.
-        self._models = local_pool(user)
+        self._models = model_pool(user)
         app = create_app(self.provider, s, pool=self._models, metrics=metrics, documents=docs, embedder=embedder,
                          reasoning_defaults=defaults)
         return ServerThread(app, s.host, s.port).start(), metrics
