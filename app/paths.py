@@ -3,14 +3,7 @@
 ``HEARTH_HOME`` overrides everything (tests always set it to a temporary folder); otherwise the per-user data
 directory from ``platformdirs`` (e.g. ``~/.local/share/hearth`` on Linux). Layout (see docs/architecture.md):
 
-    models/        GGUF files (the bundled one assembled here; user files are linked, not copied)
-    hearth.db      conversations (app.memory)
-    documents.db   documents, chunks, FTS5, embeddings (app.retrieval)
-    kv-cache/      prefix-cache blobs + index.db (app.engine)
-    settings.json  user settings
-    logs/          rotating logs
-
-Nothing is created at import time; each function creates its folder when asked.
+The reasoning: docs/architecture.md, 'app/paths.py'.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """API keys of remote engines: where they live, how they are shown, and that no log line ever holds one.
 
-A key never lands in ``settings.json``. A remote's settings (``app.settings.RemoteSettings``) hold only a
-*reference*: ``api_key_env`` (the name of an environment variable, read when the engine is made) or
-``api_key_keyring`` (true: the key is in the OS keyring through the ``keyring`` package, service
-``SERVICE`` = "hearth", user name ``remote:<name>``: macOS Keychain, Windows Credential Locker, the Secret
-Service on Linux desktops). ``api_key_for`` resolves the reference; a missing variable or keyring entry is a
-``SecretError`` that says which one and how to set it.
-
-Showing a key: ``mask`` keeps at most its last four characters (``…a1b2``), and only for keys long enough
-that four characters give nothing away. Logging: ``RedactingFilter`` replaces the value of every key
-registered with ``register_secret`` and whatever follows ``Authorization:`` / ``x-api-key:`` /
-``Bearer`` with ``[redacted]``; ``install_redaction`` puts it on the root logger's handlers (a filter on a
-handler sees every record that handler writes, a filter on a logger only the records logged there) and on
-this package's logger. ``RemoteEngine`` registers its key and installs the filter when it is made.
+The reasoning: docs/architecture.md, 'app/secrets.py'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """``hearth serve`` as a per-user background service: a systemd user unit (Linux) or a launchd agent (macOS).
 
-Rendering is pure (``render_systemd`` / ``render_launchd`` take a ``ServiceSpec``), installing writes one file
-under the person's home and then, unless told not to, asks the service manager to load and start it through an
-injectable ``runner`` (tests pass a recorder and a temporary HOME; nothing here needs root). The unit runs the
-same interpreter that installed it (``sys.executable -m app.cli serve``, or the frozen bundle itself), with
-``HEARTH_HOME`` pinned to the data folder in use at install time, so the service sees the same models,
-settings and conversations as the window. ``Restart=on-failure`` (systemd) / ``KeepAlive.SuccessfulExit=false``
-(launchd): a crash restarts it, ``hearth service uninstall`` or a clean stop does not.
-
-``status`` answers three questions apart: is the file installed, does the manager say it runs, and does the
-port answer ``GET /health`` (``probe_health``; the window can use it to connect instead of loading its own
-engine).
+The reasoning: docs/architecture.md, 'app/service_unit.py'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Evidence for a turn and citations out of its answer, written once for every adapter.
 
-- ``DocumentSource``: the document index a turn searches (one ``DocumentStore`` connection and, when an
-  embedding model is installed, an ``Embedder``), searches serialised by a lock so the desktop's chat worker
-  and the port's request threads can share it. ``search(query, k, paths)`` limits results to the documents
-  chosen for a conversation.
-- ``evidence_text(evidence, repeated)``: passages as prompt text (``app.memory.context.EvidenceText``: one
-  header with the citation instructions, one rendered passage each), which the context builder trims passage
-  by passage; passages the prompt already holds from an earlier turn (``repeated``) are not given twice but
-  named in one line ("given above"), so each turn's evidence stays where it was first given and the prompt
-  grows only at its end (the prefix cache, docs/retrieval.md "Evidence placement").
-- ``citations(answer, evidence)`` / ``given(evidence)``: the dicts stored with an answer and reported by the
-  CLI, the window and the API (``evidence_id``, ``path``, ``page``, ``quote`` / ``text``);
-  ``checked_citations(answer, evidence, checker)``: the same with ``supported`` per citation (does the cited
-  passage support the sentence? ``app.retrieval.citecheck``), the citing sentence's span and the details.
-- ``prune_stale_citations``: after documents are re-indexed, renamed or deleted, citations follow them.
-
-Citation parsing itself (``[E:<id>]`` markers, quoted spans) is ``app.retrieval.rag``.
+The reasoning: docs/memory.md, 'app/assistant/evidence.py'.
 """
 
 from __future__ import annotations

@@ -3,25 +3,7 @@
 stored chat (``Assistant.turn``: the window, ``hearth chat``) grounds the prompt its ``ContextBuilder`` plans
 with the same ``ground`` (``ContextBuilder.build(ground=...)``), so both place evidence one way.
 
-**Each question keeps its own evidence, in its own turn.** Every user message of the request is grounded, not
-only the last: its passages go into that user turn before its text (``app.memory.context.with_evidence``),
-after everything before it. A passage that an earlier turn already holds is not given again; the later turn
-names it in one line ("also relevant, given above"), and the citation instructions are given once, with the
-first evidence. An elliptical follow-up ("and the least I can put in?") is searched together with the question
-before it (``search_query``). The search is deterministic (and remembered by ``DocumentSource`` while the
-index is unchanged), so the evidence of turn *i* is the same text in every later request of the chat: the
-prompt only grows at its end, and the engine's prefix cache reuses the previous request's prompt in whole
-n_batch chunks (docs/retrieval.md, "Evidence placement": measured as cached/prompt tokens per turn by
-tests/test_rag_cache_real.py). Before this, only the last question had evidence, so the previous turn's
-passages vanished from the next prompt and the cache stopped at that turn's user message.
-
-Budget (tokens): each earlier turn's evidence is trimmed passage by passage to the builder's
-``evidence_fraction`` of the prompt budget (a room that does not depend on later turns, so the text stays the
-same); the last turn's to what is left, at most that share (``ContextBuilder.evidence_room``, the rule a
-stored turn follows). When the whole prompt would not fit, the evidence of the oldest turns is left out first
-(whole turns; the prefix then changes once), also when the last question would otherwise get fewer passages
-than it would alone: the question being asked comes first. A single-question request gives exactly a stored
-chat turn's prompt text.
+The reasoning: docs/memory.md, 'app/assistant/grounding.py'.
 """
 
 from __future__ import annotations

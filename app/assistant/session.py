@@ -4,31 +4,7 @@
 
 The engine is two callables, so this module never imports it and is tested with fakes:
 
-- ``generate_fn(messages: list[ChatMessage], **opts) -> Iterator[event]``: ``opts`` carries ``max_tokens``
-  (tokens) and whatever the caller put in ``generate_options`` / per-turn options. It yields the engine's
-  events (``app.protocol.types``): each ``Delta`` adds to the answer, a ``Done`` ends it (its ``metrics`` has
-  ``to_dict()``); an engine error is raised by the iterator, as ``Engine.generate`` raises it. A generation
-  that offered tools ends with ``app.engine.chat.tool_stream.ToolsDone`` instead: its ``outcome`` is the answer read
-  (text outside the calls, the valid calls), and the answer is stored with its ``tool_calls``.
-- ``summarizer(prompt, max_tokens) -> str`` (``app.memory.context.Summarizer``); by default the same
-  ``generate_fn`` with the prompt as one user message.
-
-Layering as in mlx-lm ``generate.py``: ``stream()`` yields the turn's ``ContextPlan`` (what the model is given,
-before any token), each engine event as it comes, and finally a ``TurnResult``; ``send()`` consumes it and
-returns the ``TurnResult``. The one caller is ``app.assistant`` (the turn pipeline every adapter uses).
-
-Tools: an answer that made calls is a step of its turn, not its end. The caller stores each result
-(``add_tool_result``: a ``tool`` message under the call, the whole text) and asks for the next step with
-``continue_after(last result)``; the plan of that step is the person's message followed by the turn's calls and
-results so far (``ContextBuilder.build(tail=...)``), so each step's prompt extends the one before.
-
-Reasoning: a ``Delta``'s ``reasoning`` (the model's thinking, split off by the engine) is collected apart from
-its ``text`` and stored apart with the answer (``Store`` table ``message_reasoning``: the text, and from the
-``Done`` metrics its tokens, budget, whether and why Hearth ended it; the effort from the request's
-``reasoning`` option, an ``app.protocol.types.ReasoningRequest``). A stopped or failed answer keeps the thinking
-streamed so far too. The context builder reads ``content`` only, so thinking never goes back into a prompt.
-A ``Done`` whose ``info`` has ``self_consistency`` (the vote of several sampled answers) keeps it in the
-answer's meta.
+The reasoning: docs/memory.md, 'app/assistant/session.py'.
 """
 
 from __future__ import annotations

@@ -3,24 +3,7 @@
 ``ToolBox`` is what a turn may call: an ``app.mcp.McpHub``, who decides (``permission``) and the limits. With
 one, ``Assistant.turn`` runs steps:
 
-    step 1 … max_steps: generate with the hub's enabled tools offered (the model's own format, docs/tools.md)
-        an answer with calls is stored as an assistant message with ``tool_calls``, then for each call in order:
-            ToolCallRequested        the adapter shows the name and the arguments
-            permission(request)      ONCE / ALWAYS / DENY (not asked for a tool in ``alwaysAllow``; ALWAYS
-                                     adds it there, in mcp.json)
-            McpHub.call(timeout)     at most ``call_timeout_s``
-            ToolResultShown          the result, stored whole as a ``tool`` message
-        and the next step answers after the last result;
-    the last step still shows the tools but with tool_choice "none", so a turn always ends in an answer.
-
-Nothing a tool does stops the chat. A denied call, a server that failed to start, hung past the timeout or
-crashed (``ToolError``), arguments that are not JSON: each becomes a result the model reads (so it can answer
-or try another way) and a ``notice`` for the person; the turn goes on. Only Stop (``cancel``) ends a turn
-early, between or during calls, as it does during generation.
-
-The permission callback blocks the turn's thread until the person answers: an adapter with a window shows the
-request (from the ``ToolCallRequested`` event that comes just before) and completes a future the callback
-waits on; on Stop it must release that wait too (the desktop's ``ChatController`` does both).
+The reasoning: docs/tools.md, 'app/assistant/tool_loop.py'.
 """
 
 from __future__ import annotations

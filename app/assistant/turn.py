@@ -1,59 +1,6 @@
 """``Assistant``: one chat turn of a stored conversation, for every adapter (CLI, desktop, HTTP).
 
-A turn is: assemble the context (``app.memory.ChatSession``: system prompt, summaries, history, the message)
-and ground it (when the assistant has documents; limited to the documents chosen for the conversation): every
-user message of the prompt gets its own question's evidence, trimmed passage by passage, placed as the port's
-stateless ``app.assistant.grounding.ground`` places it, so the next turn's prompt begins with this one's →
-generate on the engine → store the streamed answer (``incomplete`` → ``complete``, or ``error`` with what was
-said) → parse, check (does each cited passage support the sentence citing it: ``app.retrieval.citecheck``)
-and store the citations (resolved against every passage in the prompt, earlier turns' too). It yields typed
-events; adapters differ only in how they show them:
-
-    EvidenceFound(evidence, notice)    the passages the model is given (after trimming; every turn's, in
-                                       prompt order: earlier questions' first, this one's last), before any token
-    ReasoningDelta(text)               a piece of the model's thinking (kept apart from the answer)
-    TextDelta(text)                    a piece of the answer
-    ToolCallRequested, ToolResultShown, ToolNotice   with a ``ToolBox``: the model's tool calls, each asked
-                                       for, run and stored (``app.assistant.tool_loop``), between the steps
-    TurnDone(result, citations, evidence, notice)   the stored answer with metrics and context breakdown
-
-With ``tools`` (a ``ToolBox``), a turn is up to ``max_steps`` generations: each answer that calls tools is
-stored with its calls, the results are stored after it, and the next generation answers after them; the
-last answer (no calls) is ``TurnDone``'s. The evidence stays in the person's message on every step, so each
-step's prompt begins with the one before (the prefix cache reuses it).
-
-``cancel()`` (any thread) stops the running generation within one decode step or prefill chunk, also during
-a long prefill when no event is flowing; the partial answer is kept with status ``error`` (``Cancelled``).
-
-One factory sets what every adapter used to set its own way: the model id recorded with the conversation
-(``app.catalog.registry.model_id``: the file stem), exact templated token counts (``Engine.render`` +
-``Engine.tokenize``), summaries greedy (temperature 0) so they are reproducible, and the answer's reserve
-(``decoding.max_tokens``, default ``DEFAULT_MAX_TOKENS``).
-
-Thinking (docs/reasoning.md): each generation of a turn carries a ``ReasoningRequest`` whose budget is
-resolved over three layers, the first that sets one winning: the turn's own ``reasoning`` (a
-``ReasoningSettings``: ``hearth chat --reasoning-effort``), the conversation's setting
-(``Store.reasoning_settings``: the window's effort picker) and the model's default (``reasoning_default``;
-the window reads it from settings.json's ``per_model[<model id>]`` keys ``reasoning_effort`` /
-``reasoning_budget`` / ``reasoning_deadline_s``). When no layer sets anything the request has none, and
-the engine does what it does by default (a native thinker's thinking is still split off; a base model does
-not think). The thinking streams as ``ReasoningDelta``, never as ``TextDelta``; it is stored apart with the
-answer (also a stopped one) and never goes back into a prompt. ``stop_thinking()`` (any thread) asks the
-running generation to end its thinking now and answer (``Generation.stop_thinking``: budget forcing, as
-when the budget runs out). Summaries never think (they carry no ``ReasoningRequest``).
-
-Self-consistency (the window's "answers: 1 / 3 / 5"): with ``samples`` > 1 each generation without tools runs
-``samples`` sampled answers of the same prompt (``app.engine.policies.self_consistency``; the last number of
-each answer
-is compared, ``consistency`` extractor ``last_number``) and the majority's answer is the one streamed, stored
-and shown, with the vote (``Done.info["self_consistency"]``, stored in the answer's meta). The samples are not
-streamed: the answer appears when the vote is done. A greedy request (temperature 0) is refused naming
-``temperature``; a step with tools answers once.
-
-Who asks is a ``Caller``, and it alone decides a request's scheduler priority (``GenerateRequest.priority``):
-the desktop window's turns (``Caller.WINDOW``, priority 1) are admitted before waiting HTTP requests
-(``Caller.PORT``, priority 0, stamped by ``app.server.convert``), so a long API job never keeps the person's
-own chat waiting behind other API requests. ``hearth chat`` is ``Caller.CLI`` (0: it owns its engine).
+The reasoning: docs/memory.md, 'app/assistant/turn.py'.
 """
 
 from __future__ import annotations
@@ -449,7 +396,7 @@ def _fields(s: ReasoningSettings | None) -> tuple[Any, Any, Any]:
 
 def _open_session(engine: Backend, store: Any, calls: EngineCalls, decoding: DecodingParams,
                   system_prompt: str) -> ChatSession:
-    """The ``ChatSession`` every adapter uses (see the module docstring for what it fixes)."""
+    """The ``ChatSession`` every adapter uses (docs/memory.md, 'app/assistant/turn.py' for what it fixes)."""
     n_ctx = engine.settings.n_ctx
     kept = {k: v for k, v in engine.settings.to_dict().items() if k in ("n_ctx", "type_k", "type_v", "flash_attn")}
     overhead = 5 if engine.info.get("template") in ("gemma", "transcript") else 6

@@ -6,11 +6,7 @@
     hearth remote remove NAME
     hearth remote test NAME [--prompt TEXT] [--max-tokens N]
 
-``add`` writes ``remotes[NAME]`` in settings.json with only a reference to the key: the variable's name
-(``--api-key-env``), or that it is in the OS keyring (``--api-key-keyring`` asks for it without echoing it and
-stores it under service "hearth", user "remote:NAME"). Nothing here prints a key: ``list`` shows where it
-comes from and, at most, its last four characters. ``test`` probes ``/v1/models`` and streams one short
-answer, with TTFT measured at Hearth's boundary.
+The reasoning: docs/remote.md, 'app/cli/remote.py'.
 """
 
 from __future__ import annotations

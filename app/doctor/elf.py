@@ -1,15 +1,6 @@
 """Which shared libraries an ELF file needs, and which of them a given library search path cannot provide.
 
-Design decision: ``hearth doctor`` asks ``ldd`` on the machine itself (app.doctor.qt), but ``ldd`` always
-searches the system's own folders, so it cannot answer "what if this folder lacked libxcb-cursor?". This
-module reads ``DT_NEEDED`` / ``DT_RUNPATH`` / ``DT_RPATH`` from the ELF dynamic section itself (no binutils
-needed) and resolves them the way glibc's ``ld.so`` does, in its order (man ld.so): ``DT_RPATH`` of the loading
-object when it has no ``DT_RUNPATH``, then ``LD_LIBRARY_PATH``, then ``DT_RUNPATH`` (``$ORIGIN`` expanded),
-then the ``ld.so.cache`` (``ldconfig -p``) and the default folders. ``search_dirs`` replaces everything after
-the object's own RUNPATH/RPATH, so a test can point it at a folder that holds every library but one.
-tests/test_doctor.py checks that with the default search path it finds exactly what ``ldd`` finds here.
-
-Only the loader's search is modelled: no hwcaps subfolders, no ``DT_FLAGS_1`` NODEFLIB, no preloads.
+The reasoning: docs/doctor.md, 'app/doctor/elf.py'.
 """
 
 from __future__ import annotations

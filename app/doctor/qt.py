@@ -5,16 +5,7 @@ be initialized") when its platform plugin cannot load, and prints the same misle
 for every xcb failure, a missing display included. So the question is asked twice, without Qt in this
 process:
 
-* **libraries**: the plugin file (``PySide6/Qt/plugins/platforms/libq<platform>.so``) and everything it links
-  (``libQt6XcbQpa``, the xcb-util family, xkbcommon-x11, EGL/GL...) are resolved with ``ldd`` (or, given
-  ``search_dirs``, by ``app.doctor.elf`` over only those folders); each missing soname is mapped to its
-  package on apt, dnf and pacman (``PACKAGES``).
-* **load probe**: a child Python creates a ``QGuiApplication`` under the same environment
-  (``QT_QPA_PLATFORM`` as given) and prints the platform's name; a crash or a timeout is a failure, and its
-  Qt lines are kept. About 0.7 s on the 2-core test machine.
-
-The verdict names the cause in this order: missing libraries, no display, an unknown platform name, else
-Qt's own lines. ``HEARTH_SKIP_QT_CHECK=1`` skips the probe at startup (not in ``hearth doctor``).
+The reasoning: docs/doctor.md, 'app/doctor/qt.py'.
 """
 
 from __future__ import annotations

@@ -3,22 +3,7 @@
 The file is the ``mcpServers`` format that LM Studio, Cursor and Claude Desktop use, so a person can paste an
 entry from a server's README unchanged::
 
-    {"mcpServers": {
-        "fs":  {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
-                "env": {"DEBUG": "0"}, "cwd": "/tmp"},
-        "web": {"url": "http://127.0.0.1:9000/mcp", "headers": {"Authorization": "Bearer ..."}},
-        "off": {"command": "my-server", "disabled": true,
-                "disabledTools": ["delete_everything"], "alwaysAllow": ["read_file"]}}}
-
-``command`` (+ ``args``, ``env``, ``cwd``) is a stdio server, a child process; ``url`` (+ ``headers``) a
-streamable-HTTP one. Hearth's own keys, inside each entry as Cline and Roo do rather than in a second file:
-``disabled`` (not started), ``disabledTools`` (MCP tool names hidden from the model, the Settings switches)
-and ``alwaysAllow`` (tool names the person allowed "always"; the others ask first). Keys Hearth does not know
-are kept as they are on save, so editing a switch from Settings never drops another client's settings.
-
-A bad entry raises ``McpConfigError`` naming the field as a path (``mcpServers.fs.args[1]``) and the file; a
-missing file is an empty config. Values are frozen dataclasses: ``with_tool_enabled`` returns a new config and
-``save_config`` writes it atomically (``app.fileio``).
+The reasoning: docs/mcp.md, 'app/mcp/config.py'.
 """
 
 from __future__ import annotations

@@ -5,44 +5,7 @@ own tokenizer through llama.cpp (``Embedder.count_tokens``). Without one, ``Appr
 WordPiece tokens; it is built to over-estimate English text (by ~10-40%), so chunks made with it still fit a
 WordPiece model later.
 
-Rules, in order:
-
-1. Chunks never cross a page (PDF) and end on a paragraph boundary (a blank line) when they can: paragraphs
-   that fit are packed whole, in order, until the next one would overflow ``max_tokens``.
-2. A paragraph larger than ``max_tokens`` is split into lines, then sentences, then words, then halves (a
-   20,000-character string with no whitespace ends as character windows), and its pieces are packed with an
-   overlap of about ``overlap_tokens``: each chunk after the first repeats the trailing pieces of the previous
-   one. Overlap only happens inside such a paragraph, since a paragraph boundary is a natural break.
-3. Every chunk is counted once more as a whole, and split again if it is still over budget (sub-word effects
-   when words were cut), so every chunk fits: ``token_count + special tokens <= max_tokens``.
-
-Offsets are ``str`` indices in the page text; the caller adds the page's offset in the whole document.
-
-Structure (``chunk_document``, used by the ingester since issue 16): a document is first cut into *sections*
-at its headings and at hard breaks (PDF page starts), and ``chunk_text``'s rules apply inside each section, so
-a chunk never spans two sections and carries the ``heading_path`` of its section (the titles of the enclosing
-headings, outermost first). Headings come from the format:
-
-- Markdown: ATX (``## Title``) and setext (``Title`` over ``===`` / ``---``) headings, not inside ``` / ~~~
-  fences; in Markdown and plain text also *signature lines* of API reference text (pydoc, ``help()``, man-page
-  style): a paragraph that opens with a line that is nothing but a call signature, ``name(...)`` or
-  ``pkg.mod.name(...)`` (optionally ``-> type``), with its description on the next line, starts a section
-  titled by the name, one level below any heading (``SIGNATURE_LEVEL``). One entry of such a reference is
-  one function; packed with its neighbours it shared a chunk (and a vector) with five unrelated ones and
-  its signature could end one chunk while its description began the next (docs/retrieval.md, "Quality");
-  reStructuredText: a title line over (and optionally under) a line of one punctuation character,
-  levels in order of first use, as docutils assigns them;
-- source code: definitions (Python ``def``/``class`` nested by indentation; ``function``/``class``/``fn``/
-  ``func``/``struct``/``impl``/``interface``... in other languages), each a section titled by its name;
-- HTML ``<h1>``-``<h6>`` and DOCX "Heading N"/"Title" paragraphs: found by ``extract`` in the markup;
-- PDF: no markup survives text extraction, so a heuristic: a short line without final punctuation that is
-  numbered (``2.1 Methods``: level = number of parts) or in capitals (level 1). PDF paragraphs are not
-  separated by blank lines either: a paragraph ends at a line shorter than 3/4 of the page's long lines that
-  ends a sentence, and large PDF paragraphs are split by sentences before lines (lines are layout, not
-  meaning).
-
-A section that holds nothing but its heading joins the next one (a title right above a subtitle). Offsets stay
-exact: sections, paragraphs and pieces are spans of the original text, never rewritten.
+The reasoning: docs/retrieval.md, 'app/retrieval/chunking.py'.
 """
 
 from __future__ import annotations

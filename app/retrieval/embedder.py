@@ -1,60 +1,6 @@
 """The embedding engine: a child process that owns ``Llama(model_path, embedding=True)``.
 
-Why a process: llama.cpp can abort the whole process on some inputs or files (an unexpected tensor type, a
-bad batch setting); in a child, that is an ``EngineCrashed`` error for the caller, not a dead app. The child is
-hosted by ``app.childhost.host.ChildHost``, like the chat engine: the same wire protocol, timeouts, parent
-watch (a child whose parent died exits quietly), OpenMP setting and thread policy
-(``default_threads(background=True)``). It restarts on the next request after a crash. Main-lane requests are
-serialised by a lock (one ``Llama`` must never be used from two threads at once); token counting runs on the
-side lane, so chunking the next document does not wait behind the embedding of this one (llama.cpp's
-tokenizer only reads the vocabulary, as the chat engine's side lane does).
-
-Two paths, chosen by ``batch_tokens``:
-
-- **batched** (``batch_tokens > 0``, the default ``DEFAULT_BATCH_TOKENS`` = 512): the child packs texts, in
-  order, into one ``llama_batch`` (each its own ``seq_id``, positions from 0) up to ``batch_tokens`` tokens
-  and ``llama_max_parallel_sequences()`` sequences (a longer text goes alone), calls ``llama_decode`` once and
-  reads one pooled vector per sequence with ``llama_get_embeddings_seq``; flash attention is on.
-  ``n_seq_max``: llama-cpp-python 0.3.36 sets it itself for embedding contexts (``min(n_batch,
-  llama_max_parallel_sequences())``), so no patched context parameters are needed (unlike the chat engine's
-  ``_context_with_sequences``). A BERT model has no KV cache and ``llama_decode`` encodes a batch in one
-  ubatch, so ``n_ctx == n_batch == n_ubatch == max(batch_tokens, n_ctx)``.
-- **legacy** (``batch_tokens=0``): what Hearth did before issue 16, kept callable so that
-  ``benchmarks.retrieval_perf`` measures both in one run: ``Llama.embed`` with ``n_batch == n_ubatch ==
-  n_ctx`` (512), flash attention off. llama-cpp-python's ``embed`` also packs several sequences per decode
-  within those 512 tokens (two chunks of <= 256).
-
-Why 512 tokens and flash attention (one ``llama_decode``, all-MiniLM-L6-v2 f16, one thread, the 2-core dev
-machine with other work on it; ms per decode and tokens/s, median of 3-5):
-
-| batch | flash attention off | on (n_ctx 512) | on (n_ctx 2,048) |
-| --- | --- | --- | --- |
-| 1 x 250 tokens | 240 ms (1,040/s) | 118 ms (2,124/s) | 120 ms (2,080/s) |
-| 2 x 250 | 659 ms (758/s) | 248 ms (2,012/s) | 281 ms (1,778/s) |
-| 4 x 250 / 8 x 250 | | | 571 ms (1,751/s) / 1,267 ms (1,579/s) |
-| 1 x 32 / 8 x 32 | | 21.7 ms (1,476/s) / 105 ms (2,431/s) | |
-
-Without flash attention BERT's attention scores the whole batch against itself (masked between sequences), so
-two chunks per decode, the old path's usual case, cost more per token than one. With it, a decode of one
-250-token chunk is 2x faster; packing more chunks helps short ones (the per-decode cost of small matrices)
-and slightly hurts long ones (llama.cpp still walks every masked position of the batch), so batches stay at
-512 tokens. Past that the single thread is matrix-multiply bound (profile: ~75% in ggml's f16 GEMM kernels);
-``workers`` adds processes when there are free cores.
-
-Exactness: both paths tokenize the same way (``Llama.tokenize`` with ``[CLS]``/``[SEP]``) and truncate a text
-to ``n_ctx`` tokens; a sequence's vector depends only on its own tokens, but the batched path sums in another
-order (flash attention, other matrix shapes), so vectors differ in the last bits. Measured by
-``benchmarks.retrieval_perf`` on its 168 ingest chunks (all-MiniLM-L6-v2 f16): max abs difference 1.1e-4 to
-1.3e-4 per component of the L2-normalised vector, min cosine 0.9999996 (``tests/test_ingest_v2.py`` checks
-< 1e-3 / > 0.9999). Vectors of both paths are stored under one model id: the difference is far below what
-changes a ranking.
-
-Settings (see docs/llama-cpp-notes.md): ``n_batch == n_ubatch`` (embedding with ``n_ubatch < n_batch``
-aborts); ``verbose=False`` silences the child's stdout/stderr while the model loads.
-
-Requests: main lane ``("embed", [str])`` → ``(float32 bytes, tokens)``, with ``("progress", texts_done,
-tokens_done)`` events after each decode; side lane ``("tokenize", [str])`` → token counts (without special
-tokens).
+The reasoning: docs/retrieval.md, 'app/retrieval/embedder.py'.
 """
 
 from __future__ import annotations

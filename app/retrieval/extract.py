@@ -6,18 +6,7 @@ it cannot be opened with an empty user password (many PDFs are encrypted only to
 that way); it has "no text layer (scanned?)" when no page yields any text (an image-only scan: Hearth has no
 OCR). A PDF where only some pages have no text is indexed, with a note naming how many.
 
-Text encodings (plain text, Markdown, reST, source code, HTML): a BOM decides first (UTF-8, UTF-16 LE/BE,
-UTF-32 LE/BE); without one, UTF-16 when nearly every other byte is NUL (Windows tools write it); then strict
-UTF-8; then cp1252, the usual legacy encoding of Western European text. Content with NUL bytes or
-more than 1% control characters is rejected as binary. Line endings are normalised to ``\\n``; the extracted
-text (pages joined by ``PAGE_SEPARATOR``) is what evidence offsets refer to.
-
-Formats: PDF through pypdf (one page per PDF page, 1-based page numbers), DOCX through python-docx (paragraphs
-and tables in body order), HTML through the standard library's ``html.parser`` (script/style dropped, block
-elements become paragraph breaks).
-
-Structure for chunking (``Extracted.headings``, spans of the extracted text): HTML ``<h1>``-``<h6>`` and DOCX
-heading styles from the markup; Markdown, reST, code and PDF by ``chunking.find_headings`` on the text.
+The reasoning: docs/retrieval.md, 'app/retrieval/extract.py'.
 """
 
 from __future__ import annotations

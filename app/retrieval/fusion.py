@@ -2,29 +2,7 @@
 
 Two methods, both over each ranker's top ``candidates``:
 
-- **Weighted reciprocal rank fusion** (RRF: Cormack, Clarke & Büttcher, "Reciprocal Rank Fusion outperforms
-  Condorcet and individual rank learning methods", SIGIR 2009): ``score(d) = Σ_r w_r / (k + rank_r(d))``,
-  ranks from 1. With equal weights and k=60 it is the paper's RRF. It uses ranks only, so a BM25 hit that
-  stands far above the rest counts as much as one that barely leads: that is how plain RRF pulls a clearly
-  right keyword hit below passages that both rankers find middling.
-- **Normalised score fusion** (the convex combination of min-max normalised scores, "CombSUM" with min-max
-  normalisation: Fox & Shaw, "Combination of multiple searches", TREC-2 1994; Lee, "Analyses of multiple
-  evidence combination", SIGIR 1997): each ranker's scores are mapped to [0, 1] over its own top
-  ``candidates`` (best → 1, worst kept → 0; a passage a ranker did not return gets 0 from it), then
-  ``score(d) = Σ_r w_r · norm_r(d)``. It keeps the *margins* of each ranker, so a strong exact-term BM25
-  match keeps its lead unless the vector side is as sure of something else.
-
-The default (``DEFAULT_FUSION``) is the method and weights chosen on the development halves of the retrieval
-benchmark (``benchmarks/retrieval_quality.py --tune``, docs/retrieval.md "Fusion"): the best mean over both
-question sets of dev recall@5 + MRR@10, among settings never below the better single ranker there. Re-tuned
-after the lead vectors (a second vector per chunk, its heading path and first sentence; 2 December 2026):
-the rule picks weighted RRF (bm25 0.2, vector 0.8, k=10), dev score 1.832 against 1.826 for the next
-setting that is never below a single ranker (score fusion 0.1 / 0.9); score fusion (0.2, 0.8), the default
-before, fell below vector alone on the stdlib dev half's recall@5 (0.880 against 0.920). On the whole sets
-the pick is not below either single ranker (stdlib 0.960 / 0.879 against vector's 0.960 / 0.873; everyday
-1.000 / 0.908 against 1.000 / 0.899). The earlier re-tune (after the signature sections) preferred the same
-setting but it was not adopted then: it lowered everyday MRR@10 below vector alone on the test half, which
-it no longer does (0.870 against 0.866). docs/retrieval.md has the tables.
+The reasoning: docs/retrieval.md, 'app/retrieval/fusion.py'.
 """
 
 from __future__ import annotations

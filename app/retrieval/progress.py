@@ -1,30 +1,6 @@
 """What an ingest run's ``Progress`` means to a person: computed once here, drawn by every adapter.
 
-``figures(p)`` turns the raw counters into what is shown: percent done, files and chunks done of total, the
-embedding rate and the ETA. The CLI's bar (``app.cli.ingest.render_bar``) and the window's Documents panel
-(``app.ui.documents_panel``) both draw from it, so they never disagree about the time left. The estimate is
-``Progress.eta_s``: the time so far scaled by the bytes of files not yet finished, i.e. the rate measured on
-this run, whatever mix of unchanged (one ``stat``), read-only and embedded files it has seen. It estimates the
-time until every file the scan found is handled (queued files included), not the current file's time; it is
-None before the first file finishes (no rate yet) and once every file has.
-
-Chunks done of total: the total is only known as files are read, so it is the chunks written plus those read
-and waiting for vectors (``chunks_pending``); done is the chunks written plus those of the group in flight
-that already have vectors (``in_flight``).
-
-``IngestRun`` folds the stream of ``Progress`` snapshots into per-file rows for the window: the file being read,
-the files whose chunks are being embedded (each with its own chunk progress) and every finished file with its
-chunk count or reason. Skipped and failed files stay listed with their reason (``no text layer (scanned?)``,
-``encrypted``); unchanged files are only counted (a rescan of a large folder would list thousands).
-
-Cancelling: ``stop_after_document(progress, stop)`` wraps a progress callback and raises ``IngestCancelled``
-from the first "file" event after ``stop`` is set. ``Ingester`` commits every document in its own transaction
-before that event and closes its embedding pipeline in ``finally:`` (the group in flight finishes on its
-thread, unwritten), so a cancelled run keeps every finished document and the next run skips them by hash and
-goes on with the rest. "embed" events never raise: with ``background=False`` they come from inside the
-embedder's call.
-
-Plain Python, no Qt: tested in ``tests/test_ingest_progress.py``.
+The reasoning: docs/retrieval.md, 'app/retrieval/progress.py'.
 """
 
 from __future__ import annotations

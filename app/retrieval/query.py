@@ -6,22 +6,7 @@ k1=1.2, b=0.75 in FTS5) gives common words a small but non-zero weight, and on a
 as "my" or "should" are rare enough to lift passages that merely share them. So the query keeps the content
 words only:
 
-- words are ``\\w+`` runs, lower-cased; a question-word/function-word list (``FUNCTION_WORDS``, a superset of
-  the store's ``STOPWORDS``) is dropped unless nothing else remains;
-- a code such as ``LN-2291``, ``E24``, ``X-Parcel-Signature`` or ``4.2.0`` is also kept as a phrase of its
-  parts (FTS5's ``unicode61`` tokenizer splits it at the punctuation), so a passage with the exact code ranks
-  above passages that share one part;
-- every term is double-quoted (a quote inside is doubled), so FTS5 syntax in a question (``AND``, ``NEAR``,
-  ``*``, ``:``, ``^``, parentheses) is inert; terms are OR-ed.
-
-The FTS5 table has two columns (``app.retrieval.store`` m008): the chunk's text and its heading path (the
-titles of the sections that enclose it). A match in the heading path counts ``HEADING_WEIGHT`` times a match
-in the text (FTS5 ``bm25()`` column weights): a question that names a section or a document's title lifts
-the chunks under it, while the text still decides among them (measured in docs/retrieval.md, "Quality").
-
-``bm25_ranking(store, question, limit)`` runs it against a ``DocumentStore``'s FTS5 table through its SQL
-connection (the store's own ``bm25()`` takes free text, not an expression), with the store's latency bound:
-when the terms together match more than ``MAX_POSTINGS`` chunks the most frequent are left out.
+The reasoning: docs/retrieval.md, 'app/retrieval/query.py'.
 """
 
 from __future__ import annotations

@@ -5,18 +5,7 @@ evidence IDs as ``[E:<id>]``. The context builder places it after the stable par
 summaries, history), right before the user's message, so the token prefix of the stable part (and so the prefix
 cache) is the same on the next turn.
 
-``parse_citations(answer, evidence)`` finds the ``[E:...]`` markers in an answer and returns structured
-citations: evidence ID, path, page, and the quoted span. When the sentence that carries a marker quotes text in
-quotation marks that occurs in the passage, the span is that quote (with its exact offsets in the document);
-otherwise it is the whole passage. Markers may hold several IDs (``[E:a1, E:b2]`` or ``[E:a1; b2]``); a unique
-prefix of at least 8 hex digits is accepted, since small models shorten IDs. IDs that match no given evidence
-are returned by ``cited_ids`` but produce no citation (a model inventing an ID must not look like a source).
-
-``check_citations(answer, citations, evidence, checker)`` adds the verdict of ``app.retrieval.citecheck`` to
-each citation: ``supported`` (does the cited passage support the sentence that cites it: its numbers, dates,
-units and codes are in the passage, and its meaning is close enough) and ``support`` (why). The window and the
-API mark the sentences of unsupported citations (``sentence_start``/``sentence_end``: where the sentence is in
-the answer); ``hearth.citations[].supported`` in the API.
+The reasoning: docs/retrieval.md, 'app/retrieval/rag.py'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Optional reranking of the fused top passages by the loaded chat model (pointwise, from its logits).
 
-Each of the top ``depth`` passages is shown to the chat model in a raw prompt (no chat template: the bundled
-model is a base model) that ends in a yes/no question about relevance; one token is decoded greedily with
-``want_logprobs`` and the passage's relevance is ``log p("yes") − log p("no")`` over the first answer token
-(the monoT5 / "pointwise yes-no" recipe: Nogueira et al., "Document Ranking with a Pretrained
-Sequence-to-Sequence Model", Findings of EMNLP 2020; with a decoder-only LM as in Liang et al., HELM 2022).
-The final order is by ``blend · z(relevance) + (1 − blend) · z(fused score)`` (z: standardised within the
-query's candidates), so ``blend = 1`` is the model's order alone and ``blend = 0`` changes nothing.
-
-Measured on the benchmark (docs/retrieval.md, "Reranking"): with Gemma 3 270M (base) it costs one
-~300-token prefill per passage and did not improve MRR@10, so it is off by default (``Retriever(reranker=None)``)
-and kept for larger models, where pointwise LM relevance is known to help.
+The reasoning: docs/retrieval.md, 'app/retrieval/rerank.py'.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ TOP_LOGPROBS = 20
 
 
 class Reranker:
-    """Reorders passages by the chat model's yes/no relevance (module docstring).
+    """Reorders passages by the chat model's yes/no relevance (docs/retrieval.md, 'app/retrieval/rerank.py').
 
     ``engine``: a loaded ``app.engine.Engine`` (``generate``, ``tokenize``); ``depth``: how many of the fused
     top passages are scored (>= 1; the rest keep their order after them); ``blend``: the model's share of the

@@ -1,19 +1,6 @@
 """Hybrid search: a BM25 (FTS5) ranking and a vector (cosine) ranking fused into one, optionally reranked.
 
-- **BM25** over the question's content words (``app.retrieval.query``: function words dropped, codes such as
-  ``LN-2291`` kept as phrases, FTS5 syntax escaped); Robertson & Zaragoza 2009, FTS5 ``bm25()``.
-- **Vector**: cosine similarity of the query's embedding with every stored vector of the model.
-- **Fusion** (``app.retrieval.fusion``): by default normalised score fusion with the weights chosen on the
-  benchmark's development split (``fusion.DEFAULT_FUSION``); weighted reciprocal rank fusion (Cormack et al.
-  2009) is the other method. Each ranking contributes its top ``candidates`` results.
-- **Reranking** (``app.retrieval.rerank``, optional, off by default): the loaded chat model scores the fused
-  top passages one by one; measured in docs/retrieval.md ("Reranking").
-
-Without an embedding model (or with no vectors for it yet, or when the embedding engine fails) the search is
-BM25 alone, and the result says so: ``SearchResults.mode == "bm25"`` with a ``notice`` for the person.
-
-The query is embedded on a worker thread while BM25 runs on the calling thread (the embedding engine is
-another process), so a hybrid search costs about max(embedding, BM25) + vector search + fusion.
+The reasoning: docs/retrieval.md, 'app/retrieval/search.py'.
 """
 
 from __future__ import annotations

@@ -5,22 +5,7 @@ Thin handlers: each holds the model its ``model`` field names (``source``), turn
 ``Service``, which answers in the API's shape (an ``Answer``); the mapping code lives in ``convert`` /
 ``format`` / ``structured`` / ``errors``, and retrieval for ``hearth.documents`` in ``documents``.
 
-Models come from one of two sources (``app.server.source``): ``engine_provider``, a callable returning the
-current chat ``Engine`` (or None while none is loaded; the desktop app may swap models while the server runs,
-and each request takes whichever engine is current when it arrives; an ``Engine``-like object can be passed
-directly too), or ``pool``, an ``app.engine.pool.ModelPool`` that loads the model each request names on
-demand (``hearth serve``). Either way the model is held until the answer has been sent.
-
-``/v1/responses`` chains answers with ``previous_response_id`` through ``responses_store`` (an
-``app.memory.Store``; default: an in-memory one, so chains last as long as the server).
-
-Thinking budgets have a per-model layer (docs/reasoning.md). The port cannot read a model's settings by
-itself (``create_app`` is given an engine, not the settings file), so whoever builds the app passes
-``reasoning_defaults``: one mapping with ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``,
-or a callable ``model_id -> mapping | None`` asked per request for the loaded model (a model swap is picked
-up like the engine is); ``settings_reasoning_defaults(user_settings)`` reads them from ``settings.json``'s
-``per_model``. A self-consistency ``command`` verifier runs a program, so it is refused unless
-``allow_command_verifier`` (or ``ServerSettings.allow_command_verifier``) is true; the default is off.
+The reasoning: docs/server.md, 'app/server/app.py'.
 """
 
 from __future__ import annotations

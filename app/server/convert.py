@@ -2,33 +2,7 @@
 
 Decisions held here (each documented in docs/server.md):
 
-- Parameters the client leaves out take ``DecodingParams``' defaults (Hearth's, not OpenAI's: temperature
-  0.8, top_k 40, top_p 0.95, min_p 0.05).
-- ``max_tokens`` / ``max_completion_tokens`` absent or null: until a stop or the end of the context (both
-  endpoints). 0 or negative: 400 naming the alias used. Larger than the context left: clamped by the service
-  (``app.server.service``), finish_reason "length".
-- ``n`` > 1 (at most ``MAX_N``): n generations one after another; with a seed, choice i uses seed + i
-  (mod 2³²) so the choices differ and each is reproducible.
-- ``developer`` messages are system messages; text content parts are joined with a newline; a template
-  without a system role merges it into the first user turn (``app.engine.chat.templates``).
-- Every request is the port's: ``Caller.PORT``'s priority (0; the desktop window's turns, priority 1, are
-  admitted before waiting API requests). ``hearth.deadline_s`` (seconds, > 0) becomes each generation's
-  ``GenerateRequest.deadline_s``: when it passes, the answer so far ends with finish_reason "length".
-- Tools (docs/server.md "Tools"): ``tools`` and ``tool_choice`` are checked by ``app.engine.chat.tools`` (each
-  error names its path: ``tools[1].function.parameters``, ``tool_choice``); assistant messages may carry
-  ``tool_calls`` (``content`` null or text; ``arguments`` a JSON string, or an object, which is serialised),
-  ``tool`` messages carry ``tool_call_id``, which must answer a call of an earlier assistant message
-  (``messages[i].tool_call_id``). The request is validated here, before it is queued, so each of these is a
-  400 however the answer is sent.
-- Thinking, speculative decoding and self-consistency (``reasoning_effort``, ``hearth.reasoning_budget``,
-  ``hearth.reasoning_deadline_s``, ``hearth.answer_now``, ``hearth.speculative``, ``hearth.self_consistency``)
-  are read by ``app.server.reasoning`` with the server's ``PortOptions`` (the loaded model's reasoning
-  default, whether a command verifier may run), on both endpoints. ``max_tokens`` /
-  ``max_completion_tokens`` keep their meaning: the engine's ``decoding.max_tokens``.
-- Refused with a 400 rather than silently ignored: the deprecated ``functions`` / ``function_call`` and
-  ``function`` role (send ``tools``), non-text content parts, ``echo``, ``suffix``, ``best_of`` ≠ n, token-id
-  prompts, ``top_logprobs`` without ``logprobs``, ``stream_options`` without ``stream``, ``hearth.documents``
-  on /v1/completions (no messages to ground).
+The reasoning: docs/server.md, 'app/server/convert.py'.
 """
 
 from __future__ import annotations

@@ -3,34 +3,7 @@
 SSE framing is exactly what the ``openai`` client parses: ``data: <json>\\n\\n`` (LF only), JSON without
 ASCII escaping (UTF-8 on the wire), a final ``data: [DONE]``.
 
-Each answer carries one top-level ``hearth`` object (clients ignore unknown fields): per choice the template
-used, the model file, the generation's metrics (TTFT, TPOT, decode speed, cached tokens…, and ``stopped_by``:
-"deadline" when ``hearth.deadline_s`` ended it, else null), the context
-breakdown and, with documents, the citations its answer makes (each marked ``supported`` or not by the
-citation check, with the citing sentence's span: ``citations``); per request, with documents, the evidence
-given and the search notice. One choice: all of it flat. n > 1: the per-request part flat and the per-choice
-parts under ``choices``. In a stream each choice's last chunk (the one with its finish_reason) carries the
-flat object for that choice, so a one-choice stream ends with exactly the non-streamed ``hearth``.
-
-Tool calls (``Choice.tools``, read by ``app.engine.chat.tool_stream``) follow OpenAI's shapes: ``message.tool_calls``
-``[{id, type: "function", function: {name, arguments}}]`` with ``content`` null when there is no text, and
-finish_reason "tool_calls"; in a stream ``delta.tool_calls`` items, the first of a call with its index, id,
-type, name and ``arguments: ""``, the next ones with the index and a piece of the arguments. Calls that could
-not be passed on leave the answer as text, and ``hearth.tool_call_error`` says why.
-
-Thinking (docs/reasoning.md) is kept apart from the answer, as llama-server and DeepSeek send it:
-``message.reasoning_content`` (chat) or ``choices[i].reasoning_content`` (text completions) holds the thinking
-text, and is left out when the model did not think (llama-server's choice; DeepSeek always sends it); in a
-stream, thinking goes in ``delta.reasoning_content`` chunks of its own (``reasoning_content`` beside an empty
-``text`` on /v1/completions), never in ``content``. ``usage.completion_tokens_details.reasoning_tokens``
-counts the thinking tokens (always present, 0 without thinking). ``hearth.metrics`` carries the engine's
-``Metrics`` whole: ``reasoning_tokens``, ``answer_tokens``, ``ttfat_s`` (slot admission → the first answer text
-available to the server, the clock of ``ttft_s``; null without answer text), ``thinking_s``,
-``reasoning_budget``, ``reasoning_forced``, ``reasoning_stopped_by``, ``reasoning_unclosed``, and the
-speculative ``spec_mode`` / ``spec_drafted`` / ``spec_accepted`` / ``spec_steps`` / ``acceptance_rate``.
-
-Self-consistency: the choice is the voted sample's answer; ``hearth.self_consistency`` holds the vote and every
-sample (``SelfConsistencyResult.to_api``), and ``usage.completion_tokens`` counts every sample's tokens.
+The reasoning: docs/server.md, 'app/server/format.py'.
 """
 
 from __future__ import annotations

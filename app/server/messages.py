@@ -4,27 +4,7 @@ The same one mechanism as ``app.server.responses``: an Anthropic body is mapped 
 (``chat_body``) and runs through ``convert.chat_plan`` and ``Service``; ``MessagesAnswer`` writes the result
 as Anthropic content blocks and events.
 
-- ``max_tokens`` is required (Anthropic's rule; a missing one is a 400 naming it). ``system``: a string or
-  text blocks. ``messages``: roles user and assistant; ``content`` a string or blocks: ``text``, ``tool_use``
-  (assistant: a call, ``input`` an object), ``tool_result`` (user: ``tool_use_id``, ``content`` a string or
-  text blocks; ``is_error`` is prefixed to the text as ``Error:``), ``thinking`` / ``redacted_thinking``
-  (skipped: a model is never given its old thinking). Images and documents are a 400 naming the block.
-- ``stop_sequences`` → ``stop``; ``temperature`` (0-1), ``top_p``, ``top_k``; ``tools`` (``name``,
-  ``description``, ``input_schema``) → function tools; ``tool_choice`` ``auto`` / ``any`` (= required) /
-  ``tool`` (a named one) / ``none``, with ``disable_parallel_tool_use``; ``thinking`` ``{"type": "enabled",
-  "budget_tokens": N}`` → ``hearth.reasoning_budget``, ``{"type": "disabled"}`` → ``reasoning_effort: none``.
-  ``metadata`` is accepted and ignored; the ``anthropic-version`` header is ignored. ``hearth`` and
-  ``keep_alive`` as on the other endpoints.
-- The answer: ``{"id": "msg_…", "type": "message", "role": "assistant", "model", "content": [thinking,
-  text, tool_use blocks], "stop_reason": end_turn | max_tokens | tool_use, "stop_sequence": null, "usage":
-  {"input_tokens", "output_tokens", "cache_read_input_tokens"}}`` and Hearth's ``hearth`` object.
-- Streams (``event: <type>`` + ``data:``): ``message_start``, per block ``content_block_start``,
-  ``content_block_delta`` (``text_delta``, ``thinking_delta``, ``input_json_delta``), ``content_block_stop``,
-  then ``message_delta`` (``stop_reason``, ``usage``) and ``message_stop``. An error after the start is an
-  ``error`` event.
-- Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (``errors.ApiError.anthropic``),
-  keyed by status: 400 ``invalid_request_error``, 401 ``authentication_error``, 404 ``not_found_error``, 429
-  ``rate_limit_error``, 503 ``overloaded_error``, 500 ``api_error``. The key may come as ``x-api-key``.
+The reasoning: docs/server.md, 'app/server/messages.py'.
 """
 
 from __future__ import annotations
@@ -59,7 +39,7 @@ class MessageIn(BaseModel):
 
 
 class MessagesRequest(BaseModel):
-    """``POST /v1/messages``'s body (module docstring)."""
+    """``POST /v1/messages``'s body (docs/server.md, 'app/server/messages.py')."""
 
     model_config = ConfigDict(extra="allow")
     model: Optional[str] = None

@@ -4,12 +4,7 @@
 lines, and a hand-written registry keeps one app per ``create_app`` call (tests build many) without a
 process-global registry. Names are prefixed ``hearth_``. Sources:
 
-- HTTP: requests by endpoint / method / status, errors by OpenAI type and code, requests in flight,
-  requests cancelled because the client went away;
-- generations served through the port: prompt / cached / generated tokens, finish reasons, TTFT, TPOT and
-  queue-wait histograms, and the prefix-cache hit rate (cached prompt tokens / prompt tokens);
-- the engine (shared with the desktop UI): its slots (``n_parallel``: sequences decoded together), the
-  requests running in them and waiting for one, and its lifetime counters (``EngineStats``).
+The reasoning: docs/server.md, 'app/server/metrics.py'.
 """
 
 from __future__ import annotations

@@ -3,24 +3,7 @@
 Ids come from the registry (``app.catalog.registry.list_models``: file name without ``.gguf``), plus the
 loaded model when it lives elsewhere and the embedding model when one is served.
 
-Each model of ``/v1/models`` says, under ``hearth``: ``loaded`` (the window's engine, or the pool's state),
-``memory_estimate_bytes`` (``memory_estimate.estimate_memory`` for the model's load settings: weights, KV cache
-for its n_ctx × n_parallel, compute buffers; None when the file cannot be read), ``capabilities`` (``chat``,
-``tools`` and ``thinking`` for a chat model, ``embeddings`` for the embedding model), ``tool_format`` (every
-chat model has one: its template's family, else Hearth's plain JSON format) and ``thinking`` (the markers'
-``family`` and ``native``: whether the model thinks by itself; a ``prefill`` model thinks only when a budget
-asks, by prefilling the start marker; ``thinking`` is in ``capabilities`` only for a native thinker). What a
-GGUF says is read once per file (size and mtime), not on every listing.
-
-With a model pool (``app.server.source.PoolSource``) the rule for the ``model`` field is the source's; the
-rest of this docstring is the single-engine rule.
-
-The ``model`` a request names is matched by plain string comparison (never looked up on disk, so a client
-cannot probe the file system): the loaded model's id, its file name or its full path are the loaded model;
-an absent ``model`` means the loaded one. Another installed model is a 400 ``model_not_loaded`` naming the
-loaded one: the API never switches models silently and never swaps them either (the desktop UI owns that
-choice; a headless server is started with ``--model``). Anything else is a 404 ``model_not_found`` listing
-the valid ids.
+The reasoning: docs/server.md, 'app/server/models.py'.
 """
 
 from __future__ import annotations
@@ -119,7 +102,7 @@ class ModelCatalog:
 
     def describe(self, mid: str, path: str, kind: str) -> dict[str, Any]:
         """``memory_estimate_bytes``, ``capabilities``, ``tool_format`` and ``thinking`` of one model
-        (module docstring); a file that cannot be read gives what its kind alone says."""
+        (docs/server.md, 'app/server/models.py'); a file that cannot be read gives what its kind alone says."""
         info = self.info(path) if path else None
         if kind == "embedding":
             return {"memory_estimate_bytes": self._estimate(mid, info), "capabilities": ["embeddings"]}

@@ -6,13 +6,7 @@ silent omission would change the answer (functions, echo, suffix, images, audio)
 ``app.server.convert`` and refused with a 400 naming them; ``tools`` and ``tool_choice`` are checked there
 too (``app.engine.chat.tools``), since their errors name paths inside them.
 
-Ranges follow the OpenAI reference (temperature 0-2, penalties ±2, n 1-8 here, top_logprobs 0-20, completions
-logprobs 0-5). ``max_tokens`` has no range in the schema on purpose: ``convert`` refuses 0 and negatives with
-a message naming whichever alias was used (``max_tokens`` / ``max_completion_tokens``).
-Values the schema accepts are validated again by ``DecodingParams.validate`` (e.g. seed within 32 bits).
-
-``hearth`` is Hearth's own extension object (the ``openai`` client sends it with ``extra_body``). Unlike the
-top level it forbids unknown keys: a misspelt option would silently change the answer.
+The reasoning: docs/server.md, 'app/server/openai_schema.py'.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Bridges between the blocking engine stream and the event loop, and client-disconnect detection.
 
-``Pump`` iterates one ``Generation`` in its own thread (the engine's ``Generation`` blocks on a pipe; a
-thread per request keeps the event loop free and is never starved by anyio's shared thread pool) and hands
-each event to the loop with ``call_soon_threadsafe``. The Generation is only ever touched by that thread,
-except ``cancel()``, which the engine makes thread-safe. ``stop()`` cancels: the engine stops within one
-decode step or prefill chunk, and the thread closes the Generation, which drains the engine so the next
-queued request starts at once.
-
-``DisconnectWatcher`` reads the request's ASGI ``receive`` channel until ``http.disconnect`` and then stops
-the pumps it tracks. uvicorn's send() silently drops data for a closed connection (ASGI spec 2.3), so
-waiting for a failed write is not enough: this catches a client that leaves during prefill or the queue wait.
+The reasoning: docs/server.md, 'app/server/pump.py'.
 """
 
 from __future__ import annotations

@@ -2,22 +2,7 @@
 
 The port only *reads* these fields; what they mean lives in the core (docs/reasoning.md):
 
-- ``reasoning_effort`` (top level, OpenAI's name), ``hearth.reasoning_budget`` (tokens),
-  ``hearth.reasoning_deadline_s`` (seconds) and ``hearth.answer_now`` become ``GenerateRequest.reasoning``
-  through ``reasoning_budget.resolve_budget``, the one place that validates them and names the field. The
-  model's default (``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s`` of the loaded model,
-  given to ``create_app`` as ``reasoning_defaults``) is the last layer; the port has no conversations, so the
-  middle layer is empty. A request that sets nothing and a model without a default give ``reasoning=None``: the
-  engine then still splits a native thinker's thinking off, with its unset budget (half the context left).
-- ``hearth.speculative`` goes to ``GenerateRequest.speculative`` as sent (``GenerateRequest.validate`` names
-  ``hearth.speculative`` for a bad value).
-- ``hearth.self_consistency`` is parsed by ``consistency.parse_self_consistency``; a command verifier only
-  when the server was started with it allowed (off by default: it runs a program with the person's rights).
-  It is refused, naming the field that conflicts, together with ``n`` > 1 (which choice would the vote
-  count?), ``stream: true`` (the winner is known only at the end, and a stream that sends nothing until then
-  is a worse whole answer), ``temperature: 0`` with ``n`` > 1 samples (greedy samples all agree: ``n``× the
-  cost for nothing), ``tools`` (the vote reads text answers), ``logprobs`` (the samples report none) and more
-  than one prompt on /v1/completions.
+The reasoning: docs/server.md, 'app/server/reasoning.py'.
 """
 
 from __future__ import annotations

@@ -1,46 +1,6 @@
 """``/v1/responses``: OpenAI's Responses API on the chat machinery, chained through the conversation store.
 
-One mechanism (docs/server.md "Responses API"): a Responses body is mapped onto a chat-completions body
-(``chat_body``: ``instructions`` → a system message first, ``input`` items → messages, function tools →
-chat tools, ``text.format`` → ``response_format``, ``reasoning.effort`` → ``reasoning_effort``,
-``max_output_tokens`` → ``max_completion_tokens``) and goes through ``convert.chat_plan`` and ``Service`` like
-any chat request; ``ResponsesAnswer`` only writes the result as Responses output items (``reasoning``,
-``message`` with ``output_text``, ``function_call``) and events.
-
-Input items: a string (one user message) or a list of ``{"role", "content"}`` messages (``type: "message"``
-optional; roles user, assistant, system, developer; content a string or ``input_text`` / ``output_text``
-parts), ``function_call`` items (``call_id``, ``name``, ``arguments``; consecutive calls join the assistant
-message before them), ``function_call_output`` items (``call_id``, ``output``) and ``reasoning`` items
-(skipped: a model is never given its old thinking). Anything else is a 400 naming ``input[i]...``.
-
-Chains (``previous_response_id``): ``ResponseChains`` keeps each chain as one conversation of an
-``app.memory.Store``. A response's id is ``resp_`` + the conversation's id (32 hex) + 16 random hex, so the
-conversation is found from the id alone; the conversation's ``settings["responses"]`` maps each response id
-to the id of its assistant message (content-addressed messages would merge two identical answers, so the
-mapping cannot live in the message). A request with ``previous_response_id`` gets the path to that message
-as its history (instructions are not carried over, as OpenAI does), and its new input and answer are
-appended under it, so a chain can branch. ``store: false``: nothing is written, and its id answers no later
-request (404 ``previous_response_not_found`` naming ``previous_response_id``). The answer is stored before
-the last event (``response.completed``), so a client can chain at once.
-
-Stored responses (``GET`` / ``DELETE /v1/responses/{response_id}``): the mapping's value is
-``{"message_id", "response"}``, the finished ``response`` object as the create answered it (whole, or the
-``response.completed`` event's), so a GET returns it as it was sent. It lives in the conversation's settings,
-not in the message, because messages are immutable and content-addressed, and settings already hold the
-mapping; the price is that each save rewrites the conversation's settings with every response of the chain
-(a few kB each). A value kept before this existed is a bare message id: still chainable, and a GET rebuilds
-a minimal response from its assistant message (``rebuilt``: output items, model, time; no usage). DELETE
-drops the mapping only: the messages stay (nothing is lost), but the id answers nothing any more (404). Every
-id that names no mapping (malformed, unknown, deleted, ``store: false``) is a 404 ``response_not_found``
-naming ``response_id``.
-
-Streams follow OpenAI's event sequence: ``response.created``, ``response.in_progress``, then per output item
-``response.output_item.added``, for a message ``response.content_part.added``, ``response.output_text.delta``
-…, ``response.output_text.done``, ``response.content_part.done``; for a call
-``response.function_call_arguments.delta`` … ``.done``; for thinking ``response.reasoning_text.delta`` …
-``.done``; ``response.output_item.done``; and last ``response.completed`` (``response.incomplete`` when
-``max_output_tokens`` cut it). Every event has ``type`` and ``sequence_number``. An error after the first
-event is an ``error`` event.
+The reasoning: docs/server.md, 'app/server/responses.py'.
 """
 
 from __future__ import annotations

@@ -5,18 +5,7 @@ streaming. The id is the answer's own ``id`` (``chatcmpl-…`` / ``cmpl-…``), 
 the first one included, so a client knows it as soon as anything arrives. No other id exists: a second one
 would be a second name for the same request.
 
-An entry is opened before the first generation is queued and closed when the answer ends, however it ends
-(whole answer sent, stream finished, error, client gone): ``Service`` closes it in ``finally`` and
-``SSEResponse`` closes it again when the connection ends, which is harmless. A closed or unknown id is a 404.
-
-An entry holds every generation of its answer: one per choice (``n`` > 1 runs them one after another) or
-one per sample under self-consistency (they run together). Stopping thinking asks each of them; the answer
-is True when at least one of them will end its thinking (``Generation.stop_thinking``: False for one that
-has no open thinking or has ended).
-
-Thread-safety: entries are opened and closed on the event loop, self-consistency samples are added from
-the thread that runs them, and stop requests run in the thread pool (``stop_thinking`` may cross to the
-engine process), so the dict and each entry's list are guarded by one lock.
+The reasoning: docs/server.md, 'app/server/running.py'.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ from app.server.errors import RequestNotFound
 
 
 class Entry:
-    """One running answer's generations (see the module docstring)."""
+    """One running answer's generations (docs/server.md, 'app/server/running.py')."""
 
     def __init__(self, registry: "Running", request_id: str) -> None:
         self.registry, self.id = registry, request_id

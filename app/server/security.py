@@ -3,16 +3,7 @@
 Order, outermost first (``install``): request metrics → ``HostGuard`` → CORS (only when origins are
 configured) → ``ApiKeyGuard`` → the app. So:
 
-- ``HostGuard`` rejects a ``Host`` header that is not a loopback name or a configured host (DNS rebinding:
-  a web page on ``evil.example`` re-pointed at 127.0.0.1 still sends ``Host: evil.example``), and a browser
-  ``Origin`` that is neither allowlisted nor the server itself (a cross-site page could otherwise make the
-  machine generate, even if it cannot read the answer).
-- CORS answers an allowed ``OPTIONS`` preflight itself (204, without needing the API key, as browsers never
-  send credentials on a preflight) and decorates real answers, 401s included, so a page can read them.
-- ``ApiKeyGuard`` requires ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``, as Anthropic's clients
-  send it) when a key is set, on everything but ``/health``.
-
-Refusals are answered in the error shape of the path (``errors.shape_for``: Anthropic's on ``/v1/messages``).
+The reasoning: docs/server.md, 'app/server/security.py'.
 """
 
 from __future__ import annotations

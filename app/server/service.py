@@ -1,36 +1,6 @@
 """Run a ``Plan`` on the engine and answer it, streamed (SSE) or whole.
 
-- Errors raised before the first event (bad parameters, context overflow, a full queue, a grammar llama.cpp
-  refuses) become HTTP errors: a stream's headers are sent only once its first event is in, so a client
-  gets a real 400/429 rather than a 200 with an error inside. Later errors become an SSE ``error`` event.
-- max_tokens larger than the context left is clamped: the engine refuses it before prefill with
-  ``ContextLengthExceeded(prompt_tokens, n_ctx, max_tokens)``, and the request is re-queued once with
-  ``max_tokens = n_ctx - prompt_tokens`` (finish_reason "length" if it gets there; ``hearth.context``
-  says so). A prompt that alone fills the context stays a 400 with both counts.
-- A client that disconnects cancels its generation (``DisconnectWatcher``); n > 1 choices run one after
-  another, each queued behind whatever other clients sent meanwhile and after the desktop window's turns
-  (the engine runs ``n_parallel`` at once and admits the window's priority 1 before the port's 0).
-- A request with tools reads its answer through ``app.engine.chat.tool_stream.ToolStream`` with the loaded
-  model's ``ToolFormat`` (``engine.tool_format()``), streamed or whole: the same reader, so both agree.
-  Streams send text as it comes and a call's ``delta.tool_calls`` once it has ended and validated; logprob
-  entries held back with a call go out on the next content chunk or the choice's last one. The reader sees
-  answer text only (``Delta.text``); thinking (``Delta.reasoning``) goes out as ``delta.reasoning_content``
-  chunks of its own, before the answer text of the same event.
-- Every answer is in the registry of running requests (``app.server.running``) under its response id from
-  before its first generation is queued until it ends, so ``stop_thinking`` reaches it.
-- ``hearth.self_consistency`` (whole answers only): ``app.engine.policies.self_consistency.SelfConsistencyRun`` runs
-  the samples on the thread pool; its samples' generations are recorded in the registry as the run starts
-  them (``_Recording``), a disconnect cancels the run, and the voted sample is answered with the vote.
-- Logprobs name tokens by the bytes of their text, from ``engine.token_piece_bytes`` (the engine's
-  vocabulary lane: no turn in the queue, so it never waits for the generation it describes). A lookup may
-  cross to the engine process, so logprob entries are formatted off the event loop.
-- One generation loop for every API shape: ``Service`` turns a plan's generations into neutral *pieces*
-  (``ChoiceStart``, ``Thought``, ``Entries``, ``TextPiece``, ``CallStart``, ``ArgsPiece``, then the choice's
-  ``fmt.Choice``) and an ``Answer`` writes them as its API's chunks (``CHAT``: OpenAI chat / text
-  completions; ``app.server.responses`` and ``app.server.messages`` write the Responses and Anthropic
-  Messages shapes). A whole answer is the same ``fmt.Choice`` list, formatted by ``Answer.whole``.
-- The model is held for the whole answer: ``release`` (a pool lease's) is called once when the answer has
-  been sent, failed, or its client has gone, after the stream's last byte.
+The reasoning: docs/server.md, 'app/server/service.py'.
 """
 
 from __future__ import annotations

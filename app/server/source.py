@@ -4,22 +4,7 @@ Every handler asks its ``ModelSource`` for the model the request's ``model`` fie
 the engine, the id to answer with, and ``release()``, called once when the answer has been sent (a stream
 included) or its client has gone. Two sources:
 
-- ``EngineSource``: the engine a provider returns now (``create_app(engine_provider)``, the window's current
-  engine). The rule of ``ModelCatalog.check_chat``: the loaded model's id, file name or no ``model`` mean it;
-  another installed model is a 400 ``model_not_loaded`` (the window owns which model is loaded), anything
-  else a 404 ``model_not_found``. ``keep_alive`` is accepted and has nothing to do (the window keeps its model).
-- ``WindowSource``: both (the desktop app's port): the window's engine for its model, the pool for the others.
-- ``PoolSource``: ``app.engine.pool.ModelPool`` (``create_app(pool=...)``). The name picks among the installed
-  models (id, file name, case-insensitively, ``registry.resolve_model``), loaded on demand within the memory
-  budget and held by a ``Lease`` for the whole answer. No ``model``: the default model (``hearth serve
-  --model X``'s, else the bundled one). A name with a path separator is never looked up on disk (a client must
-  not load or probe arbitrary files): only the default model's own path is accepted. An embedding model is a
-  400 naming ``model``; a model that fails to load answers with its load error (503 ``model_load_error``) while
-  other models keep serving; a load or a wait for room past the pool's bound is a 503 ``model_busy``.
-
-``keep_alive`` (Ollama's): seconds as a number, or a duration string (``"300"``, ``"90s"``, ``"5m"``,
-``"1h"``); 0 unloads the model right after the request, a negative value keeps it loaded until the pool needs
-the room. ``parse_keep_alive`` checks it and names the field it came from.
+The reasoning: docs/server.md, 'app/server/source.py'.
 """
 
 from __future__ import annotations

@@ -3,17 +3,7 @@
 A JSON schema goes through five gates before a grammar reaches llama.cpp (the gates live in
 ``app.engine.structured.schema_check``, shared with tool schemas):
 
-1. size and nesting limits on the schema itself, and no ``$ref`` outside the document (llama-cpp-python's
-   converter would fetch an ``https://`` reference from the network);
-2. ``jsonschema``'s meta-schema check (a schema that is not a schema is a 400, not a converter crash);
-3. ``app.engine.structured.grammar.schema_to_gbnf`` (a schema it cannot compile is a 400);
-4. with ``strict: true``, no keyword the converter would silently ignore (``minimum``, ``uniqueItems``,
-   ``format: email``…: ``UNENFORCED``): a strict answer validates against the whole schema;
-5. limits on the grammar: its length and its parenthesis nesting. The converter writes ``maxLength: 5000``
-   as 5000 nested groups, and llama.cpp parses grammars by recursion; a deep one could overflow the engine
-   process's stack. (The engine process would restart, but a request must not be able to do that.)
-
-llama.cpp's own parse check (``add_grammar_checked``) then runs in the engine process.
+The reasoning: docs/server.md, 'app/server/structured.py'.
 """
 
 from __future__ import annotations

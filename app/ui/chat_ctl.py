@@ -6,24 +6,7 @@ The window's only part in a turn is showing its events: the worker iterates ``As
 the pipeline, exactly as for ``hearth chat`` and the port. The window's turns are ``Caller.WINDOW``'s
 (priority 1): the engine admits them before API requests waiting for a slot.
 
-Tools: with a ``ToolsController`` whose ``mcp.json`` lists servers, each turn gets its ``ToolBox``; the loop's
-events come out as ``tool_call(ToolCallRequested)``, ``tool_result(ToolResultShown)`` and ``tool_notice(str)``.
-A call that needs permission waits on the worker until ``answer(call_id, Permission)`` (the window's buttons).
-
-Thinking: ``ReasoningDelta`` comes out as ``reasoning(str)``, apart from the answer's ``delta``. Each turn's
-assistant gets the loaded model's default reasoning layer from settings.json (``per_model[<model id>]``
-keys ``reasoning_effort`` / ``reasoning_budget`` / ``reasoning_deadline_s``; a bad value is logged and
-ignored); the conversation's own setting is read by the pipeline from the store. ``stop_thinking()`` asks
-the running generation to end its thinking now (``Assistant.stop_thinking``, straight from the GUI thread:
-it only sends a message to the engine) and the answer follows.
-
-Presets and projects: each turn answers with the conversation's decoding settings and system prompt from
-``chat_setup`` (its preset, its own system prompt, the person's defaults; docs/ui.md "Presets and projects").
-
-Stop cancels the engine ``Generation`` directly (``Assistant.cancel``), so it works during a long prefill
-too, when no item is flowing that a ``quit()`` flag could be checked against; a turn waiting for the person's
-answer or for a tool is released too. The partial answer is kept in the store with status ``error``
-(``meta.error = "Cancelled"``).
+The reasoning: docs/ui.md, 'app/ui/chat_ctl.py'.
 """
 
 from __future__ import annotations

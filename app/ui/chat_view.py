@@ -1,25 +1,6 @@
 """The chat view: message bubbles bound to a ``ChatModel``, and the composer.
 
-Each message is a ``MessageWidget`` with a ``MarkdownView`` (a ``QTextBrowser`` sized to its document; Qt's own
-Markdown renderer, plus a "Copy code" link under each code block, see ``app.ui.markdown``). The view listens to
-the model: a reset rebuilds the bubbles, an insert adds one, a change marks the row dirty, and dirty rows are
-re-rendered by a timer every ``RENDER_INTERVAL_MS`` — so a fast stream costs one Markdown layout per tick, not
-per token (the throttle idea of qutebrowser's ``misc/throttle.py``). A ``tool`` row is a ``ToolCallWidget``
-(``app.ui.tool_view``: the call, the permission buttons, the result collapsed); an assistant message that only
-made calls shows no body, just "calls a tool".
-
-Thinking sits above the answer, collapsed behind a "Thinking… (N tokens)" expander that counts up while it
-streams (``formatting.thinking_label``); expanding shows it as Markdown. **Stop thinking** next to Stop is
-shown only while thinking streams (``set_thinking``) and emits ``stop_thinking``. The composer row has the
-conversation's thinking effort picker (``effort``: auto = the model's default, none, low, medium, high;
-``effort_changed(str)``, "" for auto) and the self-consistency samples (``samples``: 1, 3, 5;
-``samples_changed(int)``).
-
-Citations: the Sources list under an answer marks each cited passage with the citation check
-(``app.retrieval.citecheck``, stored with the citation): ✓ supported, "⚠ not supported: <reason>" (the
-reason says what the cited passage lacks) in the notice colour, "not checked" for citations stored before
-the check; the unsupported sentence itself gets a wavy underline in the answer, the reason as its tooltip
-(``mark_unsupported``).
+The reasoning: docs/ui.md, 'app/ui/chat_view.py'.
 """
 
 from __future__ import annotations

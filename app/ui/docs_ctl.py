@@ -1,21 +1,6 @@
 """``DocumentsController``: the document index (``app.retrieval``) for the window.
 
-Ingest and rescan run on a worker with their own ``DocumentStore`` (sqlite connections stay on one thread).
-Each ``Progress`` of the run crosses to the GUI thread as a snapshot (the ingest thread goes on changing the
-original) and is folded there into an ``app.retrieval.progress.IngestRun``: the overall figures and ETA, the
-files being read or embedded with their own progress, and every finished file with its chunks or reason. The
-run goes to the panel as ``run_changed`` at most every ``RUN_RENDER_MS`` (a trailing timer sends the last
-state; qutebrowser's throttle), and at once when it starts and ends. ``file_done`` still updates the document
-list per file.
-
-``cancel()`` stops the run after the document being written (``stop_after_document``: every document is its
-own transaction, so nothing finished is lost and the next run goes on with the rest); ``WorkerPool.shutdown()``
-reaches it the same way through ``StoppableWorker``. Listing and removal are small queries on the GUI thread's
-own store. An embedding model is used when one is installed (``hearth setup`` converts the packaged one);
-without it, chunks are sized by the approximate counter and search is keyword (BM25) only, which the panel
-says. ``source()`` is the ``app.assistant.DocumentSource`` that chat turns and the local port search (its own
-connection, the same embedder). If ``app.retrieval`` is missing from this build, ``available`` is False and
-the panel says so.
+The reasoning: docs/ui.md, 'app/ui/docs_ctl.py'.
 """
 
 from __future__ import annotations

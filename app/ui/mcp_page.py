@@ -1,18 +1,7 @@
 """Settings → MCP servers: edit ``mcp.json`` (servers, their command / arguments / environment or URL /
 headers), see each server's status (ready with its tools, or failed with the reason), switch tools on and off.
 
-The page edits drafts: each server is the JSON entry ``mcp.json`` holds (so keys Hearth does not read, such as
-another client's ``autoApprove``, stay as they were), and ``result_config()`` validates every entry with the
-MCP client's own parser (``app.mcp.parse_server``), so an error names the field the way the file would
-(``mcpServers.fs.command must be a non-empty string``). The text boxes take one argument per line,
-``KEY=value`` per environment line and ``Name: value`` per header line. A tool switched off is saved in the
-entry's ``disabledTools``; a tool the person allowed "always" from the chat (``alwaysAllow``) is marked so, and
-**Ask every time** (the button under the list, or the tool's context menu) takes that back: on save the tool
-leaves ``alwaysAllow`` (``McpConfig.with_always_allow(server, tool, allow=False)``) and its next call asks.
-The **Tool calls** box edits the tool loop's limits (settings.json's ``tools``, ``app.settings.ToolSettings``):
-``result_limits()``.
-Status comes from the running hub (``update_status``, live while the dialog is open); a server
-that is not running lists only the tools already switched off.
+The reasoning: docs/ui.md, 'app/ui/mcp_page.py'.
 """
 
 from __future__ import annotations

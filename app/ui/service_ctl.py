@@ -6,12 +6,7 @@ connection answers in well under a millisecond; a 1 s timeout bounds a hung one)
 None)``: the health body (``status`` ok / no_model, ``model``...) or None when nothing Hearth-like answers.
 While the window serves that port itself (the Port panel), the answer is its own and is not reported.
 
-**Connect** (``connect()``) makes the window's engine an ``app.engine.remote.engine.RemoteEngine`` on the service's
-``/v1`` (``EngineController.connect_remote``): chats then run in the service's process, with its model, and
-the window loads nothing. Choosing a model in the Models tab loads a local engine again.
-
-The probe is written here, not imported from ``app.service_unit.probe_health``, because the desktop app must
-not depend on the service installer being part of the build; both read the same ``/health`` body.
+The reasoning: docs/ui.md, 'app/ui/service_ctl.py'.
 """
 
 from __future__ import annotations

@@ -5,13 +5,8 @@ the model's override (``UserSettings.per_model``) instead of changing the defaul
 the core's own types (``LoadSettings.validate``, ``DecodingParams.make``) and an error names the field; saving
 is atomic (``app.settings.save_user_settings``). The window reloads the model when load settings changed.
 
-With the app's ``ToolsController`` the dialog has a second page, **MCP servers** (``app.ui.mcp_page``): after
-Save, ``new_mcp`` is the edited ``McpConfig`` (None when nothing changed), which the window saves as mcp.json
-and runs; its Tool calls box (steps per answer, call and start timeouts) is saved in the settings' ``tools``.
-Server status updates arrive live while the dialog is open.
-
-**Appearance → Theme** (system / light / dark) is the window's own preference (``app.ui.prefs``, ``ui.json``):
-after Save, ``new_theme`` is the chosen mode, which the window saves and applies at once."""
+The reasoning: docs/ui.md, 'app/ui/settings_dialog.py'.
+"""
 
 from __future__ import annotations
 

@@ -3,17 +3,7 @@ plus one application stylesheet, for a light and a dark theme.
 
 Design decisions held here:
 
-- **Tokens, not ad-hoc colours.** Every colour a widget uses comes from ``PALETTES[name]`` and every margin from
-  ``SPACE`` (4 px steps: 4, 8, 12, 16, 24) and every font size from ``TYPE`` (px: 11 small, 13 body, 15 title,
-  18 heading). Widgets name themselves (``setObjectName``) and the stylesheet styles the names, so a widget
-  never hard-codes a colour that would be wrong in the other theme. Sizes are device-independent pixels: Qt 6
-  scales them on HiDPI screens (``devicePixelRatio``), so the layout is the same at 1x and 2x.
-- **Following the OS.** The mode is ``system`` (Qt 6.5+ ``QStyleHints.colorScheme``, followed live through
-  ``colorSchemeChanged``), ``light`` or ``dark`` (Settings → Appearance, saved in ``ui.json`` by
-  ``app.ui.prefs``). ``Unknown`` (no desktop, Xvfb, offscreen) reads as light.
-- **One manager.** ``manager()`` is the application's ``ThemeManager``; it applies the theme app-wide and emits
-  ``changed(name)`` so views that paint theme-dependent content themselves (the Pygments colours of code blocks
-  in ``chat_view``) render again.
+The reasoning: docs/ui.md, 'app/ui/theme.py'.
 """
 
 from __future__ import annotations

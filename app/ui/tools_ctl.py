@@ -5,18 +5,7 @@ servers come up on the hub's own loop thread and report through ``on_status``, w
 emits ``status_changed``; the queued connection delivers it on the GUI thread. Nothing here blocks the GUI
 thread except ``close()`` at exit (each server gets stdin closed, then SIGTERM; bounded by the hub).
 
-A turn's ``ToolBox`` (``app.assistant``) calls the hub from the chat worker and asks ``ask`` before a call.
-``ask`` runs on that worker and waits on a future keyed by the call id; the window answers with ``answer``
-when the person clicks, and whoever comes first creates the future, so a click that arrives before the worker
-starts waiting is not lost. ``release_all`` (Stop, closing) answers every waiting call with "deny" so a
-stopped turn never stays blocked.
-
-The limits (``max_steps``, ``call_timeout_s``, ``start_timeout_s``) come from settings.json's ``tools`` section
-(``app.settings.ToolSettings``, edited on Settings → MCP servers) through ``use_settings``: a new call timeout or
-step count applies from the next turn, a new start timeout to servers started after it.
-
-A malformed ``mcp.json`` does not stop the app: no server runs, ``config_error`` says why (Settings shows it)
-and saving a corrected config from Settings replaces the file.
+The reasoning: docs/ui.md, 'app/ui/tools_ctl.py'.
 """
 
 from __future__ import annotations
