@@ -1,5 +1,6 @@
 """The status strip under the chat: the model and its state, then the last answer's TTFT, decode speed,
-prompt tokens reused from the prefix cache, and the context used / n_ctx as a bar whose tooltip breaks it down
+prompt tokens reused from the prefix cache (the decode speed's tooltip names a speculative mode and the guesses
+kept), and the context used / n_ctx as a bar whose tooltip breaks it down
 (``ContextPlan.breakdown`` from app.memory). Used context is the answer's real prompt + completion tokens from its
 metrics; before any answer the bar shows the loaded model's n_ctx with 0 used, or "context —" without a model.
 
@@ -17,7 +18,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.ui import theme
-from app.ui.formatting import context_bar, context_tooltip, status_texts
+from app.ui.formatting import context_bar, context_tooltip, speculative_text, status_texts
 
 THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled tokens; inserted text counts in "
                 "neither).\nTTFAT, time to first answer token: from the request entering its slot in the engine to "
@@ -75,7 +76,9 @@ class StatusStrip(QWidget):
                              "thinking included (TTFAT, next to it after an answer that thought, is the first "
                              "answer text)")
         self.decode.setText(texts["decode"])
-        self.decode.setToolTip("Decode speed of the answer, tokens per second after the first token")
+        spec = speculative_text(metrics)
+        self.decode.setToolTip("Decode speed of the answer, tokens per second after the first token"
+                               + (f"\n{spec}" if spec else ""))
         self.thinking.setText(texts["thinking"])
         self.thinking.setVisible(bool(texts["thinking"]))
         self.thinking.setToolTip(THINKING_TIP + (f"\nThinking time: {metrics['thinking_s']:.2f} s"
