@@ -106,7 +106,7 @@ class RemoteGeneration(StreamHandle):
 # the engine
 # ------------------------------------------------------------------------------------------------------
 class RemoteEngine:
-    """A chat engine answered by the OpenAI-compatible server at ``url`` (module docstring).
+    """A chat engine answered by the OpenAI-compatible server at ``url`` (docs/remote.md).
 
     ``name``: Hearth's name for it (``check_name``; also its model id, ``model_path``). ``model``: the
     remote's model id (None: the only one it serves). ``api_key``: sent as a Bearer token (``app.secrets``

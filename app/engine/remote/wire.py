@@ -105,7 +105,7 @@ def _sampling(d: DecodingParams, kind: str) -> dict[str, Any]:
 
 
 def check_supported(req: GenerateRequest, kind: str, remote: str) -> None:
-    """Refuse, naming the parameter, what a remote cannot be asked for (module docstring)."""
+    """Refuse, naming the parameter, what a remote cannot be asked for (docs/remote.md)."""
     if req.want_logprobs:
         raise InvalidRequest(f"logprobs are not available from the remote model {remote}", param="logprobs")
     if req.speculative is not None:
@@ -298,7 +298,7 @@ def _card_ctx(card: dict) -> Optional[int]:
 
 
 def _metrics(st: StreamState, t_call: float, t_send: float, times: list[float], t_answer: Optional[float]) -> Metrics:
-    """Hearth-boundary clocks (module docstring) and the remote's usage."""
+    """Hearth-boundary clocks (docs/remote.md, Timings) and the remote's usage."""
     end = time.perf_counter()
     itl = [b - a for a, b in zip(times, times[1:])]
     u = st.usage or {}
