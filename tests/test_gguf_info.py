@@ -19,7 +19,8 @@ import pytest
 from gguf_writer import write_gguf
 
 from app import paths
-from app.catalog.gguf import ArrayInfo, file_sha256, inspect_model, read_gguf_header
+from app.catalog.gguf import file_sha256, inspect_model
+from app.catalog.gguf_header import ArrayInfo, read_gguf_header
 from app.errors import ModelLoadError
 
 
