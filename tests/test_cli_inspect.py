@@ -167,6 +167,7 @@ def test_resolve_unknown() -> None:
     assert exc_info.value.available == [BUNDLED_MODEL_ID, "a"]
 
 
+@pytest.mark.model
 def test_resolve_default_is_bundled(linked_bundled: Path) -> None:
     assert resolve_model(None) == linked_bundled
     assert resolve_model(BUNDLED_MODEL_ID) == linked_bundled

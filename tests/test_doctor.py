@@ -45,6 +45,7 @@ def home_with_model(hearth_home: Path, bundled_model: Path) -> Path:
     return hearth_home
 
 
+@pytest.mark.model
 def test_doctor_on_this_machine(home_with_model: Path):
     r = hearth("doctor", "--json")
     out = json.loads(r.stdout)
@@ -310,6 +311,7 @@ def test_check_rejects_a_bad_status():
         Check("x", "great", "y")
 
 
+@pytest.mark.model
 def test_models_check_reads_other_files_and_names_a_bad_one(home_with_model: Path, bundled_model: Path):
     models = home_with_model / "models"
     (models / "mine-Q4_K_M.gguf").symlink_to(bundled_model)

@@ -118,6 +118,7 @@ def test_skip_env_goes_straight_to_the_window(monkeypatch):
     assert default.gui_problem() is None
 
 
+@pytest.mark.gui  # imports the window module (PySide6)
 def test_a_passing_probe_opens_the_window(monkeypatch):
     import app.cli.default as default
     import app.ui.main as ui_main

@@ -407,6 +407,7 @@ def test_tokens_are_counted_while_an_embedding_runs(embedders):
     assert waited < 1.0  # the side lane answers without waiting for the whole embedding
 
 
+@pytest.mark.model
 def test_batch_tokens_must_not_be_negative(embedding_model: Path):
     from app.retrieval.embedder import Embedder
 

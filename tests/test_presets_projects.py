@@ -128,6 +128,7 @@ def test_project_documents_and_rename(memory_store):
 
 
 # ---------------------------------------------------------------------------------------------- in the window
+@pytest.mark.gui
 def test_presets_dialog_saves_exports_and_refuses_a_bad_import(qtbot, memory_store, tmp_path):
     from app.ui.presets_dialog import PresetsDialog
 
@@ -165,6 +166,7 @@ def test_a_chats_turn_uses_its_preset_and_own_prompt(memory_store):
     assert chat_setup(memory_store, cid, user)[1] == ""
 
 
+@pytest.mark.gui
 def test_header_shows_and_edits_the_system_prompt(qtbot, memory_store):
     from app.ui.chat_header import ChatHeader
 
@@ -184,6 +186,7 @@ def test_header_shows_and_edits_the_system_prompt(qtbot, memory_store):
     assert sig.args == ["Be very brief."]
 
 
+@pytest.mark.gui
 def test_sidebar_groups_chats_under_projects(qtbot, memory_store):
     from app.ui.models import KindRole
     from app.ui.sidebar import Sidebar

@@ -99,6 +99,7 @@ def test_a_recommendation_is_a_value():
     assert r.verdict == "unknown" and r == Recommendation("id", "n", "r", "f.gguf", 1, 2, "b", "l")
 
 
+@pytest.mark.model
 def test_shape_estimate_matches_the_real_header(bundled_model: Path):
     """The catalog's header-less estimate agrees with the estimate from a real GGUF header (the bundled
     Gemma 3 270M), so a shape in the data file means what the engine will allocate."""

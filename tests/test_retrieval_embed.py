@@ -51,6 +51,7 @@ def embedder(model_path: Path):
 
 # ------------------------------------------------------------------------------------------ the GGUF model
 
+@pytest.mark.model
 def test_ensure_embedding_model_writes_a_bert_gguf_once(model_path: Path, hearth_home: Path):
     from gguf import GGMLQuantizationType, GGUFReader
 
@@ -102,6 +103,7 @@ def _reference_embedding(ids: list[int], t: dict[str, np.ndarray]) -> np.ndarray
     return e / np.linalg.norm(e)
 
 
+@pytest.mark.model
 def test_gguf_embeddings_match_a_numpy_reference_of_the_original_weights(embedder):
     from llama_cpp import Llama
 
@@ -116,6 +118,7 @@ def test_gguf_embeddings_match_a_numpy_reference_of_the_original_weights(embedde
     assert vocab.tokenize(b"A man is playing a guitar.") == [101, 1037, 2158, 2003, 2652, 1037, 2858, 1012, 102]
 
 
+@pytest.mark.model
 def test_paraphrases_rank_above_unrelated_sentences(embedder):
     triples = [
         ("A man is playing a guitar.", "Someone strums a guitar.", "The stock market fell sharply today."),
@@ -132,10 +135,12 @@ def test_paraphrases_rank_above_unrelated_sentences(embedder):
 
 # -------------------------------------------------------------------------------------------- the engine
 
+@pytest.mark.model
 def test_tokens_are_counted_without_special_tokens(embedder):
     assert embedder.count_tokens(["A man is playing a guitar.", ""]) == [7, 0]
 
 
+@pytest.mark.model
 def test_an_engine_crash_is_an_error_then_the_engine_restarts(embedder):
     embedder.embed(["warm"])
     texts = [f"passage {i}: " + "words of a long passage " * 40 for i in range(64)]  # several decodes
@@ -171,6 +176,7 @@ while True:  # requests in flight when the parent is killed: the child's reply t
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+@pytest.mark.model
 def test_child_of_a_killed_parent_exits_quietly(model_path: Path, tmp_path: Path):
     """The parent is SIGKILLed while a request runs: the child exits within seconds, printing nothing (it
     printed BrokenPipe tracebacks before the process host)."""
@@ -208,6 +214,7 @@ def test_a_bad_model_file_is_a_model_load_error(tmp_path: Path):
 
 # ------------------------------------------------------------------------------- chunking, hybrid search
 
+@pytest.mark.model
 def test_a_20000_character_paragraph_fits_the_model_tokenizer(embedder):
     text = " ".join(f"Observation{i} of the heron colony recorded variable{i * 7}" for i in range(400))[:20000]
     assert "\n" not in text
@@ -217,6 +224,7 @@ def test_a_20000_character_paragraph_fits_the_model_tokenizer(embedder):
     assert [c.token_count for c in chunks] == counts
 
 
+@pytest.mark.model
 def test_hybrid_search_pelican_edit_rename_delete(tmp_path: Path, doc_store, embedder):
     folder = tmp_path / "notes"
     folder.mkdir()
@@ -248,6 +256,7 @@ def test_hybrid_search_pelican_edit_rename_delete(tmp_path: Path, doc_store, emb
     assert doc_store.stats()["embeddings"] == 1
 
 
+@pytest.mark.model
 def test_vectors_are_added_later_for_chunks_indexed_without_a_model(tmp_path: Path, doc_store, embedder):
     (tmp_path / "a.txt").write_text("Otters hold hands while sleeping.")
     Ingester(doc_store).ingest([tmp_path / "a.txt"])

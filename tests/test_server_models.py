@@ -219,6 +219,7 @@ def test_default_model_and_its_aliases_and_the_single_engine_path_unchanged():
     assert chat(single, "other").json()["error"]["code"] == "model_not_loaded"
 
 
+@pytest.mark.model
 def test_capabilities_of_the_bundled_gguf(bundled_model):
     cat = ModelCatalog(lambda: [("gemma-3-270m-q4_k_m", str(bundled_model), "chat")])
     (m,) = cat.listing(None, None, {})

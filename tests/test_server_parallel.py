@@ -136,6 +136,7 @@ def test_a_deadline_that_passes_in_the_queue_answers_empty_with_length():
 
 
 # -- the window before waiting API requests --------------------------------------------------------------------
+@pytest.mark.gui
 def test_the_windows_turn_is_admitted_before_a_waiting_api_request(qtbot, memory_store):
     from app.ui.chat_ctl import ChatController
     from app.ui.workers import WorkerPool

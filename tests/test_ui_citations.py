@@ -17,6 +17,8 @@ from app.ui.chat_view import MessageWidget, citations_html, unsupported_sentence
 from app.ui.models import ChatRow
 from tests.fakes import FakeEngine
 
+pytestmark = pytest.mark.gui
+
 TURN_MS = 20_000
 FERRY = "Ferry timetable.\n\nThe ferry to Lindholm island leaves at 7:45 every morning from pier 4.\n"
 SUPPORTED = "The ferry leaves from pier 4"

@@ -21,6 +21,8 @@ from PySide6.QtCore import Qt
 
 from app.retrieval.types import FileStatus, IngestReport, Progress
 
+pytestmark = pytest.mark.gui
+
 
 @pytest.fixture
 def panel(qtbot):

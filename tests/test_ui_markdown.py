@@ -3,11 +3,14 @@ copy link per closed code block that puts the block's exact code on the clipboar
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication, QTextCursor
 
 from app.ui import theme
 from app.ui.markdown import code_blocks, highlight_spans, with_copy_links
+
+pytestmark = pytest.mark.gui
 
 CODE = "def add(a, b):\n    return a + b  # sum  \n"
 ANSWER = f"Here:\n\n```python\n{CODE}```\n\nand a shell line:\n\n```sh\necho 'hi'\n```\n"

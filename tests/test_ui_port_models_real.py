@@ -12,7 +12,7 @@ import pytest
 from app import paths
 from tests.test_ui_window import ANSWER_MS, close_window, home_with_model, open_window  # noqa: F401
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.gui]
 
 
 def test_the_port_answers_for_another_installed_model_and_unloads_it_when_stopped(qtbot, home_with_model,  # noqa: F811

@@ -19,6 +19,8 @@ from PySide6.QtCore import Qt
 
 from tests.fakes import FakeEngine
 
+pytestmark = pytest.mark.gui
+
 TURN_MS = 20_000
 THINKING = "<think>" + "step by step " * 12 + "</think>The answer is 4."  # within max_tokens 256
 

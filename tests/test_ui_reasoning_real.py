@@ -12,7 +12,7 @@ from app.settings import UserSettings, save_user_settings
 from tests.test_ui_reasoning import last_answer, pick_effort
 from tests.test_ui_window import ANSWER_MS, ask, close_window, home_with_model, open_window  # noqa: F401
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.gui]
 
 
 def test_stop_thinking_button_ends_the_real_models_thinking(qtbot, home_with_model):  # noqa: F811

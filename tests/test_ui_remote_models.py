@@ -5,9 +5,13 @@ key named, and the connect call with the remote's URL, model and key."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.catalog.registry import ModelEntry
 from app.settings import RemoteSettings, UserSettings
 from app.ui.model_panel import REMOTE, list_models_job, remote_html
+
+pytestmark = pytest.mark.gui
 
 FAR = RemoteSettings(url="http://10.0.0.5:8000/v1", model="qwen3-32b", api_key_env="FAR_KEY").validate("far")
 

@@ -11,6 +11,8 @@ from PySide6.QtGui import QGuiApplication, QPalette
 
 from app.ui import prefs, theme
 
+pytestmark = pytest.mark.gui
+
 
 @pytest.fixture
 def manager(qapp):

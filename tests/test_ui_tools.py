@@ -29,6 +29,8 @@ from app.mcp import load_config
 from app.protocol.types import GenerateRequest
 from tests.fakes import FakeEngine
 
+pytestmark = pytest.mark.gui
+
 SERVERS = Path(__file__).parent / "mcp_servers"
 MB = 1024 * 1024
 TURN_MS = 30_000

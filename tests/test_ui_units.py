@@ -29,6 +29,8 @@ from app.ui.formatting import (
 from app.ui.markdown import code_blocks, copy_index, with_copy_links
 from app.ui.models import ChatModel, ChatRow, ConversationListModel, DocRow, DocumentListModel, IdRole, KindRole
 
+pytestmark = pytest.mark.gui
+
 
 # ---------------------------------------------------------------------------------------------- pure
 def test_markdown_copy_links_only_for_closed_blocks():

@@ -18,7 +18,7 @@ from app import paths
 from app.protocol.types import DecodingParams, LoadSettings
 from app.settings import UserSettings, load_user_settings, save_user_settings
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.gui]
 LOAD_MS = 60_000
 ANSWER_MS = 120_000
 
