@@ -1,5 +1,5 @@
 """Remote engines in the window's model list (issue 15): each entry of settings.remotes is a row, and loading
-it connects the window's engine to the remote (``EngineController.connect_remote`` → ``RemoteEngine``, whose
+it connects the window's engine to the remote (``engine_ctl.remote_job`` → ``app.backends`` → ``RemoteEngine``, whose
 behaviour against real servers is tests/test_remote_real.py). Checked here: the row, its details, a missing
 key named, and the connect call with the remote's URL, model and key."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from app import backends
 from app.catalog.registry import ModelEntry
 from app.settings import RemoteSettings, UserSettings
 from app.ui.model_panel import REMOTE, list_models_job, remote_html
@@ -31,7 +32,7 @@ def test_loading_a_remote_row_connects_with_its_key_or_names_the_missing_variabl
     ctx = AppContext()
     ctx.settings = UserSettings(remotes={"far": FAR})
     calls = []
-    monkeypatch.setattr(ctx.engine, "connect_remote", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(ctx.engine, "load", calls.append)
     panel = ModelPanel(ctx)
     qtbot.addWidget(panel)
     panel._entries(list_models_job(ctx.settings.remotes))
@@ -43,7 +44,10 @@ def test_loading_a_remote_row_connects_with_its_key_or_names_the_missing_variabl
     assert calls == [] and "FAR_KEY" in panel.error.text()
     monkeypatch.setenv("FAR_KEY", "sk-test")
     panel.load_selected()
-    assert calls == [(("far", "http://10.0.0.5:8000/v1"), {"model": "qwen3-32b", "api_key": "sk-test"})]
+    (job,) = calls  # built by app.backends from the remote's settings (URL, model, n_ctx, timeouts, key)
+    assert job.path == "far" and job.remote == "http://10.0.0.5:8000/v1" and job.plan.remote == FAR
+    eng = backends.build(job.plan)
+    assert eng.url == FAR.url and eng.model == "qwen3-32b" and eng.key_hint == "$FAR_KEY"
     ctx.pool.pool.waitForDone(5000)
 
 

@@ -98,14 +98,14 @@ class EngineController(QObject):
 
         if old is not None:
             old.close()
-        if job.remote:
+        if job.plan is not None:  # a model file, or a remote engine of the settings
+            self._pending = backends.build(job.plan)
+        elif job.remote:  # the Hearth service found on the settings' port
             from app.engine.remote.engine import RemoteEngine
 
             self._pending = RemoteEngine(job.path, job.remote, model=job.remote_model, api_key=job.api_key)
         else:
-            if job.plan is None:
-                raise ValueError(f"LoadJob({job.path!r}) has no plan; make it with engine_ctl.job_for")
-            self._pending = backends.build(job.plan)
+            raise ValueError(f"LoadJob({job.path!r}) has no plan; make it with engine_ctl.job_for")
         if self._aborted:
             raise Cancelled("the load was aborted")
         return self._pending.load()
@@ -163,6 +163,14 @@ def job_for(settings: UserSettings, path: str, model_id: str | None = None) -> L
     load settings, the model's ``per_model`` entry incl. ``speculative`` / ``draft_model`` /
     ``thinking_markers``, the prefix cache). Raises ``InvalidRequest`` naming a bad setting."""
     return LoadJob(path, backends.plan_file(settings, path, model_id=model_id))
+
+
+def remote_job(settings: UserSettings, name: str) -> LoadJob:
+    """The job that connects to ``remotes[name]`` of ``settings`` (``app.backends.plan_remote``: its URL, model,
+    context, slots and timeouts; the key is read when it connects). Raises ``InvalidRequest`` when there is no
+    such remote."""
+    plan, remote = backends.plan_remote(settings, name), settings.remotes[name]
+    return LoadJob(name, plan, remote=remote.url, remote_model=remote.model)
 
 
 def _inspect(path: str) -> Any:

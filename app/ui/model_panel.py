@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.catalog.files import link_model
 from app.catalog.recommended import Recommendation, load_catalog, recommend
+from app.ui.engine_ctl import remote_job
 from app.ui.formatting import human_bytes
 from app.ui.models import ItemRole, ModelListModel
 
@@ -238,12 +239,12 @@ class ModelPanel(QWidget):
         from app import secrets
         from app.errors import HearthError
 
-        try:
-            key = secrets.api_key_for(entry.id, remote)
+        try:  # read here too, so that a missing key is named before the loaded model goes away
+            secrets.api_key_for(entry.id, remote)
         except HearthError as exc:  # the key's variable is unset, the keyring has none: say which
             self.show_error(exc)
             return
-        self.ctx.engine.connect_remote(entry.id, remote.url, model=remote.model, api_key=key)
+        self.ctx.engine.load(remote_job(self.ctx.settings, entry.id))
 
     def _remote(self, entry: Any) -> Any:
         """The ``RemoteSettings`` of a remote engine's row, else None."""
