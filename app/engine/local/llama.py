@@ -1,0 +1,87 @@
+"""llama.cpp's side of a load: ``Llama(...)`` arguments, a context of several sequences in a non-unified KV
+cache, llama.cpp's log lines routed to Python logging, and the process's peak memory."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from typing import Any
+
+from app.childhost import default_threads
+from app.protocol.types import LoadSettings
+
+GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type enum values (ggml.h)
+
+_LOG_CALLBACK = None  # keep the ctypes callback alive for the life of the process
+
+
+def route_llama_logs() -> None:
+    """Send llama.cpp's log lines to Python logging (logger ``llama.cpp``) instead of stderr: errors as
+    warnings, everything else at debug level (``hearth -v`` shows them). llama-cpp-python 0.3.36 maps ggml's log
+    levels with an old enum (DEBUG=1, INFO=2, WARN=3, ERROR=4 in this llama.cpp) and prints informational
+    warnings such as "using full-size SWA cache" on every load."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None:
+        return
+    import ctypes
+
+    import llama_cpp
+
+    llog = logging.getLogger("llama.cpp")
+
+    @llama_cpp.llama_log_callback
+    def _cb(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        msg = text.decode("utf-8", "replace").rstrip()
+        if msg:
+            llog.log(logging.WARNING if level == 4 else logging.DEBUG, "%s", msg)
+
+    _LOG_CALLBACK = _cb
+    llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
+
+
+def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
+    """``Llama(...)`` keyword arguments for ``settings`` (llama-cpp-python 0.3.36 names; it silently ignores
+    unknown ones, so every name here is checked by a test). ``n_gpu_layers`` and ``offload_kqv`` take effect in a
+    CUDA or Metal build (``make run BACKEND=cuda|metal``) and are ignored by a CPU build."""
+    threads = settings.n_threads or default_threads()
+    return dict(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch, n_threads=threads,
+                n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers, type_k=GGML_TYPES[settings.type_k],
+                type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
+                use_mmap=settings.use_mmap, use_mlock=settings.use_mlock, swa_full=settings.swa_full,
+                logits_all=False, verbose=False, seed=settings.seed)
+
+
+def _context_with_sequences(n_seq: int):
+    """A context manager under which ``llama_cpp.Llama(...)`` creates its context with ``n_seq`` sequences in
+    a non-unified KV cache (``n_seq_max``, ``kv_unified=False``: one KV stream of n_ctx / n_seq cells per
+    sequence). llama-cpp-python 0.3.36 sets ``n_seq_max`` only for embedding models; its context parameters
+    start from ``llama_context_default_params()``, which this wraps for the duration of the load (the engine
+    process loads one model, on one thread)."""
+    import contextlib
+
+    import llama_cpp.llama_cpp as lib
+
+    @contextlib.contextmanager
+    def patched():
+        orig = lib.llama_context_default_params
+
+        def params():
+            p = orig()
+            p.n_seq_max = n_seq
+            p.kv_unified = False
+            return p
+
+        lib.llama_context_default_params = params
+        try:
+            yield
+        finally:
+            lib.llama_context_default_params = orig
+
+    return patched()
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process in bytes (``getrusage``; kB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)

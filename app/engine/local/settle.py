@@ -1,0 +1,113 @@
+"""While idle, the last answer's turn laid out again in the canonical layout, so that the next turn reuses it
+bit for bit (``SettleMixin.idle_step``; docs/prefix-cache.md, "The answer, laid out again while idle")."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from app.engine.local.layout import next_bound, usable
+from app.engine.local.reuse import MIN_LIVE_REUSE
+from app.engine.local.seqs import LlamaSeq
+from app.protocol.types import ChatMessage
+
+log = logging.getLogger("app.engine.local.runtime")
+
+SETTLE_MAX_TOKENS = 2048  # tokens of an answer's turn re-laid out while idle, at most (``idle_step``)
+SETTLE_PROBE = "\u2026"  # the next user message stand-in whose turn opening ends the settled prefix
+
+
+class _Settle:
+    """An answer's turn being laid out again in its slot while the engine is idle (``Runtime.idle_step``):
+    ``tokens``, the next turn's prompt as far as it is known (the chat with the answer and a stand-in user
+    message, rendered and tokenized), ``bounds`` its canonical layout, ``pos`` the next position to evaluate,
+    ``target`` where it stops (the cut that opens the next user turn), ``started``: the slot was cut back to
+    ``pos`` already."""
+
+    __slots__ = ("tokens", "bounds", "pos", "target", "started")
+
+    def __init__(self, tokens: list[int], bounds: list[int], pos: int, target: int) -> None:
+        self.tokens, self.bounds, self.pos, self.target, self.started = tokens, bounds, pos, target, False
+
+
+class SettleMixin:
+    """``Runtime``'s idle work (it holds ``_settle_wanted``, ``_settling``, ``settled``)."""
+
+    def _may_settle(self, seq: LlamaSeq) -> bool:
+        """A chat answer that ended normally (not cancelled), without thinking or tools, whose prompt may be
+        reused (``prefix_cache`` on, a reusable cache): its next turn will likely begin with it."""
+        r = seq.request
+        return (seq.finish is not None and r.prompt is None and bool(r.messages) and not r.tools
+                and seq.forcer is None and r.prefix_cache and self.reuse_ok and bool(self.turn_breaks))
+
+    def idle_step(self) -> bool:
+        """One step of idle work (the scheduler calls it while no request waits or runs): lay the last
+        answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call.
+        Returns True while more remains.
+
+        Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
+        decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
+        could reuse the previous prompt only up to the break that opens the answer (``app.engine.local.layout``).
+        Here the chat with the answer and a stand-in user message (``SETTLE_PROBE``) is rendered and
+        tokenized exactly as the next request will be, the slot's KV is cut back to the last common cut, and
+        the tokens up to the cut that opens the next user turn are prefilled in chunks of the canonical
+        layout: the next turn then reuses the answer's turn too, bit for bit as a cold prefill would compute
+        it. A request arriving meanwhile waits for at most the chunk in flight; the slot's tokens and bounds
+        are right after every chunk. When the next request does not repeat the answer verbatim the work is
+        wasted, never wrong (reuse is by token prefix and layout). The cost: a repeat of the same prompt
+        (regenerate) reuses the prompt up to its assistant break instead of all but its last token.
+        ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
+        try:
+            if not self._settling:
+                while self._settle_wanted and not self._settling:
+                    sid, seq = self._settle_wanted.popitem()
+                    plan = self._settle_plan(seq)
+                    if plan is not None:
+                        self._settling[sid] = plan
+            if self._settling:
+                sid = next(iter(self._settling))
+                if self._settle_chunk(sid, self._settling[sid]):
+                    self._settling.pop(sid, None)
+        except Exception:  # noqa: BLE001 - idle work must never end the engine; its slot starts over
+            log.exception("laying out the last answer again failed")
+            for sid in list(self._settling):
+                self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
+                self.slots[sid].forget()
+            self._settling.clear()
+        return bool(self._settling or self._settle_wanted)
+
+    def _settle_plan(self, seq: LlamaSeq) -> _Settle | None:
+        """What ``idle_step`` prefills for ``seq``'s answer, or None when nothing would be gained."""
+        slot = self.slots[seq.slot]
+        messages = tuple(seq.request.messages) + (ChatMessage("assistant", seq.streamer.text),
+                                                  ChatMessage("user", SETTLE_PROBE))
+        rp = self.render(replace(seq.request, messages=messages))
+        tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=True)
+        bounds = self.layout(tokens)
+        cuts = [b for b in bounds if tokens[b] in self.turn_breaks]
+        if len(cuts) < 2:
+            return None
+        target = cuts[-2]  # the stand-in's turn opens here; the last cut opens the answer after it
+        start = self.live_prefix(slot, tokens, bounds)
+        if target - start > SETTLE_MAX_TOKENS:
+            target = usable(bounds, start + SETTLE_MAX_TOKENS)
+        if start < MIN_LIVE_REUSE or target <= start or target >= self.settings.n_ctx:
+            return None
+        return _Settle(tokens, bounds, start, target)
+
+    def _settle_chunk(self, sid: int, plan: _Settle) -> bool:
+        """Prefill the next chunk of ``plan`` into slot ``sid``; True when it reached its target."""
+        slot = self.slots[sid]
+        if not plan.started:
+            if self._keep_prefix(slot, plan.tokens, plan.pos) != plan.pos:
+                return True  # the tail would not go: the slot was emptied, nothing to lay out
+            plan.started = True
+        start = plan.pos
+        end = next_bound(plan.bounds, start)
+        self._prefill_chunk(slot, plan.tokens, start, end)
+        plan.pos = end
+        self.settled["settled_tokens"] += end - start
+        if end >= plan.target:
+            self.settled["settled_answers"] += 1
+            return True
+        return False
