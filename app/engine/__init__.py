@@ -26,7 +26,10 @@ _FACE = {
     "parse_self_consistency": "app.engine.policies.consistency",
 }
 
-__all__ = sorted(_FACE)
+__all__ = [
+    "Engine", "EngineStats", "Generation", "Lease", "ModelBusy", "ModelPool", "RemoteEngine", "SelfConsistencyRun",
+    "StreamHandle", "local_pool", "parse_self_consistency", "run_self_consistency",
+]
 
 if TYPE_CHECKING:
     from app.engine.local.engine import Engine, Generation
