@@ -34,13 +34,12 @@ def test_vocabulary_lane_does_not_wait_for_the_running_generation():
     gen = eng.generate(chat("hi"))
     it = iter(gen)
     next(it)
-    t0 = time.perf_counter()
     assert eng.tokenize("héllo") == [104, 233, 108, 108, 111] and eng.count_tokens("héllo") == 5
     assert eng.tokenize("ab", add_bos=True) == [0, 97, 98] and eng.detokenize([0, 104, 105]) == "hi"
     assert eng.token_piece_bytes(233) == "é".encode() and eng.token_piece_bytes(0) == b""
     rp = eng.render(chat("hi"))
     assert (rp.text, rp.name) == ("user: hi\nassistant:", "fake")
-    assert time.perf_counter() - t0 < 1.0
+    assert gen.done is None and eng.active() == 1  # answered while the generation still runs
     gen.close()
     assert eng.stats.cancelled == 1 and eng.complete(chat("hi", max_tokens=2)).text == "xx"
 

@@ -215,15 +215,21 @@ def test_random_corruption_never_escapes(tmp_path: Path) -> None:
     header_end = read_gguf_header(tmp_path / "full.gguf").data_offset
     rng = random.Random(7)
     bad = tmp_path / "bad.gguf"
+    refused = read = 0
     for _ in range(300):
         mutated = bytearray(data)
         for _ in range(rng.randint(1, 4)):
             mutated[rng.randrange(4, header_end)] = rng.randrange(256)
         bad.write_bytes(mutated)
         try:
-            inspect_model(bad)
-        except ModelLoadError:
-            pass
+            info = inspect_model(bad)
+        except ModelLoadError as exc:  # anything else escaping fails the test
+            assert str(exc) and exc.path == str(bad), exc
+            refused += 1
+        else:
+            assert info.path == str(bad)
+            read += 1
+    assert refused + read == 300 and refused > 0  # most mutations break the header, and each is refused cleanly
 
 
 # ------------------------------------------------------------------------------------------- sha256
