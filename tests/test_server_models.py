@@ -171,10 +171,11 @@ def test_the_lease_is_held_for_a_whole_stream_and_released_at_the_end():
 
 
 def test_requests_for_a_loading_model_wait_then_run():
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     made = Made()
 
     def slow(key, path):
+        entered.set()
         gate.wait(5)
         return made(key, path)
     pool = ModelPool(resolve, slow, lambda k, p: GIB, reaper_interval_s=0)
@@ -184,7 +185,7 @@ def test_requests_for_a_loading_model_wait_then_run():
             f"{srv.url}/v1/chat/completions", json={"model": "beta", "messages": HI}, timeout=30))) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.2)
+        assert entered.wait(10)  # the first request is loading the model (an event, not a sleep)
         assert pool.status()["beta"]["state"] == "loading"
         gate.set()
         for t in threads:
