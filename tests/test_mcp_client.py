@@ -7,6 +7,7 @@ No model is involved. Timeouts are short so the file stays fast; one module-wide
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -254,12 +255,17 @@ def test_one_megabyte_result_is_whole(hub: McpHub, server: str) -> None:
     assert r.size_bytes == 1_000_000 and len(r.text) == 1_000_000 and not r.is_error
 
 
-def test_call_past_its_timeout_raises_and_the_server_stays_usable(hub: McpHub) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(ToolError) as e:
+def test_call_past_its_timeout_raises_and_the_server_stays_usable(hub: McpHub, monkeypatch, caplog) -> None:
+    probes: list[str] = []  # the call's own deadline, in the hub's loop, pings the server after it fires
+    probe = hub._probe
+    monkeypatch.setattr(hub, "_probe", lambda srv, session, after, *a: probes.append(after) or probe(
+        srv, session, after, *a))
+    with caplog.at_level(logging.WARNING, logger="app.mcp.client"), pytest.raises(ToolError) as e:
         hub.call("t__slow", {"seconds": 30}, timeout_s=0.5)
-    assert time.monotonic() - t0 < 2.5
     assert (e.value.kind, e.value.server, e.value.tool) == ("timeout", "t", "slow")
+    # The 0.5 s deadline fired in the loop (its ping follows), not the caller's fallback wait of 0.5 + 5 s.
+    assert probes == ["a call timed out"]
+    assert not [r for r in caplog.records if "gave up waiting" in r.getMessage()]
     assert "0.5 s" in str(e.value)
     assert hub.call("t__echo", {"text": "still here"}, timeout_s=10).text == "still here"
     assert hub.status()["t"].state == "ready"
@@ -309,11 +315,10 @@ def test_unknown_tool_and_bad_arguments(hub: McpHub) -> None:
 
 
 def test_server_that_exits_at_start_fails_clearly(hub: McpHub) -> None:
-    t0 = time.monotonic()
     st = hub.start("exit", timeout_s=10)["exit"]
-    assert time.monotonic() - t0 < 8
     assert st.state == "failed"
-    assert "exited before answering initialize" in st.error
+    # Its exit is what failed it, not the 10 s handshake timeout.
+    assert "exited before answering initialize" in st.error and "no answer to initialize" not in st.error
     assert "HEARTH_TEST_TOKEN is not set" in st.error  # its last stderr line says why
     with pytest.raises(ToolError) as e:
         hub.call("exit__add", {}, timeout_s=5)
@@ -321,12 +326,13 @@ def test_server_that_exits_at_start_fails_clearly(hub: McpHub) -> None:
     assert hub.call("t__add", {"a": 1, "b": 1}, timeout_s=10).text == "2"  # the others keep working
 
 
-def test_server_that_hangs_at_start_fails_within_the_timeout(hub: McpHub) -> None:
-    t0 = time.monotonic()
-    st = hub.start("hang", timeout_s=1.5)["hang"]
-    elapsed = time.monotonic() - t0
+def test_server_that_hangs_at_start_fails_within_the_timeout(hub: McpHub, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="app.mcp.client"):
+        st = hub.start("hang", timeout_s=1.5)["hang"]
+    # The 1.5 s handshake deadline failed it, and start() returned on that (still "starting" otherwise):
+    # not on the caller's fallback wait of 1.5 + 5 s, which would log that it gave up.
     assert st.state == "failed" and "no answer to initialize within 1.5 s" in st.error
-    assert 1.4 < elapsed < 4.0, elapsed
+    assert not [r for r in caplog.records if "gave up waiting" in r.getMessage()]
     assert hub.call("web__add", {"a": 1, "b": 1}, timeout_s=10).text == "2"
 
 
@@ -395,7 +401,7 @@ def _children(marker: str) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-def test_close_leaves_no_child_processes() -> None:
+def test_close_leaves_no_child_processes(caplog) -> None:
     marker = f"--marker={uuid.uuid4().hex}"
     cfg = parse_config({"mcpServers": {
         "t": {"command": PY, "args": [str(SERVERS / "tool_server.py"), marker]},
@@ -424,11 +430,14 @@ def test_close_leaves_no_child_processes() -> None:
     while len(_children(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(_children(marker)) == 2
-    t0 = time.monotonic()
-    h.close()
+    with caplog.at_level(logging.WARNING, logger="app.mcp.client"):
+        h.close()
     call.join(5)
     assert not call.is_alive() and [e.kind for e in errors] == ["unavailable"]
-    assert time.monotonic() - t0 < 12  # the stubborn one needs the SIGKILL, 4 s in
+    # Each server stopped on its own path (the stubborn one by the SIGKILL after its ignored SIGTERM) within
+    # close()'s budget: none had to be cancelled, and close() did not give up waiting.
+    assert not [r.getMessage() for r in caplog.records
+                if any(w in r.getMessage() for w in ("did not stop", "gave up waiting", "did not finish"))]
     assert _children(marker) == []
     assert {s.state for s in h.status().values()} == {"stopped"}
     assert [st for name, st in seen if name == "t"] == ["starting", "ready", "ready", "stopped"]  # + re-list

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.engine.policies.router import KEYWORDS, Route, RouterConfig, request_text, route, signals
+from app.engine.policies.router import KEYWORDS, MAX_READ_CHARS, Route, RouterConfig, request_text, route, signals
 from app.errors import InvalidRequest
 from app.protocol.types import ChatMessage
 from benchmarks.reasoning_items import default_items
@@ -89,11 +89,26 @@ def test_keywords_match_whole_words_case_insensitively():
     assert signals("") == []
 
 
-def test_routing_cost_is_measured_and_small_even_for_hostile_text():
-    r = route("What is 2 + 2?")
-    assert isinstance(r, Route) and 0 < r.seconds < 0.01
-    assert r.to_api()["path"] == "reasoning" and r.to_api()["budget_tokens"] == 256
+def _best_of(runs: int, fn) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_routing_cost_is_measured_and_stays_linear_even_for_hostile_text():
     t0 = time.perf_counter()
-    for text in ("1" * 1_000_000, "1." * 500_000, "1 " * 500_000 + "+", "a" * 1_000_000):
-        route(text)
-    assert time.perf_counter() - t0 < 0.5  # the rules read the last 20,000 characters, in linear time
+    r = route("What is 2 + 2?")
+    outside = time.perf_counter() - t0
+    assert isinstance(r, Route) and 0 < r.seconds <= outside  # the call's own time, measured inside it
+    assert r.to_api()["path"] == "reasoning" and r.to_api()["budget_tokens"] == 256
+    hostile = ("1" * 1_000_000, "1." * 500_000, "1 " * 500_000 + "+", "a" * 1_000_000)
+    benign = "Please tell me a story. " * (1_000_000 // 24)  # prose of the same size
+    for text in hostile:  # the rules read only the last MAX_READ_CHARS characters ...
+        assert signals(text) == signals(text[-MAX_READ_CHARS:])
+    # ... in linear time: the hostile texts cost about what prose of their size costs (a ratio in one run).
+    hostile_s = _best_of(3, lambda: [route(text) for text in hostile])
+    benign_s = _best_of(3, lambda: [route(benign) for _ in hostile])
+    assert hostile_s < 20 * benign_s + 0.05, (hostile_s, benign_s)

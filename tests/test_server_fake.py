@@ -597,7 +597,7 @@ def test_queue_full_is_429_with_retry_after():
 
 def test_disconnect_cancels_and_next_request_starts_at_once(slow):
     eng, srv = slow
-    before = eng.stats.cancelled
+    before, completed, tokens = eng.stats.cancelled, eng.stats.completed, eng.stats.completion_tokens
     with _stream(srv.url, "L", max_tokens=2000) as r:
         lines = r.iter_lines()
         got = 0
@@ -606,13 +606,12 @@ def test_disconnect_cancels_and_next_request_starts_at_once(slow):
                 got += 1
             if got == 3:
                 break
-    t0 = time.perf_counter()
     j = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": USER, "max_tokens": 1}, timeout=10).json()
-    elapsed = time.perf_counter() - t0
     assert j["choices"][0]["finish_reason"] == "length"
-    assert j["hearth"]["metrics"]["queue_s"] < 0.5, j["hearth"]["metrics"]  # not 2000 tokens × 10 ms
-    assert elapsed < 2
+    # One slot: the new request ran once the stream before it had ended, and that stream ended cancelled,
+    # part-way through its 400 tokens, not by running them out: only the new request completed.
     assert eng.stats.cancelled == before + 1
+    assert (eng.stats.completed, eng.stats.completion_tokens) == (completed + 1, tokens + 1), eng.stats
     m = httpx.get(f"{srv.url}/metrics").text
     assert "hearth_requests_cancelled_total 1" in m
 

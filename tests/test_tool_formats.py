@@ -523,21 +523,31 @@ def test_bad_tools_name_the_field(raw, param, words):
 @pytest.mark.parametrize("prop,words", [({"type": "string", "maxLength": 987654321}, "more than a grammar"),
                                         ({"type": "string", "maxLength": 300}, "more than a grammar"),
                                         ({"enum": []}, "enum at schema.properties.a is empty")])
-def test_grammars_are_built_only_for_a_forced_choice_and_refused_before_they_grow(prop, words):
+def test_grammars_are_built_only_for_a_forced_choice_and_refused_before_they_grow(prop, words, monkeypatch):
     """A bound the grammar converter would write out as that many nested groups (987654321 took 23 GB
     before the kernel killed the server) is refused before anything is built, and only when a grammar is
-    needed: under "auto" the tool is fine."""
-    import time
+    needed: under "auto" the tool is fine. The converter is never called (counted, not timed)."""
+    from app.engine.chat.tools import _gbnf_for, check_tool_grammars
+    from app.engine.structured import grammar
 
-    from app.engine.chat.tools import check_tool_grammars
+    converted: list[str] = []
+    convert = grammar._llama_grammar().json_schema_to_gbnf
 
+    def counting(schema_json, *args, **kwargs):
+        converted.append(schema_json)
+        return convert(schema_json, *args, **kwargs)
+
+    monkeypatch.setattr(grammar._llama_grammar(), "json_schema_to_gbnf", counting)
     tools = parse_tools([_tool(parameters={"type": "object", "properties": {"a": prop}})])
     check_tool_grammars(tools, parse_tool_choice("auto", tools))
-    t0 = time.perf_counter()
     with pytest.raises(InvalidRequest) as ei:
         check_tool_grammars(tools, parse_tool_choice("required", tools))
     assert ei.value.param == "tools[0].function.parameters" and words in str(ei.value)
-    assert time.perf_counter() - t0 < 1.0
+    assert converted == []  # refused before the converter built anything
+    ok = parse_tools([_tool(parameters={"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}})])
+    _gbnf_for.cache_clear()  # so that the spy sees this build
+    check_tool_grammars(ok, parse_tool_choice("required", ok))
+    assert len(converted) == 1  # a schema within the bounds is converted, and the spy sees it
 
 
 def test_non_strict_tools_may_use_keywords_the_grammar_loosens():
