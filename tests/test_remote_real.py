@@ -138,6 +138,25 @@ def test_hearth_remote_streams_the_same_greedy_answer(peer):
     eng.close()
 
 
+def test_hearth_generate_json_over_a_remote(peer, tmp_path):
+    """`hearth generate --json` on a remote prints its JSON (it asked the backend for its prefix cache through
+    the backend contract; a remote has none of its own, so there is no prefix_cache entry)."""
+    import json
+
+    env = {**os.environ, "HEARTH_HOME": str(tmp_path / "home")}
+
+    def hearth(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    added = hearth("remote", "add", "peer", f"{peer}/v1", "--model", "gemma-3-270m-q4_k_m")
+    assert added.returncode == 0, added.stderr[-2000:]
+    r = hearth("generate", "--model", "peer", "Once upon a time", "--max-tokens", "4", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["text"] and out["info"]["remote"]["kind"] == "hearth" and "prefix_cache" not in out
+
+
 def test_hearth_remote_cancel_is_seen_by_the_remote(peer):
     eng = RemoteEngine("peer", f"{peer}/v1")
     before = _metric(peer, "hearth_requests_cancelled_total")

@@ -73,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
             out = {"text": done.text, "reasoning": done.reasoning, "finish_reason": done.finish_reason,
                    "metrics": done.metrics.to_dict(),
                    "info": done.info}
-            if eng.cache_cfg:
-                out["prefix_cache"] = eng.cache_stats()
+            cache = eng.cache_stats()  # the backend contract: {} without a prefix cache of its own (a remote)
+            if cache:
+                out["prefix_cache"] = cache
             print(json.dumps(out, ensure_ascii=False))
         else:
             m = done.metrics

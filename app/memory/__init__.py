@@ -1,8 +1,7 @@
 """Conversations that are never lost: records and their content addresses (``records``), an append-only
 message store over them (``store``), export and import (``transfer``), context assembly within a token budget
-with summaries kept apart from what was said (``context``) and one chat turn run end to end against an
-injected generator (``chat_session``). No Qt and no engine imports here: the engine
-is passed in as callables (see docs/memory.md).
+with summaries kept apart from what was said (``context``). The turn that uses them is ``app.assistant``.
+No Qt and no engine imports here (see docs/memory.md).
 """
 
 from __future__ import annotations
