@@ -1,15 +1,9 @@
 """Hugging Face Hub search and GGUF download, with progress, cancel and resume (no Qt; run it in a worker).
 
-The Hub client and the download function are injected (``HubClient(api=..., download=...)``) so tests run with
-fakes and never touch the network; by default they are ``huggingface_hub.HfApi()`` and
-``huggingface_hub.hf_hub_download``.
+Downloads go straight into the models folder and resume from huggingface_hub's ``.incomplete`` file; the Hub
+client and the download function are injected, so tests never touch the network.
 
-Downloads go straight into the models folder (``local_dir=paths.models_dir()``). huggingface_hub writes the
-bytes to ``<models>/.cache/huggingface/download/<file>.incomplete`` first and renames the file when it is
-complete, so the models list never shows a half file, and a cancelled or interrupted download resumes from
-the bytes already there on the next try (the progress bar then starts part-way). Cancel works through the
-progress callback: the ``tqdm`` class handed to ``hf_hub_download`` raises ``DownloadCancelled`` at its next
-update when the cancel event is set.
+The reasoning: docs/ui.md, 'app/catalog/hub.py'.
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """How much memory a model needs under given load settings, and whether it fits, before loading it.
 
-All sizes are bytes; context sizes are tokens (KV "cells"). The formulas follow what llama.cpp (vendored in
-llama-cpp-python 0.3.36) allocates, read in its source and checked against its own log lines on the bundled
-Gemma 3 270M Q4_K_M (tests/test_memory_estimate.py holds the measured numbers):
+All sizes are bytes; context sizes are tokens (KV "cells"). Weights, KV cache, compute buffer and parallel
+sequences are counted as llama.cpp allocates them; the verdict against the available memory is "fits",
+"tight", "won't fit" or "unknown" (``FITS_FRACTION``).
 
-* **Weights**: the tensor data of the file (``ModelInfo.tensor_bytes``; memory-mapped by default). Layer
-  offload as in ``llama_model::load_tensors`` (src/llama-model.cpp): ``n_gpu_layers = -1`` means
-  n_layer + 1; blocks ``il >= n_layer + 1 - n_gpu_layers`` go to the GPU, the output layer goes when
-  n_gpu_layers >= 1, the token embeddings always stay on the CPU (a tied output head is duplicated on the
-  GPU). Not counted: CPU "extra buffer" repacks (on an AMX/ARM CPU llama.cpp may copy part of the weights
-  into a repacked buffer: 214 MiB extra for the bundled model on the test machine).
-* **KV cache**: ``llama_context`` pads n_ctx up to a multiple of 256 (``GGML_PAD(n_ctx, 256)``). A model
-  with sliding-window attention gets a ``llama_kv_cache_iswa`` (src/llama-kv-cache-iswa.cpp): the non-SWA
-  layers hold n_ctx cells; the SWA layers hold n_ctx cells when ``swa_full`` (llama-cpp-python's default and
-  Hearth's), else ``GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256)`` cells (n_seq_max = 1). Per layer and cell,
-  K holds n_head_kv × head_dim_k elements and V n_head_kv × head_dim_v, in type_k / type_v:
-  f16 2 bytes, q8_0 34/32, q4_0 18/32 bytes per element (``gguf.GGML_QUANT_SIZES``). Measured: n_ctx 4096,
-  f16, swa_full → 12 MiB (3 global layers) + 60 MiB (15 SWA layers); swa_full=False → SWA 1024 cells, 15 MiB.
-  Per token of a full cache: f16 18,432 bytes, q8_0 9,792, q4_0 5,184; ``llama_state_get_size`` adds ~26
-  bytes of cell metadata per token (18,458 / 9,818 / 5,210 in docs/llama-cpp-notes.md).
-* **Compute buffer** (heuristic): the worst-case graph is reserved for n_ubatch tokens all producing logits,
-  so ``n_vocab × n_ubatch × 4`` bytes of f32 logits dominate for large vocabularies (514.5 MiB measured at
-  n_ubatch 512, 128.6 MiB at 128, for a 262,144-token vocabulary). Without flash attention the attention
-  scores (n_head × n_ubatch × n_ctx × 4 bytes) may be the larger stage; the allocator reuses memory between
-  stages, so the max of the two is taken, plus ``2 × n_ubatch × (n_embd + n_ff) × 4`` for activations, plus
-  the logits output buffer (n_vocab × 4) and a fixed ``OVERHEAD_BYTES`` margin (runtime, thread scratch).
-* **Sequences** (``n_parallel``, continuous batching): the non-unified KV cache gives every sequence its own
-  stream of n_ctx cells, so the KV above is counted ``n_parallel`` times, and the logits output buffer holds
-  one row per sequence (``n_parallel × n_vocab × 4``). ``choose_parallel`` picks the default.
-* Not modelled: recurrent-state memory of Mamba/RWKV-style layers, MLA-compressed KV (DeepSeek 2/3 are
-  over-estimated).
-
-Verdict against the available memory (``FITS_FRACTION``): "fits" when needed ≤ 0.8 × available, "tight" when
-≤ 1.0 × available, else "won't fit"; "unknown" when the available memory cannot be read. When the GPU does
-not report its free memory (CPU build, Apple unified memory), everything is counted against RAM.
+The reasoning: docs/engine.md, 'app/catalog/memory_estimate.py'.
 """
 
 from __future__ import annotations
@@ -159,7 +130,7 @@ def _kv(info: ModelInfo, s: LoadSettings, gpu_blocks: set[int]) -> tuple[int, in
 
 
 def compute_buffer_bytes(info: ModelInfo, s: LoadSettings) -> int:
-    """Heuristic compute buffer + logits output buffer in bytes (see the module docstring)."""
+    """Heuristic compute buffer + logits output buffer in bytes (docs/engine.md, 'app/catalog/memory_estimate.py')."""
     logits = info.n_vocab * s.n_ubatch * 4
     n_head = max(info.n_head) if isinstance(info.n_head, tuple) else info.n_head
     scores = 0 if s.flash_attn else n_head * s.n_ubatch * _pad(s.n_ctx, CTX_PAD) * 4

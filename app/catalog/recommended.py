@@ -1,17 +1,9 @@
 """The curated list of instruction-tuned models (``app/data/recommended_models.json``) sized to this machine.
 
-Qt-free (tested without a window). Each entry states only what is known: the exact file size or null,
-parameters, licence, and the architecture numbers (``shape``) the memory estimate needs. The quantization is
-read from the file name only when its last ``-``/``.`` part is a llama.cpp type name (``Q4_K_M``, ``Q8_0``,
-``MXFP4``...: ``quantization_from_name``); anything else is "unknown", never guessed.
+Qt-free. Each entry states only what is known, never a guess; ``fit`` judges it with the memory estimate,
+and the largest models that fit come first.
 
-Memory fit (``fit``): the entry becomes a header-less ``ModelInfo`` and goes through
-``app.catalog.memory_estimate.estimate_memory`` at n_ctx 4096, one sequence, f16 KV: once with every layer on
-the GPU against free VRAM (when a GPU reports it), once on the CPU against available RAM; the better verdict
-wins and says where. Weights are the file size when it is known, else parameters × the quantization's bits per
-weight (an estimate, marked ``size_estimated``); with neither the verdict is "unknown". The largest models
-that fit come first: on a bigger machine the better model is the one to try. Without a GPU, files above
-``CPU_MAX_FILE_BYTES`` are left out: they fit in RAM but answer at a few tokens per second on a CPU.
+The reasoning: docs/ui.md, 'app/catalog/recommended.py'.
 """
 
 from __future__ import annotations
@@ -151,7 +143,7 @@ def _info(r: Recommendation, weights: int) -> Any:
 
 def fit(r: Recommendation, ram_bytes: int | None, vram_bytes: int | None = None) -> Recommendation:
     """``r`` judged on a machine with ``ram_bytes`` available and ``vram_bytes`` free (None: unknown / no GPU):
-    the better of all layers on the GPU and all on the CPU (see the module docstring)."""
+    the better of all layers on the GPU and all on the CPU (docs/ui.md, 'app/catalog/recommended.py')."""
     from app.catalog.memory_estimate import estimate_memory
     from app.protocol.types import LoadSettings
 

@@ -1,14 +1,9 @@
 """``hearth chat``: chat in the terminal, every turn stored (``app.memory``).
 
-Interactive (default): type a message, Enter sends; ``/new`` starts a new conversation, ``/quit`` (or Ctrl+D)
-leaves; Ctrl+C stops the answer being written (the partial answer is kept, marked as stopped).
-One message, non-interactive: ``--new --message TEXT`` or ``--conversation ID --message TEXT``; ``--json``
-prints ``{"conversation_id", "message_id", "text", "reasoning", "finish_reason", "metrics", "context"}``.
+Interactive by default, or one message with ``--message`` (``--json`` for machines); the thinking streams to
+stderr, so stdout carries the answer only.
 
-Thinking: ``--reasoning-effort none|low|medium|high`` / ``--reasoning-budget N`` are this command's layer of
-the thinking budget (over the conversation's setting and the model's default, see app.assistant.turn). The
-thinking streams to stderr, dimmed on a terminal (``[thinking]`` ... ``[/thinking]`` when stderr is not one),
-so stdout carries the answer only; the turn's line then counts thinking and answer tokens and TTFAT.
+The reasoning: docs/memory.md, 'app/cli/chat.py'.
 """
 
 from __future__ import annotations

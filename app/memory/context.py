@@ -1,47 +1,9 @@
 """Context assembly: what the model is given for one turn, within a token budget.
 
-Order (stable parts first, so the next turn's prompt starts with this turn's and the prefix cache hits):
+Stable parts come first (system prompt and summaries, verbatim recent turns, then evidence and the new
+message), so the next turn's prompt starts with this turn's and the prefix cache hits.
 
-    [system: system prompt + summaries of old turns] [verbatim recent turns ...] [user: evidence + new message]
-
-- **Budget** (all in tokens): ``n_ctx − max_tokens − margin`` is available to the prompt. The system prompt and
-  the new user message are required (``ContextLengthExceeded`` when they alone do not fit); then summaries;
-  then retrieved evidence (up to ``evidence_fraction`` of the budget, passages dropped from the end); then the
-  verbatim turns not covered by a summary. Per message, ``message_overhead`` tokens are added for the chat
-  template's role markers (Gemma 3: ``<start_of_turn>user\\n`` … ``<end_of_turn>\\n`` ≈ 5), and ``margin``
-  absorbs BOS, the generation prompt and the few tokens by which ``count(a) + count(b)`` can differ from
-  ``count(a + b)``. Pass ``count_messages`` (the exact templated count) to have the plan checked and
-  tightened.
-- **Summaries are never rewritten into the history**: the history stays the original messages; summaries are
-  separate records naming the first and last message they cover. The builder chains the stored summaries
-  that lie on this branch from its first message onwards (preferring the one reaching farthest, so a
-  roll-up supersedes the summaries it folded in), and gives everything after them verbatim.
-- **When the verbatim turns no longer fit**, the plan sets ``needs_summary = (first_id, last_id)`` and
-  ``summary_request`` (the prompt and token limit to use): the oldest uncovered *whole turns*, enough that
-  afterwards the remaining verbatim history takes at most ``keep_fraction`` of its budget. Summarizing in
-  blocks like this (rather than one turn at a time) keeps the prompt prefix unchanged for several turns
-  after each summary. When the summaries themselves would pass ``summary_fraction`` of the budget, the
-  request is a roll-up: its range starts at the first message and its prompt includes the earlier summaries,
-  so one summary replaces them all. A caller that cannot summarize still gets a plan that fits: the oldest
-  uncovered turns are left out and listed in ``dropped_ids`` (the originals stay in the store).
-- Evidence goes into user messages (before the question), never between history messages: some templates
-  (Gemma) require user/assistant turns to alternate. For the same reason consecutive history messages of the
-  same role are joined, and messages with empty text (an answer that failed before its first token) are
-  skipped. Given ``evidence``, it goes into the final user message only. Given ``ground`` instead (a
-  ``Grounder``: the turn pipeline passes ``app.assistant.grounding.ground`` over the conversation's
-  documents), the builder plans the messages without evidence, with room kept for what the grounder added
-  (at most ``evidence_fraction`` of the budget), and hands them to it: each user message then carries its
-  own question's evidence, the same text in every later turn, so the next turn's prompt begins with this
-  one's (docs/retrieval.md, "Evidence placement"). This module never searches: the grounder is a callable.
-- **Tool use** (docs/ui.md, "Tools"): an assistant message with ``tool_calls`` and the ``tool`` messages that
-  answer it are history like the rest (never joined with a neighbour; a call left without its result, or a
-  result whose call is not in the prompt, is left out, since a template cannot render it). The current turn's
-  calls and results after the person's message (``tail``) are required, like the message itself, and count as
-  ``tools`` in the breakdown. A result longer than ``tool_result_fraction`` of the prompt budget is cut to that
-  share in the prompt, with a visible note (``cut_note``: its size and how much is shown); the cut depends only
-  on the result and the budget, so a turn's prompt stays the prefix of the next one. When the current turn's
-  results together would not fit, each is cut to an equal share of what is left. The store keeps every
-  result whole.
+The reasoning: docs/memory.md, 'app/memory/context.py'.
 """
 
 from __future__ import annotations
@@ -409,9 +371,9 @@ class ContextBuilder:
         """Plan one turn. ``history``: the branch before the new message, oldest first (``Store.path_to``);
         ``summaries``: stored summaries of the conversation (any branch; those not on this one are ignored);
         ``evidence``: retrieved passages for the message (a string, or a list in rank order); ``ground``: a
-        ``Grounder`` instead (evidence in every user message, module docstring); ``tail``: what this turn
-        already holds after the message (tool calls and their results, oldest first), always given. The plan
-        always fits."""
+        ``Grounder`` instead (evidence in every user message: docs/memory.md, 'app/memory/context.py'); ``tail``:
+        what this turn already holds after the message (tool calls and their results, oldest first), always
+        given. The plan always fits."""
         if ground is not None:
             return self._grounded(history, user_message, summaries, tail, ground)
         return self._planned(history, user_message, summaries, evidence, tail)

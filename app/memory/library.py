@@ -1,16 +1,9 @@
 """Presets and projects in the conversation store (tables of ``m006_presets_projects``), as a mixin of ``Store``.
 
-Kept out of ``store.py`` because it has nothing to do with the append-only message history: presets and
-projects are ordinary editable rows. What ties them to conversations lives in the conversation's settings:
+Presets and projects are ordinary editable rows, apart from the append-only history; a conversation's
+project, preset and own system prompt are keys of its settings, resolved by ``setup``.
 
-- ``settings["project"]``: the project id the chat belongs to (absent: no project);
-- ``settings["preset"]``: the chat's own preset (absent: its project's preset, else the person's defaults);
-- ``settings["system_prompt"]``: the chat's own system prompt, edited in the window (absent: the preset's).
-
-``setup(conversation_id)`` resolves these layers once, for the window and the turn: the chat's own system prompt
-wins over its preset's, and its preset over its project's. Names are unique without regard to case; an import
-(``import_presets``) is checked whole before one row is written, and a preset of the same name is updated in
-place (chats that use it keep it).
+The reasoning: docs/memory.md, 'app/memory/library.py'.
 """
 
 from __future__ import annotations

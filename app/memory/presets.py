@@ -1,14 +1,8 @@
 """Presets and projects as plain values, their validation, and their JSON exchange format (no Qt, no SQL).
 
-A **preset** is a named way to answer: a system prompt, decoding settings (a subset of
-``DecodingParams``: only the fields it sets, so the person's defaults fill the rest) and optionally a model
-(its id or path; None: whatever is loaded). A **project** groups conversations: a name, the preset its chats
-use unless a chat chooses another, and its documents (paths in the document index; None: every document), which
-its chats search unless a chat chooses its own.
+Validation names the field as the JSON file would, and an import is checked whole before anything is written.
 
-Validation names the field the way the JSON file would (``presets[1].decoding.temperature``), so an import of a
-hand-edited file says where it is wrong. An import is checked whole before anything is written: a bad file
-changes nothing (``Store.import_presets``).
+The reasoning: docs/memory.md, 'app/memory/presets.py'.
 """
 
 from __future__ import annotations

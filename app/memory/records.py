@@ -1,23 +1,9 @@
 """The values of conversation memory and how they are addressed, apart from any storage.
 
-The dataclasses a store hands out (``Conversation``, ``Message``, ``Summary``, ``Citation``, ``SearchHit``,
-``ConversationData``), the content addresses (``message_id``, ``summary_id``; ``provisional_id`` for a message
-still streaming), the JSON field codec (``dumps_json``, ``loads_json``: a field that does not parse loads as
-``{}`` with a warning; ``dumps_calls``, ``loads_calls`` for a message's tool calls) and the export format's name
-and version.
+Dataclasses, content addresses, the JSON field codec and the export format's name and version; both the
+store and ``app.memory.transfer`` build on this module, and it imports neither.
 
-Tool use is stored as ordinary messages, so it is as append-only as the rest: an assistant message that calls
-tools carries ``tool_calls`` (``app.protocol.tools.ToolCall``: id, name, arguments as JSON text), and each result
-is a message of role ``tool`` with ``tool_call_id`` and ``name``, holding the whole result text. The tool fields
-are part of the content address (a call of ``f`` and a call of ``g``, both with no text, are different
-messages); a message without them keeps the address it always had. Both ``app.memory.store`` (SQLite) and
-``app.memory.transfer`` (export/import) build on this module; it imports neither, so the two never need each
-other's private names.
-
-Reasoning (a model's thinking) is kept apart from the message it led to (``Reasoning``, one per message, with
-its token count and why it ended): it is not part of the content address, not searched, and never given back
-to a model as answer text (``app.memory.context`` reads ``content`` only). ``Message.reasoning`` repeats the
-text for readers that show it. Times are ISO 8601 UTC strings (microseconds), which sort as text.
+The reasoning: docs/memory.md, 'app/memory/records.py'.
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """Export and import of one conversation: JSON (canonical) and Markdown (readable, and parseable back).
 
-JSON document (``format: "hearth.conversation"``, ``version: 3``)::
+Works on documents and records only (``app.memory.records``); the store calls it, and it never imports the store.
 
-    {"format": "hearth.conversation", "version": 3,
-     "conversation": {id, title, model, settings, created, updated, current_message_id},
-     "messages":  [{id, parent_id, role, content, reasoning, token_count, created, status, meta,
-                    tool_calls: [{id, name, arguments}], tool_call_id, name,
-                    reasoning_info: {tokens, budget, effort, forced, stopped_by, unclosed, thinking_s} | null},
-                   ...],
-     "summaries": [{id, text, first_message_id, last_message_id, model, settings, created}, ...],
-     "citations": [{message_id, evidence_id, path, page, quote,
-                    supported, sentence_start, sentence_end, support}, ...]}
-
-A citation's check (``supported``, the citing sentence's ``sentence_start`` / ``sentence_end`` in the message's
-content, ``support``: ``{missing, similarity, threshold, reason}``) is there only when it was checked; documents
-without it (older exports, citations stored before the check) import as "not checked".
-
-Messages are listed parents first (the order they were stored). Importing keeps every id. Tool use travels
-as it is stored: the assistant message's ``tool_calls`` and each ``tool`` message with its whole result (the
-cut a prompt may show is never exported). Reasoning travels apart from the answer, as it is stored: the
-thinking text in ``reasoning`` and its counts in ``reasoning_info`` (version 3); the answer's ``content`` never
-holds it. Version 1 documents (no tool fields) and version 2 (no ``reasoning_info``) import unchanged.
-
-Markdown: a heading per message for people, and before each message/summary text an HTML comment that machines
-read: ``<!-- hearth:message {JSON} -->``. The JSON holds every field but the text, plus ``length``, the text's
-length in characters (code points). The parser reads exactly ``length`` characters after the comment line, so
-a message that itself contains Markdown headings or ``<!-- hearth:`` lines round-trips unchanged. ``>`` inside
-the JSON is written as ``\\u003e`` so that no value can close the comment. The Markdown is lossless while
-unedited; if a person edits a message's text, its ``length`` no longer matches and import fails with a clear
-error (use JSON to move conversations between machines; edit Markdown only to read it).
-
-This module works on documents and records only (``app.memory.records``); the store calls it to export and
-import and it never imports the store.
+The reasoning: docs/memory.md, 'app/memory/transfer.py'.
 """
 
 from __future__ import annotations

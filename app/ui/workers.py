@@ -1,14 +1,9 @@
 """Workers: run slow work off the GUI thread and report back through Qt signals (STYLE.md §10).
 
-Shaped like superqt's ``superqt/utils/_qthreading.py``: a ``QRunnable`` runs a plain function
-(``FunctionWorker``) or iterates a plain generator (``GeneratorWorker``) on a ``QThreadPool`` thread and emits
-``yielded`` / ``returned`` / ``errored`` / ``finished`` from a ``WorkerSignals`` object that lives on the GUI
-thread, so every slot runs on the GUI thread (queued connections) and widgets are only touched there.
+Function and generator workers on a ``QThreadPool`` emit their signals on the GUI thread; cancellation is
+cooperative.
 
-Why a ``QThreadPool`` and not a ``QThread`` per task: the pool owns and reuses its threads, so nothing leaks when
-a window closes; ``WorkerPool.shutdown()`` asks every running worker to stop and waits for the pool.
-Cancellation is cooperative: ``GeneratorWorker.quit()`` is checked between items, and whoever started the work
-can also cancel the thing it waits on (``Generation.cancel()``, ``Engine.close()``).
+The reasoning: docs/ui.md, 'app/ui/workers.py'.
 """
 
 from __future__ import annotations
