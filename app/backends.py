@@ -1,16 +1,9 @@
 """Settings + model name → backend: the one place a chat backend is built from the user's settings.
 
-The CLI (``hearth generate`` / ``chat`` / ``serve``), the port's model pool and the window each used to turn
-settings into ``Engine`` arguments themselves, and they drifted (the window ignored a model's ``speculative``,
-``draft_model`` and ``thinking_markers``; the CLI ignored its ``per_model`` load settings). Now each asks for a
-``BackendPlan`` (a comparable value: what would be built) and has ``build`` make it, so the same settings give
-the same backend everywhere (``tests/test_backend_factory.py``).
+The CLI, the port's model pool and the window each ask for a ``BackendPlan`` (a comparable value: what would
+be built) and have ``build`` make it, so the same settings give the same backend everywhere.
 
-Load settings, lowest precedence first: ``UserSettings.load``, the ``LoadSettings`` keys of
-``per_model[<model id>]``, then ``flags`` (this run's explicit choices, the CLI's ``--n-ctx`` ...). The engine
-options (``speculative``, ``draft_model``, ``thinking_markers``) come from ``per_model[<model id>]`` only. A
-name in ``remotes`` is a ``RemoteEngine`` (docs/remote.md). The engine layer never imports this module or
-``app.settings``: the pool is handed ``build`` as a callable (``model_pool``).
+The reasoning: docs/architecture.md, 'app/backends.py'.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """Many models behind one port: load on demand within a memory budget, unload idle ones.
 
-``ModelPool`` holds one engine per model id (a local ``Engine``, or any object with its interface, such as a
-remote backend). A request names its model (``acquire(name)``, the ``model`` field of an API request); the pool
-resolves the name (id, alias or file name, ``registry.resolve_model``), loads the model if it is not loaded
-(just in time, as LM Studio's JIT loading and Ollama do) and hands out a ``Lease``: while a lease is held the
-model is never unloaded under the request.
+``ModelPool`` holds one engine per model id and hands each request a ``Lease`` (``acquire(name)``); a model
+is never unloaded while a lease on it is held.
 
-Memory: each model's need is its memory estimate (``memory_estimate.estimate_memory``: weights + KV cache
-for its load settings + compute buffers, in bytes). A model is loaded only when the loaded models' estimates
-plus its own stay within ``budget_bytes``; otherwise idle models are unloaded, least recently used first, until
-it fits. When the busy ones alone leave no room the request waits (bounded by ``load_timeout_s``) for one of
-them to become idle, and then gets a clear error. A model whose estimate alone exceeds the budget is refused at
-once (``ModelLoadError``), naming both sizes.
-
-Idle models unload after a time to live: ``ttl_s`` (the default), a per-model TTL (``ttl_for(model_id)``), or a
-request's ``keep_alive_s`` (Ollama's ``keep_alive``: 0 unloads right after the request, a negative value keeps
-the model loaded until it is evicted, a positive value is seconds after the last request). A reaper thread
-checks every ``reaper_interval_s``.
-
-Concurrency: requests for a model that is loading wait for that one load (bounded by ``load_timeout_s``), then
-run. A load that fails is remembered with the file's size and mtime: the next request for the unchanged file
-gets the same error at once (``ModelLoadError``) and other models keep serving; a changed file is tried again.
-
-The pool never holds its lock while an engine loads or closes (seconds), so listing and other models' requests
-go on meanwhile.
+The reasoning: docs/server.md, 'app/engine/pool.py'.
 """
 
 from __future__ import annotations
@@ -101,7 +81,7 @@ def file_stamp(path: str) -> tuple:
 
 
 class ModelPool:
-    """Engines for many models within a memory budget (see the module docstring).
+    """Engines for many models within a memory budget (docs/server.md, 'app/engine/pool.py').
 
     ``resolve(name) -> (model_id, path)``: the model a request names (raise ``ModelNotFound``); ``make_engine
     (model_id, path)``: a new, not yet loaded engine (its ``load()`` raises ``ModelLoadError``);

@@ -1,25 +1,11 @@
 """Thinking budgets: how much a request may think, how thinking is turned off, and budget forcing.
 
-Budgets come in three layers, the first that sets one wins: the request (``reasoning_effort``,
-``hearth.reasoning_budget``, ``hearth.reasoning_deadline_s``), then the conversation, then the model's
-default (``resolve_budget``). In a layer an explicit token budget beats an effort. An effort maps to tokens
-by ``EFFORT_TOKENS``: none 0, low 256, medium 1024, high 4096. Why these: the bundled Gemma 3 270M decodes
-54-70 tokens/s on two CPU cores (docs/llama-cpp-notes.md), so low is ~4 s of thinking, medium ~16 s and high
-~65 s on the smallest machine Hearth runs on; s1 (Muennighoff et al. 2025, "s1: Simple test-time scaling")
-measures accuracy against thinking budgets from 512 to 8192 tokens, so high sits inside the range it studied. Whatever
-the layer, ``ReasoningBudget.fit`` keeps thinking to at most half of the context left after the prompt, so an
-answer always has room (a 512-token context with a 100-token prompt allows 206 thinking tokens at most).
+``resolve_budget`` takes the budget from three layers (request, conversation, model: the first that sets one
+wins), ``ReasoningBudget.fit`` leaves the answer room, ``render_kwargs`` / ``plan_prompt`` turn thinking off at
+budget 0, and ``BudgetForcer`` is the pure state machine of budget forcing (s1).
 
-Budget 0 (or effort ``none``) means no thinking where the model allows it (``render_kwargs`` and
-``plan_prompt``): a template with a switch (Qwen3's ``enable_thinking``) is rendered with it off; otherwise
-the prompt gets an empty thinking block (start marker and close at once); a model that only thinks when
-prefilled is simply not prefilled.
-
-Budget forcing (s1): when the budget is spent, the deadline passes or the person presses "stop thinking",
-the end-of-thinking text (and an optional "answer now" line) is inserted after the token just sampled and the
-model goes on with its answer on the cached prefix. ``BudgetForcer`` is the pure state machine of that: the
-scheduler feeds it each sampled token's text and the clock, and it says when and what to insert; it also
-counts thinking and answer tokens and times the first answer token (``ReasoningMetrics``).
+The reasoning: docs/reasoning.md, 'Budgets', 'Budget 0: no thinking where the template allows' and
+'Budget forcing'.
 """
 
 from __future__ import annotations

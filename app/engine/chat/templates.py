@@ -1,36 +1,10 @@
 """Chat templates: turn a list of chat messages into the exact prompt text a model was trained on.
 
-Choice (``choose_template_name``), first match wins:
-1. The GGUF's own Jinja template (``tokenizer.chat_template``), rendered in a Jinja2 sandbox the way
-   llama-cpp-python's ``Jinja2ChatFormatter`` and Hugging Face ``apply_chat_template`` do.
-2. A model that has no template in its metadata and does not say it is instruction-tuned (name, finetune or
-   file name without ``it``/``instruct``/``chat``) is a *base* model: a plain transcript ("User: … /
-   Assistant:" with a one-shot preamble, stopping at the next "User:" or a blank line). Measured on the bundled
-   Gemma 3 270M base model: it answers "What is the capital of France?" with " Paris." this way and loops
-   under the Gemma chat template.
-3. A built-in template by architecture: gemma (system merged into the first user turn: Gemma has no system
-   role), llama-3, mistral, chatml (the fallback).
+``choose_template_name`` picks the GGUF's own Jinja template, a plain transcript for a base model, or a
+built-in template by architecture; a request's tools, calls and results reach the model as its family was
+trained to see them.
 
-A rendered prompt carries its own stop strings and whether a BOS token must be prepended at tokenization.
-Control tokens written in the template text (``<start_of_turn>``…) are tokenized with ``special=True``.
-
-Tools (docs/tools.md). A request's tools, the calls of earlier assistant turns and the tool results reach the
-model the way its family was trained to see them:
-
-- A GGUF template that renders them gets them as Hugging Face's ``apply_chat_template`` and llama.cpp pass
-  them: ``tools`` = the OpenAI tool objects, assistant messages with ``tool_calls`` (``function.arguments``
-  a JSON *object*, as HF templates expect: ``tool_call.arguments | tojson``) and ``tool`` messages with
-  ``tool_call_id`` and ``name``. Whether a template renders each of the three is found by rendering probe
-  messages once per template (llama.cpp's chat-template capability check does the same): a template that
-  ignores one gets the model's ``ToolFormat`` text for it instead (llama.cpp's "polyfill").
-- The built-in templates and the transcript get the ``ToolFormat``'s text (``tool_formats.format_for``): the
-  system prompt becomes ``system_prompt(tools, system)`` (Mistral: ``system_text`` before the last user
-  turn), an assistant turn with calls ``render_calls``, a result ``render_result`` (consecutive results in
-  one user turn, one per line).
-
-While tools are offered the format's stop strings are added, and ``tool_choice`` "required" or a named
-function sets ``RenderedPrompt.grammar`` (the format's grammar for the chosen tools). ``tool_choice``
-"none" still shows the tools (OpenAI: the model sees them but must not call them) and adds no grammar.
+The reasoning: docs/engine.md, 'app/engine/chat/templates.py'.
 """
 
 from __future__ import annotations
@@ -337,8 +311,9 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
     """Render ``messages`` (``ChatMessage``s, or objects with ``role`` and ``content``) with template ``name``.
 
     With ``tools``, or calls and results in the history, the model's ``ToolFormat`` (``tool_format(name,
-    architecture, chat_template)``) or the GGUF template renders them (module docstring); ``tool_choice``
-    "required" / a named function sets ``grammar`` (one call, or several with ``parallel_tool_calls``).
+    architecture, chat_template)``) or the GGUF template renders them (docs/engine.md,
+    'app/engine/chat/templates.py'); ``tool_choice`` "required" / a named function sets ``grammar`` (one call,
+    or several with ``parallel_tool_calls``).
     ``template_vars``: extra variables for the GGUF template (``reasoning_budget.render_kwargs``: Qwen3's
     ``enable_thinking``, GPT-OSS's ``reasoning_effort``); built-in templates have none.
 

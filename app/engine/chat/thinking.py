@@ -2,38 +2,10 @@
 
 A thinking model writes its reasoning between two markers and then its answer. Hearth keeps the two apart
 everywhere (``message.reasoning_content`` in the API, collapsed in the window, stored apart in memory, never
-fed back as answer text), so the markers must be known per model and found in a stream of token texts.
+fed back as answer text), so the markers must be known per model (``markers_for``) and found in a stream of
+token texts (``ReasoningSplitter``).
 
-Markers (``markers_for``), first match wins; sources are the chat templates the models ship with:
-
-- ``thinking_markers`` in the model's settings (``{"start": ..., "end": ...}``, optionally ``close``,
-  ``drop``, ``prefill_start``): for a model Hearth does not know.
-- GPT-OSS harmony channels (openai/gpt-oss-20b and -120b ``chat_template.jinja``; OpenAI's "Harmony response
-  format" guide): the answer is ``<|channel|>analysis<|message|>`` reasoning ``<|end|>`` then
-  ``<|start|>assistant<|channel|>final<|message|>`` answer ``<|return|>``. The template takes
-  ``reasoning_effort`` (low / medium / high, default medium) into its system message.
-- ``<think>`` … ``</think>``: DeepSeek-R1 and its distills (their template ends the generation prompt with
-  ``<｜Assistant｜><think>\\n``, so the model starts *inside* thinking), QwQ-32B (generation prompt ends
-  ``<think>\\n`` too), Qwen3 (the model writes ``<think>`` itself; its template takes ``enable_thinking``:
-  ``enable_thinking=False`` renders an empty ``<think>\\n\\n</think>\\n\\n`` block so the model answers at
-  once). Recognised by ``<think>`` or ``</think>`` in the template (every one of these handles them in
-  earlier assistant turns); ``enable_thinking`` in it reports the switch.
-- ``[THINK]`` … ``[/THINK]`` (Magistral Small 2509's template) and ``<|START_THINKING|>`` …
-  ``<|END_THINKING|>`` then ``<|START_RESPONSE|>`` … ``<|END_RESPONSE|>`` (Command R7B; llama.cpp's
-  ``common/chat.cpp`` reads both the same way).
-- Otherwise (a base model with no template, like the bundled Gemma 3 270M, or an instruct model that never
-  learnt to think): ``<think>`` / ``</think>`` with ``prefill_start=True``: thinking happens only when a
-  budget asks for it, and is started by appending the start marker to the prompt.
-
-Whether a rendered prompt already ends inside thinking is read from the prompt itself
-(``ThinkingMarkers.inside_after``: the last start marker after the last end marker), so a template that opens
-``<think>`` (DeepSeek-R1, QwQ), one that closes it (Qwen3 with the switch off) and a client's own prefill of an
-assistant turn are all handled by one rule.
-
-The splitter (``ReasoningSplitter``) is a small leftmost-longest scanner over the marker strings, in the habit
-of ``tool_parser``: text that could still become a marker is held back until the next piece decides it, so
-the pieces of any split of the stream add up to those of the whole text, and no marker (nor a part of one)
-ever reaches either output. Whitespace that only frames the markers is dropped; see the class.
+The reasoning: docs/reasoning.md, 'Which markers a model uses' and 'Splitting the stream'.
 """
 
 from __future__ import annotations
@@ -152,7 +124,7 @@ _OVERRIDE_KEYS = ("start", "end", "close", "drop", "prefill_start")
 
 def markers_for(template_name: str, chat_template: str | None = None, architecture: str = "",
                 overrides: Mapping[str, Any] | None = None) -> ThinkingMarkers:
-    """The thinking markers of a model (module docstring for the order and the sources).
+    """The thinking markers of a model (the order and the sources: docs/reasoning.md, 'Which markers a model uses').
 
     ``template_name``: the template Hearth renders with ("gguf", "transcript", a built-in); the template's
     ``switch`` / ``effort_var`` are reported only for "gguf" (only the model's own template reads them).

@@ -1,41 +1,9 @@
 """How each model family was trained to see tools and write calls: prompt text, history, grammar, parser.
 
-A model calls tools reliably only in the format it was trained on. When the GGUF's Jinja template takes
-``tools`` the template renders the prompt; otherwise a format here writes the tool block for the system
-prompt. Either way the answer is read by the format's parser, and ``tool_choice`` "required" or a named
-function decodes through the format's grammar, which allows exactly the format's call text with arguments
-that match each tool's schema (converted by ``app.engine.structured.grammar.schema_to_gbnf``, each tool's
-rules renamed
-``t<i>-…`` so that several schemas live in one grammar).
+A model calls tools reliably only in the format it was trained on, so each family (``FORMATS``;
+``format_for`` picks one) has its own tool block, history rendering, grammar and call parser.
 
-Families (``FORMATS``; ``format_for`` picks one):
-
-- ``hermes``: Qwen2.5 / Hermes 2 Pro (Qwen2.5's ``tokenizer_config.json`` chat template, Nous Research's
-  Hermes-Function-Calling prompt): tools as JSON lines in ``<tools></tools>`` in the system prompt; a call is
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, several one per line; a result is
-  ``<tool_response>\\n...\\n</tool_response>`` inside a *user* turn.
-- ``llama3``: Llama 3.1+ (the Llama 3.1 model card's "JSON based tool calling" prompt format and its HF
-  template): "Environment: ipython" and tools as indented JSON in the system prompt; a call is
-  ``{"name": ..., "parameters": {...}}``, several one per line (the parser also reads
-  ``<|python_tag|>{...}`` and ``;`` between calls, and leaves a JSON answer that is not a call as text); a
-  result is an ``ipython`` turn.
-- ``mistral``: Mistral v3 tokenizer (mistral-common's tokenizer docs, Mistral-7B-Instruct-v0.3's template):
-  ``[AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]`` before the last user message; a call is
-  ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": "<9 letters/digits>"}]``; a result is
-  ``[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]``. ``mistral-v11`` (templates with
-  ``[ARGS]``: Mistral Small 3.2, Devstral, Magistral) writes ``[TOOL_CALLS]name[ARGS]{...}``. The parser of
-  either reads both.
-- ``json``: base models and the plain transcript template. A base model has no trained format, so the tool
-  block is a document it can continue: an explanation, a one-shot example exchange in the transcript's own
-  ``User:`` / ``Assistant:`` shape (with an example tool, so that the model copies the format but not the
-  example's values), and the tools as JSON lines. A call is one line ``Tool call: {"name": ..., "arguments":
-  {...}}``; a result is a user turn ``Tool result: ...``. The grammar produces exactly that line (an optional
-  leading space first, since the transcript prompt ends in ``Assistant:``; several calls one per line, never
-  a blank line between them, which is a transcript stop string), then an optional blank line: that is where
-  a base model ends its turn (the stop string ends the answer there). Without it, under a parallel grammar
-  a call could only be followed by an end-of-generation token, which a base model seldom writes, or by
-  another call: the bundled Gemma 3 270M repeated the same call until ``max_tokens`` cut it; with it, it
-  stops after its calls.
+The reasoning: docs/tools.md, 'app/engine/chat/tool_formats.py'.
 """
 
 from __future__ import annotations
@@ -455,7 +423,8 @@ class JsonFormat(ToolFormat):
         return "user", f"Tool result: {content}"
 
     def _root_rule(self, parallel: bool) -> str:
-        # The blank line is the transcript's stop string: where a base model ends its turn (module docstring).
+        # The blank line is the transcript's stop string: where a base model ends its turn (docs/tools.md,
+        # 'app/engine/chat/tool_formats.py').
         return '" "? call' + (' ("\\n" call)*' if parallel else "") + ' "\\n\\n"?'
 
     def _call_rule(self, name: str, args_rule: str) -> str:

@@ -1,33 +1,9 @@
 """Streaming parser of tool calls in a model's output: text in, text pieces and calls out, as tokens arrive.
 
-``feed(text) -> list[event]`` takes the next decoded piece of the answer; ``finish() -> list[event]`` ends it.
-Events:
+``feed(text)`` and ``finish()`` return events (``TextPiece``, ``CallStart``, ``ArgsPiece``, ``CallEnd``,
+``CallFailed``); a call is only ever passed on whole. Each family subclasses ``ToolCallParser``.
 
-- ``TextPiece(text)``: answer text outside any call. Text that could be the start of a call marker
-  (``<tool_c`` of ``<tool_call>``) is held back until the next piece decides it, as ``StopStreamer`` holds
-  back stop strings; whitespace that only frames a call (before its marker, between and right after calls)
-  is dropped. An answer with no call comes out byte for byte.
-- ``CallStart(index, id, name)``: as soon as a call's name is known. ``index`` counts calls from 0 in the
-  order they start; ``id`` is a fresh ``new_call_id()`` (the model's own ids are not used).
-- ``ArgsPiece(index, text)``: the arguments' JSON text as it arrives. All pieces of a call joined are its
-  ``ToolCall.arguments``, exactly (raw model text; arguments written before the name are sent in one piece
-  after ``CallStart``; arguments given as a JSON string are decoded and sent in one piece; no arguments is
-  ``"{}"``).
-- ``CallEnd(index, call)``: the call's JSON closed and parsed; ``call`` is also appended to ``calls``.
-- ``CallFailed(error)``: the call was malformed or cut off; ``error`` (a ``ToolCallError``) is also
-  appended to ``errors``. Its ``raw`` holds the text from the marker (or from the end of the previous call in
-  the same region) to where the parser could resume, so that nothing the model wrote is lost: the caller
-  decides whether it becomes text. ``error.index`` is set when a ``CallStart`` was sent for it.
-
-The parser is a character-level state machine written as one generator (``_main``): each sub-parser pulls
-characters with ``yield from self._getc()``, so the call grammar reads as plain recursive code while the
-input arrives in arbitrary pieces. A JSON value is scanned incrementally (strings, escapes, a bracket
-stack), so the parser knows where the arguments end without parsing them; they are parsed with
-``json.loads`` once closed (``NaN`` and ``Infinity`` are refused: a client's JSON parser would reject them),
-so a call is only ever passed on whole.
-
-Each family (``app.engine.chat.tool_formats``) subclasses ``ToolCallParser`` with its markers and a ``_region``
-generator that parses what follows a marker.
+The reasoning: docs/tools.md, 'app/engine/chat/tool_parser.py'.
 """
 
 from __future__ import annotations
@@ -112,7 +88,7 @@ def _no_constant(name: str) -> None:
 
 
 class ToolCallParser:
-    """Base of the per-family parsers; see the module docstring for the events.
+    """Base of the per-family parsers; the events: docs/tools.md, 'app/engine/chat/tool_parser.py'.
 
     Class attributes a family sets: ``markers`` (strings that open a call anywhere in the text),
     ``bare_json`` (a ``{`` at the start of the answer or right after a call opens a tentative call, which

@@ -1,22 +1,10 @@
 """The answer of a request with tools, read once for every adapter: text pieces and checked calls out.
 
-Every adapter (the HTTP port, the desktop window's turn) reads a generation that offered tools through
-``ToolStream``: ``feed(delta_text)`` and ``finish(finish_reason)`` return pieces, and ``finish`` also the
-``ToolOutcome`` (the content, the calls, the errors, the finish reason). ``stream_tools`` wraps an engine
-stream (``Delta`` … ``Done``) the same way for a caller that iterates.
+``ToolStream`` (``feed`` / ``finish``; ``finish`` also returns the ``ToolOutcome``: content, calls, errors,
+finish reason) and ``stream_tools`` (over an engine stream) hold one rule: a call is passed on only whole and
+valid, so a streamed answer and a whole one always agree.
 
-The rule this module holds: a call is passed on only whole and valid. Text before the first call streams as
-it comes (the format's parser holds back only a possible call marker). From the first call on, the rest of
-the answer is held until the generation ends; then each call is checked with ``validate_call`` (a known tool,
-arguments that match its schema). All good: the held pieces go out in order (``CallStart``, the call's
-``ArgsPiece`` s, ``CallEnd``, and any text after the calls), and the finish reason is "tool_calls". Any call
-malformed, cut off or invalid: *no* call is passed on, the held part goes out as text exactly as the model
-wrote it, the finish reason stays the engine's, and ``ToolOutcome.errors`` says what was wrong. So a
-streamed answer and a whole one always agree, and no adapter ever has to take back a call it already
-showed. (The cost: a call's pieces arrive together at the end of the answer, not token by token; calls are
-short.)
-
-With ``tool_choice`` "none", or without tools, nothing is parsed: the text passes through unchanged.
+The reasoning: docs/tools.md, 'Reading the answer'.
 """
 
 from __future__ import annotations
@@ -67,7 +55,7 @@ class ToolsDone:
 
 
 class ToolStream:
-    """Reads one answer (see the module docstring). ``fmt``: the loaded model's ``ToolFormat``
+    """Reads one answer (docs/tools.md, 'Reading the answer'). ``fmt``: the loaded model's ``ToolFormat``
     (``Engine.tool_format()``); ``tools``: the request's tools; ``choice``: its ``tool_choice`` (None: "auto"
     with tools). Not thread-safe: one reader per answer."""
 

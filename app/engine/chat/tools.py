@@ -1,18 +1,9 @@
 """Function calling, the values: tool definitions, ``tool_choice``, calls, and checking a call's arguments.
 
-The shapes follow the OpenAI chat completions API reference (``tools``, ``tool_choice``,
-``message.tool_calls``): a tool is ``{"type": "function", "function": {"name", "description", "parameters",
-"strict"}}``, and a call's ``arguments`` is JSON *text*, exactly as OpenAI returns it (a client parses it).
+The shapes are OpenAI's; a tool list is checked once, when a request arrives, and each failure is an
+``InvalidRequest`` naming the field's path. Nothing here imports llama.cpp or Qt.
 
-A tool list is checked here once, when a request arrives, with the same gates as ``response_format``
-(``app.engine.structured.schema_check``): a schema must be a small, self-contained, valid JSON schema of an
-object, must
-compile into a grammar (``required`` and named ``tool_choice`` decode through one), and under ``strict: true``
-must not use a keyword the grammar would loosen. Each failure is ``InvalidRequest`` whose ``param`` is the
-field's path (``tools[1].function.name``), as OpenAI names it.
-
-How a family of models writes and reads calls is ``app.engine.chat.tool_formats``; the streaming parser is
-``app.engine.chat.tool_parser``. Nothing here imports llama.cpp or Qt.
+The reasoning: docs/tools.md, 'app/engine/chat/tools.py'.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """``Engine``: the in-process handle to the chat engine.
 
-llama.cpp can abort its process on some inputs, so the ``Llama`` lives in a child process hosted by
-``app.childhost.host.ChildHost`` (spawned, so it is safe next to Qt and threads; one wire protocol, timeout
-policy and parent watch shared with the embedder). The handle:
+The ``Llama`` lives in a child process (``app.childhost.host.ChildHost``), since llama.cpp can abort its
+process on some inputs. The handle validates the model file first, queues and batches requests, streams
+events, answers vocabulary questions on a side lane and turns a dead child into ``EngineCrashed``.
 
-- validates the model file with ``gguf_info`` before llama.cpp sees it (a bad file is a ``ModelLoadError``,
-  never a dead process);
-- serves ``n_parallel`` generations at once, batched by the scheduler in the engine process
-  (``app.engine.local.scheduler``: continuous batching, chunked prefill); the rest wait there, highest priority
-  first (the desktop window's requests before the port's), ``max_queue`` at most, then ``QueueFull``: the
-  desktop UI and the HTTP port share it;
-- streams events (``Delta`` … ``Done``) to the caller; closing the stream or calling ``cancel`` stops that
-  generation (only that one) within one scheduler step;
-- answers vocabulary questions (``tokenize``, ``count_tokens``, ``detokenize``, ``token_piece_bytes``,
-  ``render``) on the child's *side lane*, never behind a scheduler step: a server formatting logprobs or
-  counting evidence tokens never waits behind the generation it serves, and no other process maps llama.cpp;
-- turns a dead child into ``EngineCrashed`` (with the signal) and starts a fresh child on the next request.
-
-Where the runtime runs is the constructor's ``runtime`` argument: by default a llama.cpp ``Runtime`` in the
-child process; a scripted runtime (any ``EngineRuntime``) on threads of this process, behind the same queue,
-streams and metrics (the scheduler included).
-
-Metrics clocks (``time.perf_counter`` in this process) are defined on ``app.protocol.types.Metrics``.
+The reasoning: docs/engine.md, 'Processes and safety', 'The process host and the vocabulary lane
+(`app/childhost/`)' and 'Metrics'.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The canonical prefill layout: where a prompt's chunks begin and end (pure logic, no llama.cpp).
 
-llama.cpp's CPU kernels give slightly different numbers for the same row in batches of different shapes (a
-prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few greedy tokens; docs/prefix-cache.md). So
-the runtime prefills every prompt in one layout that depends on its tokens alone, and reuses (live KV, another
-slot's, or a disk entry) only a prefix that ends where a chunk of that layout ends and was laid out the same
-way: the KV and the last prompt token's logits are then bit for bit those of a cold prefill.
+Every prompt is prefilled in one layout that depends on its tokens alone (cuts at turn breaks, after an
+answer, every ``chunk`` tokens, and at L−1), and only a prefix that ends at a cut both layouts share is
+reused, so reused KV is bit for bit a cold prefill's.
 
-The layout of a prompt of L tokens: cut before every *turn break* (the token that opens the assistant's turn
-in the model's chat template, and with it every turn where one token opens them all: Gemma's
-``<start_of_turn>``, ChatML's ``<|im_start|>``, Llama 3's ``<|start_header_id|>``, ``Assistant`` of a base
-model's plain transcript; ``turn_break_token``; and, where that token does not also open the user's turn, the
-first token after an answer: ``User`` of the transcript, ``answer_end_token``), cut each piece into chunks of
-at most ``chunk`` (``n_batch``) tokens from its start, and cut at L−1 (the last prompt token is evaluated
-alone with the first decode step).
-Cutting at turn breaks is what lets a chat's next turn reuse all of the previous turn's prompt up to its
-answer, instead of the previous prompt cut down to a multiple of ``chunk``: the previous prompt ended inside
-the turn that now holds the answer, and that turn begins at a break, which is a cut in both layouts. The cut
-after an answer is what lets the engine lay the answer out again while it is idle (``Runtime.idle_step``): its
-tokens were decoded one by one, and re-prefilled up to the next turn's break they become a prefix the next
-turn reuses too.
-
-Why the bounds agree between two prompts: a cut at position p other than the final L−1 depends only on
-tokens ≤ p (a break token at p, or p − chunk being a cut with no break in between), so two prompts that
-share their first n tokens have the same cuts below n, but for the shorter one's final cut. A cut at n
-itself, and that final cut, are checked on both sides (``Slot.bounds`` keeps where the slot's KV ends a
-chunk; ``usable``).
+The reasoning: docs/prefix-cache.md, 'Exactness: the canonical prefill layout' and 'The answer, laid out
+again while idle'.
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """Continuous batching in the engine process: many requests share one llama.cpp context.
 
-The context holds ``n_slots`` sequences (llama.cpp ``n_seq_max``, one KV stream per sequence: the
-non-unified cache, so every sequence's cells are laid out as in a context of its own). The scheduler runs one
-loop on the engine process's main thread; each *step*:
+One loop on the engine process's main thread runs steps: take the parent's messages, end cancelled or late
+requests, admit waiting ones into free slots, run prefill chunks within a token budget, then one batched
+decode step for every sequence. The runtime side is ``SeqRuntime``.
 
-1. takes the parent's messages (``("submit", rid, op, *args)``, ``("cancel", rid)``, ``("close",)``). When
-   the engine was idle, it first waits for the rest of a burst: until ``GATHER_QUIET_S`` pass without a new
-   request (at most ``GATHER_MAX_S``), so requests sent together are admitted together. Measured through
-   ``hearth serve`` here: four clients sending at once reach the engine process 1-5 ms apart; without the
-   window the first was prefilled alone and the other three waited for its whole step (about 160 ms), as
-   llama-server's HTTP threads, quicker, never make them wait;
-2. ends requests that were cancelled or whose deadline passed (between steps: within one step);
-3. admits waiting requests into free slots, highest ``priority`` first, then in arrival order (the desktop
-   window's requests carry priority 1, the port's 0: a long API job never keeps the person's own chat waiting
-   behind other API requests);
-4. runs prefill chunks of the requests still prefilling, highest priority first, then those whose prompt
-   ends within this chunk, then first admitted, within a
-   budget of ``prefill_budget`` tokens per step (``n_batch``; the first chunk always runs): chunked prefill
-   (Sarathi-Serve, Agrawal et al. OSDI 2024). A 3000-token prompt arriving mid-stream costs the running
-   streams one chunk's time per token instead of the whole prefill, and a burst of short prompts is
-   prefilled in one step;
-5. runs **one decode step for every sequence that has a token to evaluate (a sampled token, or the last
-   token of a prompt just prefilled), in one ``llama_decode`` batch** (continuous batching: requests join and
-   leave between steps, Orca, Yu et al. OSDI 2022; vLLM).
-
-Prefill chunks run alone in their ``llama_decode`` and in the canonical layout (``Runtime`` docs), so a
-prompt's KV is bit for bit a solo cold prefill's whatever else runs: the prefix cache (live and on disk)
-stays exact under load. Decode steps are batched; a batch of several sequences computes the same rows with
-other matrix shapes, so under batching a greedy answer may differ in the last bits from its solo run
-(docs/engine.md "Many requests at once" measures how often). With one active request a step is exactly the
-solo computation: answers are token-identical to a single-sequence engine.
-
-The runtime side is ``SeqRuntime``: ``Runtime`` (llama.cpp) or a scripted one for tests, both driven by this
-same loop.
+The reasoning: docs/engine.md, 'app/engine/local/scheduler.py'.
 """
 
 from __future__ import annotations
@@ -212,8 +184,8 @@ class _Waiting:
 
 
 class Scheduler:
-    """The engine process's serving loop over ``runtime`` (see the module docstring). ``send`` writes one
-    message to the parent (``process.MuxHandler.serve``)."""
+    """The engine process's serving loop over ``runtime`` (docs/engine.md, 'app/engine/local/scheduler.py').
+    ``send`` writes one message to the parent (``process.MuxHandler.serve``)."""
 
     def __init__(self, runtime: SeqRuntime, send: Callable[[tuple], bool]) -> None:
         self.rt = runtime

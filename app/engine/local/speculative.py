@@ -1,31 +1,11 @@
 """Speculative decoding, the pure part: proposers and the verification rules (numpy only, no llama.cpp).
 
-A cheap *proposer* guesses the next ``k`` tokens; the target model evaluates the pending token and the ``k``
-guesses in one ``llama_decode`` (one weight pass for k+1 positions), and a *verification rule* keeps the
-longest prefix of guesses the target agrees with, plus one token of its own (the correction at the first
-disagreement, or a bonus token after the last guess). A step therefore yields 1 … k+1 tokens for about the cost
-of one, and the output is the target model's own:
+A proposer (``PromptLookup`` here; the draft model runs in the runtime) guesses the next ``k`` tokens, the
+target evaluates them in one ``llama_decode``, and a verification rule over ``target_dist`` keeps what the
+target agrees with, so the output is the target's own. Speculation is used only where it is exact
+(``ineligible_reason``).
 
-- **greedy** (temperature 0): a guess is kept while it equals the target's argmax at its position, so the text
-  is exactly plain greedy decoding's (up to the last bits the batch shape changes, docs/speculative.md);
-- **sampled**: the rule of Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
-  Decoding" (ICML 2023, Algorithm 1) and Chen et al., "Accelerating Large Language Model Decoding with
-  Speculative Sampling" (2023): keep a guess x drawn from the proposal q with probability min(1, p(x)/q(x)),
-  on rejection draw from normalise(max(0, p − q)), after k kept guesses draw the bonus token from p. Every
-  emitted token is then distributed exactly as p, the target's distribution after llama.cpp's sampler chain
-  (``target_dist``). A deterministic proposer (prompt lookup, a greedy draft) is the point mass q = δ(x):
-  keep x with probability p(x), else draw from p with x removed.
-
-Proposers: ``PromptLookup`` (prompt lookup decoding, Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding;
-llama.cpp ``examples/lookup`` and ``common/ngram-cache``): the most recent earlier occurrence of the history's
-last n-gram (n from ``n_max`` down to ``n_min``) proposes the tokens that followed it. The draft-model proposer
-runs in ``app.engine.local.runtime`` (a second small GGUF with the same vocabulary); its q comes from ``target_dist``
-on the draft's logits with the request's own parameters.
-
-Speculation is used only where it is exact (``ineligible_reason``): no grammar (its state depends on every
-token, and a rejected guess would have advanced it), no repetition penalties (they depend on the accepted
-prefix), no logprobs (they are reported per sampled token by the plain path). Logit bias is a plain float32 add
-before the chain, as in llama.cpp's ``logit_bias`` sampler, and is applied here the same way.
+The reasoning: docs/speculative.md, 'Proposers', 'Verification' and 'Eligibility'.
 """
 
 from __future__ import annotations
@@ -312,7 +292,7 @@ def request_rng(seed: int | None) -> np.random.Generator:
 def ineligible_reason(mode: str | None, d, want_logprobs: int = 0) -> str | None:
     """Why a request asking for speculative ``mode`` decodes plainly (None: it may speculate). ``d``: its
     ``DecodingParams`` with any tool grammar filled in. Speculation needs a target distribution that depends
-    only on the logits (exactness, module docstring): no grammar, no repetition penalties, no logprobs."""
+    only on the logits (docs/speculative.md, 'Eligibility'): no grammar, no repetition penalties, no logprobs."""
     if mode is None:
         return "off"
     if d.grammar:

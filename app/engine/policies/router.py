@@ -1,28 +1,9 @@
 """A rule-based router: answer a request on the fast path (no thinking) or the reasoning path (issue 14).
 
-``route(messages_or_text, setting)`` reads the request's text and the person's setting and returns a
-``Route``: ``path`` ("fast" or "reasoning"), the thinking ``budget`` to run it with (a
-``reasoning_budget.ReasoningBudget``), the ``reasons`` the rules gave, and ``seconds``, the time routing
-itself took (measured with ``time.perf_counter``; microseconds, but counted, so that a benchmark can add it to
-the cost of every routed answer).
+``route(messages_or_text, setting)`` returns a ``Route`` (``path``, the thinking ``budget``, ``reasons``,
+``seconds``). The decision this module holds: **rules, not a model**, read from the last user message.
 
-The design decision this module holds: **rules, not a model.** A classifier would need a second model in
-memory or a pass of the chat model, and its cost would be a large part of what the fast path saves. The rules
-read only the request's last user message (earlier turns are context, not the question being asked):
-
-- the person's setting wins: ``"fast"`` and ``"reasoning"`` force their path; ``"auto"`` applies the rules;
-- **strong signals** (2 points each): a reasoning keyword (``prove``, ``calculate``, ``step by step``,
-  ``how many``, ``solve``, ... ``KEYWORDS``) or an arithmetic expression (a number, an operator, a number:
-  ``12 * 7``, ``3/4 + 1``);
-- **weak signals** (1 point each): three or more numbers in the text (a word problem), a long request
-  (``long_words`` words or more), a code block;
-- reasoning at ``REASONING_SCORE`` (2) points or more; otherwise fast (a short greeting, a lookup, a
-  rewrite).
-
-The fast path runs with ``fast_tokens`` thinking tokens (0: no thinking), the reasoning path with
-``reasoning_tokens`` (default the "low" effort, 256: docs/reasoning.md "Budgets"). Both budgets come out of
-``resolve_budget`` as a request-layer value, so they win over the conversation's and model's settings: the
-router runs only when the person chose "auto", or chose a path.
+The reasoning: docs/reasoning.md, 'Routing'.
 """
 
 from __future__ import annotations
@@ -107,7 +88,7 @@ def _get(m: Any, key: str) -> Any:
 
 
 def signals(text: str, config: RouterConfig = RouterConfig()) -> list[tuple[str, int]]:
-    """The rules that fire on ``text``: (reason, points) pairs (module docstring)."""
+    """The rules that fire on ``text``: (reason, points) pairs (docs/reasoning.md, 'Routing')."""
     text = text[-MAX_READ_CHARS:]
     out: list[tuple[str, int]] = []
     keywords = sorted({m.group(1).lower() for m in _KEYWORDS.finditer(text)})
@@ -128,7 +109,7 @@ def signals(text: str, config: RouterConfig = RouterConfig()) -> list[tuple[str,
 
 
 def route(messages_or_text: Any, setting: str = "auto", config: RouterConfig = RouterConfig()) -> Route:
-    """Choose the fast or the reasoning path for one request (module docstring).
+    """Choose the fast or the reasoning path for one request (docs/reasoning.md, 'Routing').
 
     ``messages_or_text``: the prompt text or the chat messages (``request_text``); ``setting``: the person's
     choice, "auto" / "fast" / "reasoning". Returns a ``Route`` whose ``seconds`` is the time this call took.

@@ -1,39 +1,11 @@
 """Running self-consistency: ``n`` samples of one request on one engine, judged and voted (issue 14).
 
-``app.engine.policies.consistency`` and ``vote`` hold the pure half (spec, verifiers, ``judge``, ``vote``); this
-module schedules the samples on an ``Engine`` and collects them. ``run_self_consistency(engine, request, spec)``
-returns a ``SelfConsistencyResult``; ``SelfConsistencyRun`` is the same with a ``cancel()`` for the window.
+``app.engine.policies.consistency`` and ``vote`` hold the pure half; this module schedules the samples:
+``run_self_consistency(engine, request, spec)`` returns a ``SelfConsistencyResult``, ``SelfConsistencyRun``
+is the same with a ``cancel()``. The decision it holds is the order the samples start in: sample 0 alone,
+the rest once its prompt is live in a slot, so they copy it instead of prefilling it.
 
-The design decision this module holds is **the order in which the samples start**:
-
-1. Sample 0 starts alone. The runner waits for its first event that carries a token: by then its prompt is
-   in a slot's live KV.
-2. Then samples 1..n-1 start together, each on its own thread. The scheduler's burst wait admits them in one
-   step, their decodes run in one batch (``n_parallel`` at a time; the rest wait for slots), and each finds
-   the prompt's first L-1 tokens live in sample 0's slot and copies them instead of prefilling them
-   (``Metrics.cached_tokens``; the engine's cross-slot reuse, docs/engine.md). Started all at once, every
-   sample would prefill the prompt itself: live reuse only looks at KV that is already there.
-
-The cost of waiting is one prefill of latency that the others would have spent prefilling too.
-
-**Greedy requests are refused for n > 1.** With ``temperature`` 0 every sample is the same text, so the vote
-would cost ``n`` times the tokens for an agreement of 1.0 that means nothing. ``InvalidRequest`` names
-``temperature`` (the value to change), as docs/reasoning.md's "Reading the request" asks of the server.
-llama-server and OpenAI accept ``n`` with any temperature; Hearth prefers the clear error.
-
-**Seeds.** Sample ``i`` runs with ``seed + i`` (``consistency.sample_seeds``): a seeded request is
-reproducible and its samples differ. ``seed`` defaults to the request's own ``decoding.seed``; without
-either, every sample is seeded at random.
-
-**Errors and cancellation.** The first error of any sample (``QueueFull``, ``ContextLengthExceeded``,
-``EngineCrashed``, ``Cancelled``) cancels every other sample and is raised. ``cancel()`` (any thread) stops
-all of them within one scheduler step and makes ``run()`` raise ``Cancelled``. However it ends, no
-generation is left running: every sample's thread closes its stream in ``finally``, and ``run()`` joins
-them.
-
-**Where judging runs.** Samples are judged (extraction, the verifier) and ``on_sample`` is called on the
-thread that called ``run()``, in the order samples finish: a command verifier that takes seconds never
-holds a sample's stream, and a callback never needs a lock.
+The reasoning: docs/reasoning.md, 'Running self-consistency'.
 """
 
 from __future__ import annotations
@@ -107,7 +79,7 @@ class SelfConsistencyResult:
 
 def check_sampling(request: GenerateRequest, spec: SelfConsistencySpec) -> None:
     """Raise ``InvalidRequest(param="temperature")`` when ``spec.n`` > 1 and the request is greedy
-    (temperature 0): its samples would all be one text (module docstring)."""
+    (temperature 0): its samples would all be one text (docs/reasoning.md, 'Running self-consistency')."""
     if spec.n > 1 and request.decoding.temperature == 0:
         raise InvalidRequest(f"hearth.self_consistency.n is {spec.n} but temperature is 0: greedy samples are all "
                              "the same answer; set temperature > 0 (e.g. 0.7) or n to 1", param="temperature")
@@ -150,8 +122,8 @@ class SelfConsistencyRun:
         self._events.put((-1, "cancel", None))  # wakes run() even before any sample has started
 
     def run(self) -> SelfConsistencyResult:
-        """Run the ``n`` samples (module docstring) and vote. Raises the first sample's error, or
-        ``Cancelled`` after ``cancel()``; ``RuntimeError`` when called twice."""
+        """Run the ``n`` samples (docs/reasoning.md, 'Running self-consistency') and vote. Raises the first
+        sample's error, or ``Cancelled`` after ``cancel()``; ``RuntimeError`` when called twice."""
         with self._lock:
             if self._started:
                 raise RuntimeError("a SelfConsistencyRun runs once")

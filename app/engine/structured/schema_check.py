@@ -1,23 +1,10 @@
 """Gates a JSON schema passes before it becomes a grammar: shared by ``response_format`` and ``tools``.
 
-A schema from a request is turned into GBNF by llama-cpp-python's converter
-(``app.engine.structured.grammar``) and then
-parsed by llama.cpp inside an engine process. Three things here keep that safe and honest:
+``check_schema`` (limits, no outside ``$ref``, the meta-schema), ``unenforceable`` (what the converter would
+ignore, refused under ``strict: true``) and ``check_grammar`` (the grammar's length and nesting); each raises
+``InvalidRequest`` with the ``param`` the caller names.
 
-1. ``check_schema``: size and nesting limits on the schema itself, no ``$ref`` outside the document
-   (llama-cpp-python's converter would fetch an ``https://`` reference from the network), and ``jsonschema``'s
-   meta-schema check (a schema that is not a schema is a 400, not a converter crash);
-2. ``unenforceable``: the keywords the converter silently ignores (``minimum``, ``uniqueItems``,
-   ``format: email``…: ``UNENFORCED``), refused under ``strict: true`` so that a strict answer validates
-   against the whole schema (as OpenAI's strict mode refuses what it cannot enforce);
-3. ``check_grammar``: limits on the grammar, its length and its parenthesis nesting. The converter writes
-   ``maxLength: 5000`` as 5000 nested groups, and llama.cpp parses grammars by recursion; a deep one could
-   overflow the engine process's stack. (The engine process would restart, but a request must not be able to
-   do that.)
-
-Every check raises ``InvalidRequest`` with the ``param`` the caller names (``response_format``,
-``tools[2].function.parameters``…). This module was ``app/server/structured.py``'s; it moved into the engine
-when tool schemas (issue 13) needed the same gates, and ``structured`` imports it from here.
+The reasoning: docs/tools.md, 'app/engine/structured/schema_check.py'.
 """
 
 from __future__ import annotations
