@@ -220,7 +220,7 @@ def test_the_child_of_a_killed_parent_exits_quietly(tmp_path):
         parent.kill()
         parent.wait(10)
         if child is not None and not gone(child, 0):
-            os.kill(child, signal.SIGKILL)
+            kill(child)
 
 
 # "exit" ends the handler's thread with SystemExit, which pytest reports as an unhandled thread exception

@@ -6,9 +6,7 @@ process serves the whole module."""
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -200,7 +198,7 @@ def test_child_of_a_killed_parent_exits_quietly(model_path: Path, tmp_path: Path
         parent.kill()
         parent.wait(10)
         if child is not None and not gone(child, 0):
-            os.kill(child, signal.SIGKILL)
+            kill(child)
 
 
 def test_a_bad_model_file_is_a_model_load_error(tmp_path: Path):

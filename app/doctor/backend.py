@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from typing import Any
+
+from app.doctor import child
 
 PROBE_TIMEOUT_S = 60.0  # importing llama_cpp maps every ggml backend library: seconds on a cold disk
 MARK = "hearth-backend="
@@ -33,10 +34,8 @@ print("hearth-backend=" + json.dumps(out), flush=True)
 
 
 def probe_command() -> list[str]:
-    """``python -c PROBE_CODE``, or in a frozen bundle the bundle itself (``hearth doctor --backend-probe``)."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "doctor", "--backend-probe"]
-    return [sys.executable, "-c", PROBE_CODE]
+    """The child that reads the build (``hearth doctor --backend-probe`` in a frozen bundle)."""
+    return child.probe_command(PROBE_CODE, "--backend-probe")
 
 
 def probe(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
@@ -44,8 +43,7 @@ def probe(timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     "unloadable", "error"}``. A child that crashes, hangs or prints no answer is ``unloadable`` (the library
     took the process down while loading), with its last stderr line as the error."""
     try:
-        r = subprocess.run(probe_command(), capture_output=True, text=True, timeout=timeout, check=False,
-                           stdin=subprocess.DEVNULL)
+        r = child.run_probe(probe_command(), timeout)
     except subprocess.TimeoutExpired:
         return {"outcome": "unloadable", "error": f"loading it did not finish within {timeout:.0f} s"}
     except OSError as exc:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.doctor import elf
+from app.doctor import child, elf
 
 SKIP_ENV = "HEARTH_SKIP_QT_CHECK"
 PROBE_TIMEOUT_S = 8.0
@@ -190,19 +190,15 @@ def _ldd_missing(plugin: Path) -> list[MissingLib] | None:
 
 
 def probe_command() -> list[str]:
-    """The child that tries to create the application: ``python -c PROBE_CODE``, or in a frozen bundle the
-    bundle itself (``hearth doctor --qt-probe`` runs the same code)."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "doctor", "--qt-probe"]
-    return [sys.executable, "-c", PROBE_CODE]
+    """The child that tries to create the application (``hearth doctor --qt-probe`` in a frozen bundle)."""
+    return child.probe_command(PROBE_CODE, "--qt-probe")
 
 
 def probe(env: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str | None, str]:
     """Run the load probe: (loaded, platform name Qt reports, Qt's stderr)."""
     env = dict(os.environ if env is None else env)
     try:
-        r = subprocess.run(probe_command(), capture_output=True, text=True, env=env, timeout=timeout,
-                           check=False, stdin=subprocess.DEVNULL)
+        r = child.run_probe(probe_command(), timeout, env)
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         return False, None, err + f"\n(the probe did not finish within {timeout:.0f} s)"
