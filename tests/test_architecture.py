@@ -56,3 +56,12 @@ def test_no_test_hooks_in_the_product():
     hits = [(p.relative_to(REPO).as_posix(), word) for p in (REPO / "app").rglob("*.py")
             for word in ("crash_for_test", '"_abort"', "_scripted_service", "for_test") if word in p.read_text()]
     assert hits == []
+
+
+def test_the_engine_face_lists_what_it_hands_on():
+    """``app.engine.__all__`` (spelled out for linters) and the lazy table behind it name the same things, and
+    each resolves."""
+    import app.engine as engine
+
+    assert sorted(engine.__all__) == sorted(engine._FACE)
+    assert all(getattr(engine, name) is not None for name in engine.__all__)
