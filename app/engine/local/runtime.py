@@ -278,7 +278,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         # does not speculate in that step.
         seqs = sorted(seqs, key=lambda s: s.slot)
         n = self.settings.n_batch
-        drafts = {s.rid: self._propose(s) for s in seqs if s.spec_mode and not s.inserts}
+        drafts = {s.rid: self._propose(s, len(seqs)) for s in seqs if s.spec_mode and not s.inserts}
         groups: list[list[LlamaSeq]] = [[]]
         used = 0
         for s in seqs:

@@ -94,9 +94,9 @@ class SpeculationMixin:
             lib.llama_memory_seq_rm(mem, sid, kv, -1)
         return exact
 
-    def _propose(self, seq: LlamaSeq) -> list[int]:
+    def _propose(self, seq: LlamaSeq, n_seqs: int = 1) -> list[int]:
         """``seq``'s guesses for this step (possibly none): within the step's budget, the context, and the
-        tokens it may still emit."""
+        tokens it may still emit. ``n_seqs``: the sequences in this decode step."""
         slot = self.slots[seq.slot]
         kv = len(slot.tokens)
         k = min(self.spec_cap(seq), self.settings.n_ctx - kv - 1, seq.max_new - seq.n_out - 1,
