@@ -3,14 +3,16 @@
 For each KV type, generated prompts of lengths spread over a range run greedily (``max_tokens`` tokens) in
 two engine processes sharing one prefix-cache folder:
 
-- engine 1: each prompt cold (``cache_reuse`` must say ``cold``; its entry is saved), then again (**live**:
-  all but its last token from the live KV cache). For every ``derived_every``-th prompt P of those longer
+- engine 1: each prompt cold (``cache_reuse`` must say ``cold``; its chunks are saved), then again (**live**:
+  all but its last token from the live KV cache, or all but a tail shorter than ``layout.TAIL_SPLIT`` that goes
+  in with the last token). For every ``derived_every``-th prompt P of those longer
   than three chunks also: P extended by a new turn (**live-next-turn**: P's whole chunks from the live KV
   cache), then a prefix of P (**live-prefix-of-cached**), each compared with the same prompt prefilled cold
   (``prefix_cache=False``).
-- engine 2 (a new process): each prompt again (**restored**: all but its last token from its disk entry),
-  and for every ``derived_every``-th prompt P, P extended by another turn (**restored-shorter**: the whole
-  chunks of P's entry, the rest prefilled), compared with the same prompt prefilled cold.
+- engine 2 (a new process): each prompt again (**restored**: as much as **live**, from disk), and for every
+  ``derived_every``-th prompt P, P extended by another turn (**restored-shorter**: the whole chunks of P's,
+  the rest prefilled) and P's first half with another ending (**restored-shared**: only the chunks it shares with
+  the longer prompts stored before, none of which it extends), compared with the same prompt prefilled cold.
 
 A path counts as identical when its token ids equal the cold run's. A run that did not reuse what its path
 names (say, nothing was restored) is counted as *not exercised*, never as identical. TTFT (request accepted
@@ -32,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 MAX_TOKENS = 20  # greedy tokens per run: the flips before the fix came within the first 15
-PATHS = ("live", "live-next-turn", "live-prefix-of-cached", "restored", "restored-shorter")
+PATHS = ("live", "live-next-turn", "live-prefix-of-cached", "restored", "restored-shorter", "restored-shared")
 KV_TYPES = ("f16", "q8_0", "q4_0")
 
 _COLOURS = ("red", "green", "blue", "amber", "violet")
@@ -126,10 +128,16 @@ def run(engine, prompt: str, max_tokens: int, reuse: bool = True) -> Run:
     return Run(toks, done.metrics)
 
 
-def _record(tally: PathTally, got: Run, cold: Run, want_all_but_last: bool, label: str) -> None:
+def _record(tally: PathTally, got: Run, cold: Run, want_all_but_last: bool, label: str, source: str = "") -> None:
+    """Count ``got`` against ``cold`` on ``tally``'s path. ``want_all_but_last``: the path must have reused the
+    whole prompt but its last token, or but a tail shorter than ``layout.TAIL_SPLIT`` (a repeat); ``source``:
+    the reuse must have come from there (``Metrics.cache_source``)."""
+    from app.engine.local.layout import TAIL_SPLIT
+
     m = got.metrics
-    reused = m.cached_tokens == m.prompt_tokens - 1 if want_all_but_last else m.cached_tokens > 0
-    if not reused or m.cache_reuse != "exact":
+    reused = (0 < m.prompt_tokens - 1 - m.cached_tokens + 1 <= TAIL_SPLIT if want_all_but_last
+              else m.cached_tokens > 0)
+    if not reused or m.cache_reuse != "exact" or (source and m.cache_source != source):
         tally.skipped += 1
         return
     tally.exercised += 1
@@ -143,7 +151,8 @@ def _record(tally: PathTally, got: Run, cold: Run, want_all_but_last: bool, labe
         tally.ttft_ratios.append(m.ttft_s / cold.metrics.ttft_s)
 
 
-_TURNS = (" Next question: which record came first, and why?", " Then the clerk wrote one more line.")
+_TURNS = (" Next question: which record came first, and why?", " Then the clerk wrote one more line.",
+          " Nothing else was written in the ledger that season; the harbour froze.")
 
 
 def _derived(prompt: str) -> tuple[str, str]:
@@ -175,6 +184,7 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
     tally = {p: PathTally() for p in PATHS}
     cold: list[Run] = []
     derived: set[int] = set()
+    shared: list[tuple[int, str]] = []
     picked = [0]
     with tempfile.TemporaryDirectory(prefix="hearth-exactness-") as d:
         cfg = {"dir": d, "budget_bytes": 64 << 30, "min_tokens": 1}
@@ -199,6 +209,13 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
                     ext2 = p + _TURNS[1]
                     got = run(e2, ext2, max_tokens)
                     _record(tally["restored-shorter"], got, run(e2, ext2, max_tokens, reuse=False), False, labels[i])
+                    half = p.rfind(" ", 0, len(p) // 2)
+                    shared.append((i, p[:half if half > 0 else len(p) // 2] + _TURNS[2]))  # extends no stored prompt
+        with Engine(model_path, settings, prefix_cache=cfg) as e3:  # a new process again: nothing live shares it
+            for i, other in shared:
+                got = run(e3, other, max_tokens)
+                _record(tally["restored-shared"], got, run(e3, other, max_tokens, reuse=False), False, labels[i],
+                        source="disk")
     return {"kv": kv, "prompts": len(prompts), "max_tokens": max_tokens, "labels": labels,
             "prompt_tokens": [r.metrics.prompt_tokens for r in cold],
             "cold_ttft_s_p50": statistics.median(r.metrics.ttft_s for r in cold),

@@ -1,5 +1,5 @@
 """Many requests at once on the real bundled model: continuous batching, chunked prefill, per-request cancel,
-and prefix-cache entries that move between slots (app/engine/local/scheduler.py, docs/engine.md)."""
+and prefix-cache segments that move between slots (app/engine/local/scheduler.py, docs/engine.md)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def test_cancel_one_stream_leaves_the_others_running(engine4):
 
 
 def test_a_prefix_saved_from_one_slot_restores_exactly_into_another(bundled_model, tmp_path):
-    """An entry saved from slot 2 of a 4-slot engine restores into a 1-slot engine, and into slot 1 of another
+    """The chunks saved from slot 2 of a 4-slot engine restore into a 1-slot engine, and into slot 1 of another
     4-slot engine, and each answer equals a cold run's."""
     cache = {"dir": str(tmp_path / "kv"), "min_tokens": 256}
     prompt = " ".join(f"Entry {i}: the lighthouse keeper noted wind from the {('north', 'west')[i % 2]}."

@@ -11,8 +11,8 @@ B = 9  # the turn break in these token lists
 
 
 def test_chunks_of_n_batch_without_breaks_cut_at_l_minus_1():
-    assert layout_bounds(list(range(10)), 4) == [4, 8, 9]
-    assert layout_bounds(list(range(9)), 4) == [4, 8]
+    assert layout_bounds(list(range(10)), 4, tail_split=1) == [4, 8, 9]
+    assert layout_bounds(list(range(9)), 4, tail_split=1) == [4, 8]
     assert layout_bounds([1], 4) == [] and layout_bounds([], 4) == []
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         layout_bounds([1, 2], 0)
@@ -20,7 +20,7 @@ def test_chunks_of_n_batch_without_breaks_cut_at_l_minus_1():
 
 def test_a_break_starts_a_chunk_and_the_count_restarts_there():
     toks = [0, B, 1, 2, 3, 4, 5, B, 6, 7, 8]
-    assert layout_bounds(toks, 4, {B}) == [1, 5, 7, 10]
+    assert layout_bounds(toks, 4, {B}, tail_split=1) == [1, 5, 7, 10]
     assert [next_bound([1, 5, 7, 10], p) for p in (0, 1, 5, 7)] == [1, 5, 7, 10]
     with pytest.raises(ValueError, match="no chunk"):
         next_bound([1, 5, 7, 10], 10)
@@ -43,12 +43,32 @@ def test_the_next_turn_reuses_the_previous_prompt_up_to_the_turn_that_now_holds_
 
 def test_a_bound_at_the_shared_length_counts_only_when_the_kv_ends_a_chunk_there():
     toks = list(range(10, 20)) + [B] + list(range(10, 20))
-    b = layout_bounds(toks, 4, {B})
+    b = layout_bounds(toks, 4, {B}, tail_split=1)
     assert b == [4, 8, 10, 14, 18, 20]
     assert usable(b, 10, {4, 8, 10}) == 10
     assert usable(b, 10, {4, 8}) == 8  # the KV's chunk did not end at 10 (another token there, no break)
     assert usable(b, 10) == 10  # a disk entry of exactly 10 tokens ends there
     assert usable(b, 9) == 8 and usable(b, 3, {4}) == 0
+
+
+def test_a_short_tail_goes_in_with_the_last_token_and_a_long_one_ends_at_l_minus_1():
+    assert layout_bounds(list(range(40)), 256) == [40]  # one llama_decode for a short prompt
+    assert layout_bounds(list(range(100)), 256) == [99]  # a long tail: the last token alone
+    assert layout_bounds(list(range(300)), 256) == [256, 300]  # 43 tokens after the last cut
+    assert layout_bounds(list(range(10)), 4, tail_split=3) == [4, 8, 10]
+    assert layout_bounds(list(range(9)), 4, tail_split=3) == [4, 8]  # the last cut is at L−1 already
+    toks = [0, 1, 2, B]
+    assert layout_bounds(toks, 256, {B}) == [3]  # a break at L−1 stays a cut
+    for L in range(2, 40):  # no chunk is longer than ``chunk``
+        b = [0] + layout_bounds(list(range(L)), 4, tail_split=3)
+        assert max(y - x for x, y in zip(b, b[1:])) <= 4
+
+
+def test_reuse_needs_the_same_cuts_below_the_bound():
+    b = [4, 8, 12]
+    assert usable(b, 12, {4, 8, 12}) == 12
+    assert usable(b, 12, {4, 6, 8, 12}) == 4, "the KV cut at 6 where this layout does not: chunk [4, 8) differs"
+    assert usable(b, 12, {8, 12}) == 0
 
 
 def test_turn_break_token_from_the_common_tail_of_two_renders():

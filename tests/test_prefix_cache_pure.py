@@ -8,43 +8,46 @@ import random
 import pytest
 
 from app.engine.local.prefix_cache import (
-    BLOCK,
     EntryError,
-    PrefixHasher,
     PrefixStore,
-    block_hashes,
-    decode_entry,
-    encode_entry,
+    assemble,
+    decode_segment,
+    encode_segment,
+    extract_stream,
     fingerprint,
+    read_stream,
+    segment_keys,
+    segment_payload,
     seq_state_buffer,
 )
 
 FP = "a" * 64
 FP2 = "b" * 64
+SHAPE = {"arch": "gemma3", "modules": []}
 
 
-def test_block_hashes_chain_covers_parent():
-    a = list(range(BLOCK * 3))
-    b = [7] + a[1:]  # differs only in block 0
-    ha, hb = block_hashes(a), block_hashes(b)
-    assert len(ha) == 3
-    assert all(x != y for x, y in zip(ha, hb)), "a change in block 0 must change every later hash"
-    assert block_hashes(a[: BLOCK * 2]) == ha[:2]
+def test_segment_keys_name_tokens_and_cuts_up_to_each_chunk():
+    a = list(range(300))
+    ka = segment_keys(FP, a, [100, 200, 299])
+    assert len(ka) == 3 and len(set(ka)) == 3
+    assert segment_keys(FP, a[:250], [100, 200]) == ka[:2], "a longer prompt shares its first chunks' keys"
+    b = [7] + a[1:]  # differs at token 0
+    assert all(x != y for x, y in zip(ka, segment_keys(FP, b, [100, 200, 299]))), "a change reaches every later key"
+    assert segment_keys(FP, a, [50, 200])[1] != ka[1], "the same tokens in another layout are another key"
+    assert segment_keys(FP2, a, [100])[0] != ka[0], "another engine configuration"
+    with pytest.raises(ValueError):
+        segment_keys(FP, a, [200, 100])
+    with pytest.raises(ValueError):
+        segment_keys(FP, a, [301])
 
 
-def test_prefix_hash_names_exact_prefix():
-    toks = list(range(200))
-    h = PrefixHasher(toks)
-    assert h.prefix_hash(100) == PrefixHasher(toks[:100]).prefix_hash(100)
-    assert h.prefix_hash(100) != h.prefix_hash(99)
-    assert PrefixHasher([1, 2, 3]).prefix_hash(3) != PrefixHasher([1, 2, 4]).prefix_hash(3)
-
-
-def test_entry_roundtrip_and_every_rejection():
-    toks = list(range(50))
+def test_segment_roundtrip_and_every_rejection():
+    toks = list(range(100, 150))
     payload = os.urandom(1000)
-    blob = encode_entry(FP, toks, payload)
-    assert decode_entry(blob, FP, toks + [99, 100]) == payload
+    key = segment_keys(FP, list(range(150)), [100, 150])[1]
+    blob = encode_segment(FP, key, 100, toks, SHAPE, payload)
+    shape, got = decode_segment(blob, FP, key, 100, toks)
+    assert shape == SHAPE and bytes(got) == payload
     cases = {
         "empty": b"",
         "truncated header": blob[:10],
@@ -54,24 +57,40 @@ def test_entry_roundtrip_and_every_rejection():
     }
     for name, data in cases.items():
         with pytest.raises(EntryError):
-            decode_entry(data, FP, toks)
+            decode_segment(data, FP, key, 100, toks)
     with pytest.raises(EntryError, match="another engine configuration"):
-        decode_entry(blob, FP2, toks)
+        decode_segment(blob, FP2, key, 100, toks)
     with pytest.raises(EntryError, match="token ids differ"):
-        decode_entry(blob, FP, [1] + toks[1:])
+        decode_segment(blob, FP, key, 100, [1] + toks[1:])
+    with pytest.raises(EntryError, match="another chunk"):
+        decode_segment(blob, FP, "c" * 64, 100, toks)
 
 
-def test_find_longest_prefix_never_similar(tmp_path):
+def _store_chain(st, tokens, cuts, size=10):
+    keys = segment_keys(FP, tokens, cuts)
+    for a, b, k in zip([0] + cuts, cuts, keys):
+        st.write(FP, k, a, tokens[a:b], SHAPE, os.urandom(size))
+    return keys
+
+
+def test_run_finds_shared_chunks_never_similar(tmp_path):
     st = PrefixStore(tmp_path, 10 << 20)
     base = list(range(300))
-    st.write(FP, base[:100], b"x" * 10)
-    st.write(FP, base[:250], b"y" * 10)
-    n, _ = st.find(FP, base + [1, 2, 3])
-    assert n == 250
-    n, _ = st.find(FP, base[:200])
-    assert n == 100
-    assert st.find(FP, [5] + base[1:]) is None  # differs at token 0
-    assert st.find(FP2, base) is None  # other fingerprint
+    _store_chain(st, base, [100, 250])
+    other = base[:250] + [9, 9, 9]  # shares both chunks, then differs
+    assert st.run(FP, segment_keys(FP, other, [100, 250, 252])) == 2
+    assert st.run(FP, segment_keys(FP, base[:200], [100, 199])) == 1
+    assert st.run(FP, segment_keys(FP, [5] + base[1:], [100, 250])) == 0  # differs at token 0
+    assert st.run(FP2, segment_keys(FP2, base, [100, 250])) == 0  # other fingerprint
+
+
+def test_shared_chunks_are_stored_once(tmp_path):
+    st = PrefixStore(tmp_path, 10 << 20)
+    pre = list(range(1000))
+    for i in range(10):
+        _store_chain(st, pre + [5000 + i] * 50, [256, 512, 768, 1000, 1050], size=1000)
+    assert st.count() == 4 + 10, "four preamble chunks once, then one tail per conversation"
+    assert st.total_bytes() == st.bytes_on_disk()
 
 
 def test_budget_never_exceeded_and_lru(tmp_path):
@@ -79,30 +98,55 @@ def test_budget_never_exceeded_and_lru(tmp_path):
     st = PrefixStore(tmp_path, budget)
     rng = random.Random(0)
     prompts = [[rng.randrange(1000) for _ in range(64)] for _ in range(40)]
+    hot = segment_keys(FP, prompts[0], [32, 64])
     for i, p in enumerate(prompts):
-        st.write(FP, p, os.urandom(4000))
+        _store_chain(st, p, [32, 64], size=2000)
         assert st.bytes_on_disk() <= budget
         assert st.total_bytes() <= budget
-        st.find(FP, prompts[0])  # keep prompt 0 hot
-        if st.find(FP, prompts[0]):
-            st.read(FP, prompts[0], 64, st.find(FP, prompts[0])[1])
-    assert st.find(FP, prompts[0]) is not None, "a recently used entry survives eviction"
-    assert st.find(FP, prompts[1]) is None, "old, unused entries are evicted"
+        st.touch(FP, hot)  # keep prompt 0 hot
+    assert st.run(FP, hot) == 2, "a recently used chain survives eviction"
+    assert st.run(FP, segment_keys(FP, prompts[1], [32, 64])) == 0, "old, unused chains are evicted"
     assert st.stats.evicted > 0
-    assert st.write(FP, [1, 2, 3], os.urandom(budget)) is None  # larger than the budget: not stored
+    big = segment_keys(FP, [1, 2, 3], [3])[0]
+    assert st.write(FP, big, 0, [1, 2, 3], SHAPE, os.urandom(budget)) is None  # larger than the budget
+
+
+def test_eviction_takes_the_deepest_chunk_first_among_equals(tmp_path):
+    st = PrefixStore(tmp_path, 10 << 20)
+    toks = list(range(90))
+    keys = _store_chain(st, toks, [30, 60, 90], size=100)
+    st.touch(FP, keys)
+    st.budget = st.total_bytes()  # room for nothing more
+    _store_chain(st, [7] * 10, [10], size=100)
+    assert st.run(FP, keys) == 2, "the chain loses its last chunk, not its first"
 
 
 def test_bad_file_is_quarantined(tmp_path):
     st = PrefixStore(tmp_path, 10 << 20)
     toks = list(range(80))
-    path = st.write(FP, toks, b"z" * 100)
+    (key,) = _store_chain(st, toks, [80], size=100)
+    path = st.path_for(FP, key)
     path.write_bytes(path.read_bytes()[:40])
-    n, p = st.find(FP, toks)
     with pytest.raises(EntryError):
-        st.read(FP, toks, n, p)
+        st.read(FP, key, 0, toks)
     assert not path.exists()
     assert list((tmp_path / "quarantine").iterdir())
-    assert st.find(FP, toks) is None
+    assert st.run(FP, [key]) == 0
+
+
+def test_an_index_of_the_previous_format_is_dropped_with_its_files(tmp_path):
+    import sqlite3
+
+    old = tmp_path / "abcd" / "x.kv"
+    old.parent.mkdir()
+    old.write_bytes(b"old entry")
+    db = sqlite3.connect(tmp_path / "index.db")
+    db.execute("CREATE TABLE entries (fingerprint, prefix_hash, n_tokens, file, size_bytes, created, last_used)")
+    db.execute("INSERT INTO entries VALUES ('f', 'h', 1, 'abcd/x.kv', 9, 0, 0)")
+    db.commit()
+    db.close()
+    st = PrefixStore(tmp_path, 1 << 20)
+    assert not old.exists() and st.total_bytes() == 0
 
 
 def test_seq_state_buffer_rewrites_only_the_header():
@@ -170,7 +214,7 @@ def test_one_stream_of_a_many_stream_state_is_the_one_sequence_entry(v_trans):
     restoring that entry into slot 2 of 4 puts the block in stream 2 and the other streams empty."""
     import struct
 
-    from app.engine.local.prefix_cache import extract_stream, state_streams
+    from app.engine.local.prefix_cache import state_streams
 
     def cells(seq, n):
         return [(p, seq) for p in range(n)]
@@ -193,8 +237,6 @@ def test_one_stream_of_a_many_stream_state_is_the_one_sequence_entry(v_trans):
 
 @pytest.mark.parametrize("cut", [1, 7, 40])
 def test_a_state_that_does_not_parse_to_its_end_is_refused(cut):
-    from app.engine.local.prefix_cache import extract_stream
-
     whole = _whole([[_stream_block([(0, 0), (1, 0)]), _stream_block([(0, 1)])]])
     with pytest.raises(EntryError):
         extract_stream(whole[:-cut], 0)
@@ -202,3 +244,33 @@ def test_a_state_that_does_not_parse_to_its_end_is_refused(cut):
         extract_stream(whole + b"\x00" * cut, 0)
     with pytest.raises(EntryError):
         seq_state_buffer(whole, seq_id=1, n_stream=4)  # two streams: not an entry
+    with pytest.raises(EntryError):
+        read_stream(whole[:-cut], 0)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_segments_of_a_stream_join_to_its_sequence_state(v_trans):
+    """Cut stream 2 of a four-stream state into chunks and join them again: the bytes equal the sequence state
+    of the whole stream (the restore path before segments); a gap or a short payload is refused."""
+    cells = [(p, 2) for p in range(9)]
+    modules = [[_stream_block([(p, s) for p in range(3)]) if s != 2 else _stream_block(cells, v_trans=v_trans)
+                for s in range(4)] for _m in range(2)]
+    whole = _whole(modules)
+    sv = read_stream(whole, 2)
+    assert sv.cells == 9 and len(sv.shape["modules"]) == 2
+    cuts = [0, 4, 5, 9]
+    parts = [(a, b, segment_payload(sv, a, b)) for a, b in zip(cuts, cuts[1:])]
+    want = bytes(seq_state_buffer(extract_stream(whole, 2), seq_id=1, n_stream=4))
+    assert bytes(assemble(sv.shape, parts, seq_id=1, n_stream=4)) == want
+    with pytest.raises(EntryError, match="do not join"):
+        assemble(sv.shape, [parts[0], parts[2]], 1, 4)
+    with pytest.raises(EntryError, match="holds"):
+        assemble(sv.shape, [(0, 4, parts[0][2][:-1])], 1, 4)
+    with pytest.raises(EntryError):
+        segment_payload(sv, 5, 10)
+
+
+def test_cells_out_of_order_are_not_cut():
+    whole = _whole([[_stream_block([(1, 0), (0, 0)])]])
+    with pytest.raises(EntryError, match="in order"):
+        read_stream(whole, 0)

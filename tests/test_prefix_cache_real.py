@@ -29,7 +29,7 @@ def engine(model, cache_dir, min_tokens=64, budget=1 << 30, **kw):
 
 
 def entries(cache_dir: Path) -> list[Path]:
-    return sorted(cache_dir.glob("*/*.kv"))
+    return sorted(cache_dir.glob("*/*.seg"))
 
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
@@ -39,7 +39,7 @@ def test_restore_in_new_process_is_token_identical(bundled_model, tmp_path, kv):
     with engine(bundled_model, tmp_path, type_k=kv, type_v=kv) as a:
         first = a.complete(req(LONG, 40))
     assert first.text == ref.text and first.metrics.cache_source == "none"
-    assert len(entries(tmp_path)) == 1
+    assert len(entries(tmp_path)) == 2  # one segment per chunk: [0, 256) and [256, L−1)
     with engine(bundled_model, tmp_path, type_k=kv, type_v=kv) as b:
         again = b.complete(req(LONG, 40))
         assert again.metrics.cache_source == "disk"
@@ -82,8 +82,9 @@ def test_quantized_kv_restore_and_foreign_entry_refused(bundled_model, tmp_path,
     other = "f16" if kv != "f16" else "q8_0"
     with engine(bundled_model, tmp_path / other, type_k=other, type_v=other) as c:
         c.complete(req(LONG, 1))
-    mine, foreign = entries(tmp_path / kv)[0], entries(tmp_path / other)[0]
-    mine.write_bytes(foreign.read_bytes())
+    foreign = entries(tmp_path / other)[0].read_bytes()
+    for mine in entries(tmp_path / kv):
+        mine.write_bytes(foreign)
     with engine(bundled_model, tmp_path / kv, type_k=kv, type_v=kv, flash_attn=True) as d:
         cold = d.complete(req(LONG, 20))
     assert "another engine configuration" in cold.metrics.cache_error
@@ -95,20 +96,20 @@ def test_quantized_kv_restore_and_foreign_entry_refused(bundled_model, tmp_path,
 def test_damaged_entries_are_quarantined_and_served_cold(bundled_model, tmp_path, damage):
     with engine(bundled_model, tmp_path) as a:
         ref = a.complete(req(LONG, 20))
-    path = entries(tmp_path)[0]
-    data = path.read_bytes()
-    if damage == "half":
-        path.write_bytes(data[: len(data) // 2])
-    elif damage == "zero":
-        path.write_bytes(b"")
-    elif damage == "random":
-        path.write_bytes(os.urandom(len(data)))
-    else:  # same tokens, saved for another model file (different sha256 in the fingerprint)
-        from app.engine.local.prefix_cache import fingerprint
+    for path in entries(tmp_path):  # every segment of the prompt damaged the same way
+        data = path.read_bytes()
+        if damage == "half":
+            path.write_bytes(data[: len(data) // 2])
+        elif damage == "zero":
+            path.write_bytes(b"")
+        elif damage == "random":
+            path.write_bytes(os.urandom(len(data)))
+        else:  # same tokens, saved for another model file (different sha256 in the fingerprint)
+            from app.engine.local.prefix_cache import fingerprint
 
-        fp_other, _ = fingerprint("0" * 64, LoadSettings(n_ctx=2048))
-        hdr_end = 8 + 4  # magic, format version, then the 64-character fingerprint
-        path.write_bytes(data[:hdr_end] + fp_other.encode() + data[hdr_end + 64:])
+            fp_other, _ = fingerprint("0" * 64, LoadSettings(n_ctx=2048))
+            hdr_end = 8 + 4  # magic, format version, then the 64-character fingerprint
+            path.write_bytes(data[:hdr_end] + fp_other.encode() + data[hdr_end + 64:])
     with engine(bundled_model, tmp_path) as b:
         out = b.complete(req(LONG, 20))
         assert out.metrics.cache_error, "the damaged entry was noticed"

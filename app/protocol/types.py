@@ -216,7 +216,8 @@ def _check_tool_message(m: ChatMessage, at: str, calls: set[str]) -> None:
                              "assistant message", param=f"{at}.tool_call_id")
 
 
-SPECULATIVE_MODES = ("prompt_lookup", "draft")
+# docs/speculative.md: "auto" (adaptive prompt lookup) is what None means when no setting names a mode
+SPECULATIVE_MODES = ("auto", "prompt_lookup", "draft", "off")
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,8 @@ class GenerateRequest:
     ``priority``: the scheduler admits higher first (the desktop window sends 1, the port 0); equal
     priorities in arrival order. ``deadline_s``: seconds from the engine receiving the request to its end;
     when it passes the answer so far is returned with finish_reason "length" and ``info["stopped_by"] ==
-    "deadline"`` (None: no deadline).
+    "deadline"`` (None: no deadline). ``speculative`` (docs/speculative.md): one of ``SPECULATIVE_MODES``;
+    None: the model's ``per_model`` setting, else "auto" (prompt lookup where it pays).
 
     Tools (docs/tools.md): ``tools`` are rendered into the prompt (the GGUF template's ``tools`` or the
     model's ``ToolFormat``), and the format's stop strings are added; ``tool_choice`` None means "auto" with
@@ -293,9 +295,9 @@ class GenerateRequest:
             if not isinstance(self.reasoning, ReasoningRequest):
                 raise InvalidRequest("reasoning must be a ReasoningRequest", param="reasoning_effort")
             self.reasoning.validate()
-        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES + ("off",):
-            raise InvalidRequest(f"hearth.speculative must be one of {', '.join(SPECULATIVE_MODES)}, off or "
-                                 f"null, got {self.speculative!r}", param="hearth.speculative")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
+            raise InvalidRequest(f"hearth.speculative must be one of {', '.join(SPECULATIVE_MODES)} or null, "
+                                 f"got {self.speculative!r}", param="hearth.speculative")
         _check_range("priority", self.priority, -100, 100, integer=True)
         if self.deadline_s is not None:
             _check_range("deadline_s", self.deadline_s, 0.0, 1e6, lo_open=True)
@@ -336,8 +338,8 @@ class Metrics:
     - ``decode_tps``: (completion_tokens − 1) / (last token time − first token time).
     - ``total_s``: accepted → done.
     - ``restore_s``: time to load a prefix-cache entry from disk (0 if none).
-    - ``save_s``: time this request's path spent saving its prompt's KV state to the disk prefix cache
-      before its first token (the state's capture; the write itself runs in the background; 0 if none).
+    - ``save_s``: time this request's path spent saving KV state to the disk prefix cache (0: the engine
+      saves a slot's chunks while idle, after the answer; docs/prefix-cache.md).
     - ``cache_reuse``: ``"exact"`` when ``cached_tokens`` were reused (live KV or a disk entry; every reuse
       path gives the cold prefill's KV bits in the cold prefill's cells, docs/prefix-cache.md), ``"cold"``
       when none were; ``cache_reuse_reason`` names the path or why none was taken.
@@ -356,9 +358,9 @@ class Metrics:
     model and request); ``reasoning_forced`` / ``reasoning_stopped_by`` ("budget", "deadline", "user"):
     Hearth ended thinking, and why; ``reasoning_unclosed``: the output ended inside thinking.
 
-    Speculative decoding (docs/speculative.md): ``spec_mode`` ("prompt_lookup", "draft", or None),
-    ``spec_drafted`` draft tokens proposed, ``spec_accepted`` of them accepted, ``spec_steps`` verification
-    steps (``acceptance_rate`` = accepted / drafted).
+    Speculative decoding (docs/speculative.md): ``spec_mode`` ("prompt_lookup", "draft", "auto" once the
+    default guessed, or None), ``spec_drafted`` draft tokens proposed, ``spec_accepted`` of them accepted,
+    ``spec_steps`` verification steps with guesses (``acceptance_rate`` = accepted / drafted).
     """
 
     prompt_tokens: int = 0

@@ -1,8 +1,9 @@
 """The canonical prefill layout: where a prompt's chunks begin and end (pure logic, no llama.cpp).
 
 Every prompt is prefilled in one layout that depends on its tokens alone (cuts at turn breaks, after an
-answer, every ``chunk`` tokens, and at L−1), and only a prefix that ends at a cut both layouts share is
-reused, so reused KV is bit for bit a cold prefill's.
+answer, every ``chunk`` tokens, and at L−1 when the tail after the last cut is long), and only a prefix that ends
+at a cut both layouts share, with the same cuts below it, is reused, so reused KV is bit for bit a cold
+prefill's.
 
 The reasoning: docs/prefix-cache.md, 'Exactness: the canonical prefill layout' and 'The answer, laid out
 again while idle'.
@@ -13,12 +14,21 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Iterable
 
+# A tail (the tokens after the prompt's last cut) at least this long ends in a cut at L−1 and the last token is
+# evaluated alone, so a repeat of the prompt reuses all but that token; a shorter tail goes in with the last
+# token in one ``llama_decode`` (one weight pass fewer on the first token's path: ~20 ms on 2 cores for the
+# bundled model, about what re-evaluating a tail this short costs a repeat). docs/prefix-cache.md.
+TAIL_SPLIT = 64
 
-def layout_bounds(tokens: list[int], chunk: int, breaks: Iterable[int] = ()) -> list[int]:
-    """The positions (sorted, each in 1 … L−1) where the canonical chunks of ``tokens`` (L tokens) end: every
-    turn break's position (a chunk never spans one), every ``chunk`` tokens after a cut, and L−1 (the
-    prefill's end). [] when L ≤ 1. ``chunk``: tokens per chunk at most (>= 1). Raises ``ValueError`` for a
-    chunk < 1."""
+
+def layout_bounds(tokens: list[int], chunk: int, breaks: Iterable[int] = (),
+                  tail_split: int = TAIL_SPLIT) -> list[int]:
+    """The positions (sorted) where the canonical chunks of ``tokens`` (L tokens) end: every turn break's
+    position up to L−1 (a chunk never spans one), every ``chunk`` tokens after a cut, then L−1 when at least
+    ``tail_split`` tokens follow the last of those cuts (the last token then goes alone), else L (the tail and
+    the last token in one chunk, at most ``chunk`` tokens); nothing more when the last cut is at L−1 already.
+    [] when L ≤ 1 (the only token goes alone). ``chunk``: tokens per chunk at most (>= 1). Raises
+    ``ValueError`` for a chunk < 1."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 token, got {chunk}")
     end = len(tokens) - 1
@@ -27,11 +37,12 @@ def layout_bounds(tokens: list[int], chunk: int, breaks: Iterable[int] = ()) -> 
     brk = frozenset(breaks)
     out: list[int] = []
     start = 0
-    for p in range(1, end):
+    for p in range(1, end + 1):
         if tokens[p] in brk or p - start == chunk:
             out.append(p)
             start = p
-    out.append(end)
+    if start < end:  # the tail [start, L) holds at most ``chunk`` tokens: ``chunk`` after start would be a cut
+        out.append(end if end - start >= tail_split else end + 1)
     return out
 
 
@@ -46,16 +57,21 @@ def next_bound(bounds: list[int], pos: int) -> int:
 
 def usable(bounds: list[int], n: int, have: set[int] | frozenset[int] | None = None) -> int:
     """The most tokens of a prompt whose layout ends chunks at ``bounds`` that a KV holding the same first
-    ``n`` tokens gives back exactly: the largest bound ≤ ``n`` that the KV also ends a chunk at (``have``:
-    the KV's own bounds, a ``Slot.bounds``; None: any bound ≤ ``n``, e.g. a disk entry of exactly ``n``
-    tokens, which ends at ``n`` and shares every cut below it). 0 when none."""
+    ``n`` tokens gives back exactly: the largest bound b ≤ ``n`` such that the KV ends chunks at exactly the
+    same positions up to b (``have``: the KV's own bounds, a ``Slot.bounds``; None: any bound ≤ ``n``). 0 when
+    none."""
     i = bisect.bisect_right(bounds, n)
-    while i > 0:
-        b = bounds[i - 1]
-        if have is None or b in have:
-            return b
-        i -= 1
-    return 0
+    if have is None:
+        return bounds[i - 1] if i else 0
+    own = sorted(h for h in have if h <= n)
+    j = 0
+    best = 0
+    for b in bounds[:i]:  # the longest run of cuts both layouts share from the start
+        if j < len(own) and own[j] == b:
+            best, j = b, j + 1
+        else:
+            break
+    return best
 
 
 def turn_break_token(tokens_a: list[int], tokens_b: list[int], is_control: Callable[[int], bool],

@@ -70,6 +70,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self._settle_wanted: dict[int, LlamaSeq] = {}  # slot -> the request whose answer may be settled
         self._settling: dict[int, _Settle] = {}
         self.settled = {"settled_answers": 0, "settled_tokens": 0}
+        self._save_wanted: set[int] = set()  # slots whose chunks the disk cache may not hold yet (``idle_step``)
         self._warm_up()
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
@@ -125,6 +126,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
     def close(self) -> None:
         """Finish the prefix cache's pending writes and close its index (the engine process is ending)."""
         if self.prefix_cache is not None:
+            self.save_slots()
             self.prefix_cache.close()
 
     def begin(self, rid: int, request: GenerateRequest, free: list[int]) -> LlamaSeq:
@@ -135,15 +137,16 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         different shapes (measured here: a prompt prefilled as [0,3)+[3,7)+[7] and as [0,8) diverge after a few
         greedy tokens). So every prompt of L tokens is prefilled in one *canonical* layout fixed by absolute
         positions and tokens (``app.engine.local.layout``): cut before each turn break (the template's turn-opening
-        control token), every C = n_batch tokens after a cut, and at L−1, then the last token alone, each chunk
+        control token), every C = n_batch tokens after a cut, and at L−1 when the tail after the last cut is
+        long (then the last token alone; a short tail goes in with it), each chunk
         in a ``llama_decode`` of its own (never merged with other slots' tokens). A reused prefix ends where a
         chunk of this layout ends and the reused KV was laid out the same way up to there (a chat's next turn
         reuses its previous prompt up to the turn that now holds the answer); so the KV and the last token's
         logits are bit for bit those of a cold prefill. Each position also sits in the same KV
         cell as in the cold prefill (position p in cell p of the slot's stream, head after the last): attention
         sums cells in cell order (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes
-        back to the reuse point). The state saved to the disk cache is the KV after the first L−1 tokens.
-        ``request.prefix_cache=False`` prefills cold: no live reuse, no disk lookup, no save."""
+        back to the reuse point). The slot's chunks are saved to the disk cache once the engine is idle
+        (``idle_step``). ``request.prefix_cache=False`` prefills cold: no live reuse, no disk lookup, no save."""
         rp = self.render(request)
         d = request.decoding if rp.grammar is None else replace(request.decoding, grammar=rp.grammar)
         suffix, budget, inside, thinks = self.thinking_plan(request, rp.text)
@@ -214,11 +217,11 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
 
     def prefill_step(self, seqs: list[LlamaSeq]) -> None:
         """Evaluate the next canonical chunk of each of ``seqs``' prompts (at most ``n_batch`` tokens each),
-        each chunk alone in its ``llama_decode``, so the KV is a solo cold prefill's. Once a prompt's first
-        L−1 tokens are in, the state is saved to the disk cache (if it was not restored from there) and the
-        last prompt token becomes ``pending``: the next decode step evaluates it with the other sequences'
-        tokens (alone when no other sequence decodes: then exactly the solo computation) and samples the
-        first answer token from its logits.
+        each chunk alone in its ``llama_decode``, so the KV is a solo cold prefill's. When the layout ends a
+        chunk at L (a tail shorter than ``layout.TAIL_SPLIT``), that chunk holds the last token too and the first
+        answer token is sampled from it. Otherwise, once the first L−1 tokens are in, the last one becomes
+        ``pending``: the next decode step evaluates it with the other sequences' tokens (alone when no other
+        sequence decodes: then exactly the solo computation) and samples the first answer token from its logits.
 
         Short prompts (L−1 < n_batch) of several requests arriving together are evaluated in one
         ``llama_decode`` instead (a burst of chat turns costs one weight pass, not one each): their KV is then
@@ -245,23 +248,26 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
             L = len(tokens)
             if seq.pos < L - 1:
                 end = next_bound(seq.bounds, seq.pos)
+                if end == L:  # a short tail goes in with the last token: sample the first answer token now
+                    idx = self._decode([(slot.seq_id, seq.pos, tokens[seq.pos:])])[0]
+                    slot.tokens.extend(tokens[seq.pos:])  # no cut recorded at L: no other prompt has one there
+                    seq.pos, seq.prompt_done = L, True
+                    self._sample(seq, idx)
+                    continue
                 self._prefill_chunk(slot, tokens, seq.pos, end)
                 seq.pos = end
             if seq.pos == L - 1:
                 self._prompt_in(seq)
 
     def _prompt_in(self, seq: LlamaSeq, merged: bool = False) -> None:
-        """``seq``'s first L−1 prompt tokens are in its slot: save them (unless restored or ``merged``) and
-        make the last prompt token pending."""
+        """``seq``'s first L−1 prompt tokens are in its slot: make the last prompt token pending (the next
+        decode step evaluates it). ``merged``: prefilled in one ``llama_decode`` with other prompts, so the
+        slot offers no reuse of it."""
         slot, tokens = self.slots[seq.slot], seq.tokens
-        L = len(tokens)
         if merged:
             slot.bounds = set()  # merged with other prompts' tokens: not a cold prefill's KV
             seq.metrics["prefill_shared"] = True
-        cache = self.prefix_cache if seq.request.prefix_cache and self.reuse_ok else None
-        if seq.reused < L - 1 and cache is not None and not merged:
-            cache.maybe_save(self, slot, tokens[:L - 1], seq.metrics)
-        seq.pending = tokens[L - 1]
+        seq.pending = tokens[-1]
         seq.prompt_done = True
 
     def decode_step(self, seqs: list[LlamaSeq]) -> None:
@@ -315,6 +321,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
             self._settle_wanted[slot.seq_id] = seq
         else:
             self._settle_wanted.pop(slot.seq_id, None)
+        if clean and self.prefix_cache is not None and seq.request.prefix_cache and self.reuse_ok:
+            self._save_wanted.add(slot.seq_id)
         seq.metrics["peak_rss_bytes"] = peak_rss_bytes()
 
     def _decode(self, items: list[tuple[int, int, list[int]]], all_logits: bool = False,

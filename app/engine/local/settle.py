@@ -31,7 +31,8 @@ class _Settle:
 
 
 class SettleMixin:
-    """``Runtime``'s idle work (it holds ``_settle_wanted``, ``_settling``, ``settled``)."""
+    """``Runtime``'s idle work (it holds ``_settle_wanted``, ``_settling``, ``settled``, ``_save_wanted``,
+    ``prefix_cache``)."""
 
     def _may_settle(self, seq: LlamaSeq) -> bool:
         """A chat answer that ended normally (not cancelled), without thinking or tools, whose prompt may be
@@ -42,8 +43,9 @@ class SettleMixin:
 
     def idle_step(self) -> bool:
         """One step of idle work (the scheduler calls it while no request waits or runs): lay the last
-        answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call.
-        Returns True while more remains.
+        answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call, then
+        save the chunks of the slots used since to the disk cache, one slot per call (``_save_one``). Returns
+        True while more remains.
 
         Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
         decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
@@ -58,6 +60,9 @@ class SettleMixin:
         (regenerate) reuses the prompt up to its assistant break instead of all but its last token.
         ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
         try:
+            if not self._settling and not self._settle_wanted and self._save_wanted:
+                self._save_one()
+                return bool(self._save_wanted)
             if not self._settling:
                 while self._settle_wanted and not self._settling:
                     sid, seq = self._settle_wanted.popitem()
@@ -74,7 +79,21 @@ class SettleMixin:
                 self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
                 self.slots[sid].forget()
             self._settling.clear()
-        return bool(self._settling or self._settle_wanted)
+        return bool(self._settling or self._settle_wanted or self._save_wanted)
+
+    def _save_one(self) -> None:
+        """Save one slot's chunks that the disk cache does not hold yet (``PrefixCache.save_slot``)."""
+        sid = self._save_wanted.pop()
+        if self.prefix_cache is not None:
+            self.prefix_cache.save_slot(self, self.slots[sid])
+
+    def save_slots(self) -> None:
+        """Save every slot whose chunks the disk cache may not hold yet (the engine is closing)."""
+        while self._save_wanted:
+            try:
+                self._save_one()
+            except Exception:  # noqa: BLE001 - closing must go on; the cache is optional
+                log.exception("saving a slot's KV to the prefix cache failed")
 
     def _settle_plan(self, seq: LlamaSeq) -> _Settle | None:
         """What ``idle_step`` prefills for ``seq``'s answer, or None when nothing would be gained."""
@@ -84,7 +103,7 @@ class SettleMixin:
         rp = self.render(replace(seq.request, messages=messages))
         tokens = self.tokenize(rp.text, add_bos=rp.add_bos, special=True)
         bounds = self.layout(tokens)
-        cuts = [b for b in bounds if tokens[b] in self.turn_breaks]
+        cuts = [b for b in bounds if b < len(tokens) and tokens[b] in self.turn_breaks]
         if len(cuts) < 2:
             return None
         target = cuts[-2]  # the stand-in's turn opens here; the last cut opens the answer after it
@@ -109,5 +128,6 @@ class SettleMixin:
         self.settled["settled_tokens"] += end - start
         if end >= plan.target:
             self.settled["settled_answers"] += 1
+            self._save_wanted.add(sid)  # the answer's turn is in whole chunks now: worth a checkpoint
             return True
         return False

@@ -1,6 +1,6 @@
-"""The engine side of the prefix cache (inside the engine process, next to the ``Llama``): restore the longest
-stored prefix of a prompt into a slot, and save a prompt's state off the request's path through a writer
-thread (docs/prefix-cache.md)."""
+"""The engine side of the prefix cache (inside the engine process, next to the ``Llama``): restore the stored
+chunks a prompt shares with anything saved before, and save a slot's chunks off the request's path through a
+writer thread (docs/prefix-cache.md)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,24 @@ import threading
 import time
 from typing import Any
 
-from app.engine.local.layout import usable
+import numpy as np
+
 from app.engine.local.prefix_cache.entry import EntryError
-from app.engine.local.prefix_cache.keys import PrefixHasher, fingerprint
-from app.engine.local.prefix_cache.state import extract_stream, seq_state_buffer
+from app.engine.local.prefix_cache.keys import fingerprint, segment_keys
+from app.engine.local.prefix_cache.segments import assemble, read_stream, segment_payload
 from app.engine.local.prefix_cache.store import PrefixStore
 
 log = logging.getLogger("app.engine.local.prefix_cache")
 
-
-MAX_PENDING_WRITES = 2  # captured states waiting for the writer thread at most (each is one entry's size)
+MAX_PENDING_BYTES = 256 << 20  # captured segments waiting for the writer thread at most (bytes)
 
 
 class PrefixCache:
-    """Restores and saves KV state of a ``Runtime``'s context through a ``PrefixStore``.
+    """Restores and saves the KV of a ``Runtime``'s slots as segments (one per chunk of the canonical layout)
+    through a ``PrefixStore``.
 
-    ``min_tokens``: prompts shorter than this are neither saved nor looked up on disk (the live KV cache
-    already covers short repeats; a disk write costs more than their prefill).
+    ``min_tokens``: prompts shorter than this are not looked up on disk and slots holding fewer are not saved
+    (the live KV cache already covers short repeats; a disk write costs more than their prefill).
     """
 
     def __init__(self, store: PrefixStore, fp: str, fp_info: dict, min_tokens: int = 256) -> None:
@@ -36,9 +37,11 @@ class PrefixCache:
         self.fp = fp
         self.fp_info = fp_info
         self.min_tokens = min_tokens
-        self._pending: set[str] = set()  # prefix hashes captured and not yet written (under ``_idle``)
+        # key -> (start, tokens, shape, payload): captured, not yet on disk (under ``_idle``); restores use them
+        self._pending: dict[str, tuple[int, list[int], dict, bytes]] = {}
+        self._pending_bytes = 0
         self._idle = threading.Condition()
-        self._queue: "queue.Queue[tuple | None]" = queue.Queue()
+        self._queue: "queue.Queue[str | None]" = queue.Queue()
         self._writer: threading.Thread | None = None
 
     @classmethod
@@ -49,43 +52,48 @@ class PrefixCache:
         fp, info = fingerprint(file_sha256(model_path), settings)
         return cls(PrefixStore(dir, budget_bytes), fp, info, min_tokens)
 
-    # called by Runtime.prefill
+    # called by Runtime._reuse
     def restore_longest(self, rt: Any, slot: Any, tokens: list[int], live: int, metrics: dict,
                         bounds: list[int] | None = None) -> int:
-        """Restore the stored entry that gives back the most of ``tokens``, if it beats the ``live`` reuse.
+        """Restore the stored chunks of ``tokens``' layout (``bounds``, ``rt.layout``) from the first on, if they
+        give back more than the ``live`` reuse.
 
-        An entry holds the KV state of a prompt's first n tokens (its L−1), prefilled in the canonical layout
-        (``app.engine.local.layout``; ``Runtime.begin``). It shares every chunk end below n with this prompt and ends
-        a chunk at n, so the tokens kept are this prompt's last chunk end ≤ n (``layout.usable`` over
-        ``bounds``, this prompt's layout; all of it when n = L−1: then only the last token is evaluated, as in
-        a cold run); the rest is prefilled. ``slot``: the runtime's slot (``seq_id``, ``tokens``, ``bounds``)
-        whose sequence receives the entry. Returns the number of tokens now valid (≤ len(tokens) − 1). On a bad
-        entry, empties the slot's sequence and returns 0."""
+        A segment holds the KV of one chunk, keyed by every token and cut up to its end
+        (``keys.segment_keys``), so the chunks found are those any earlier prompt (a longer one, another chat
+        with the same system prompt, an agent run with the same tools) prefilled in exactly the same layout;
+        they are joined and placed in ``slot``'s cleared sequence from cell 0, as a cold prefill leaves them.
+        ``slot``: the runtime's slot (``seq_id``, ``tokens``, ``bounds``). Returns the number of tokens now
+        valid (≤ len(tokens) − 1). A bad segment is quarantined and the chunks before it are used; when
+        llama.cpp refuses the state the slot's sequence is emptied and 0 returned."""
         st = self.store.stats
         st.lookups += 1
         st.prompt_tokens += len(tokens)
         L = len(tokens)
-        if bounds is None:
-            bounds = rt.layout(tokens)
-        if L - 1 < self.min_tokens:
+        cuts = [b for b in (rt.layout(tokens) if bounds is None else bounds) if b <= L - 1]
+        if L - 1 < self.min_tokens or not cuts or cuts[-1] <= live:
             return self._count_live(live)
-        self.flush()  # an entry saved a moment ago is still being written
-        found = self.store.find(self.fp, tokens[:L - 1], min_tokens=live + 1)
-        if found is None:
-            return self._count_live(live)
-        n, path = found
-        use = usable(bounds, n)
-        if use <= live:
+        keys = segment_keys(self.fp, tokens, cuts)
+        with self._idle:
+            pending = {k: self._pending[k] for k in keys if k in self._pending}
+        have = self.store.present(self.fp, keys) | set(pending)
+        j = 0
+        while j < len(keys) and keys[j] in have:
+            j += 1
+        if j == 0 or cuts[j - 1] <= live:
             return self._count_live(live)
         t0 = time.perf_counter()
+        shape, parts = self._read(tokens, cuts[:j], keys[:j], pending, metrics)
+        if not parts or parts[-1][1] <= live:
+            return self._count_live(live)
+        use = parts[-1][1]
         try:
-            payload = self.store.read(self.fp, tokens, n, path)
-            self._set_state(rt, slot, payload, tokens[:n])
+            self._set_state(rt, slot, assemble(shape, parts, slot.seq_id, rt.n_slots), tokens[:use])
         except EntryError as exc:
             metrics["cache_error"] = str(exc)
             self._clear(rt, slot)
             return 0
-        slot.bounds = {b for b in bounds if b < n} | {n}
+        slot.bounds = set(cuts[:len(parts)])
+        self.store.touch(self.fp, keys[:len(parts)])
         metrics["restore_s"] = time.perf_counter() - t0
         st.restores += 1
         st.restore_s += metrics["restore_s"]
@@ -93,58 +101,95 @@ class PrefixCache:
         st.reused_tokens += use
         return use
 
+    def _read(self, tokens: list[int], cuts: list[int], keys: list[str], pending: dict, metrics: dict
+              ) -> tuple[dict, list[tuple[int, int, Any]]]:
+        """The shape and ``(start, end, payload)`` of the segments for ``cuts`` (from memory when still
+        pending), stopping before the first that fails a check (quarantined; ``metrics['cache_error']``)."""
+        parts: list[tuple[int, int, Any]] = []
+        shape: dict = {}
+        start = 0
+        for end, key in zip(cuts, keys):
+            try:
+                if key in pending:
+                    got_shape, payload = pending[key][2], pending[key][3]
+                else:
+                    got_shape, payload = self.store.read(self.fp, key, start, tokens[start:end])
+                if shape and got_shape != shape:
+                    raise EntryError("segments of different state shapes")
+            except EntryError as exc:
+                metrics["cache_error"] = str(exc)
+                break
+            shape = got_shape
+            parts.append((start, end, payload))
+            start = end
+        return shape, parts
+
     def _count_live(self, live: int) -> int:
         self.store.stats.reused_tokens += live
         if live:
             self.store.stats.hits += 1
         return live
 
-    def maybe_save(self, rt: Any, slot: Any, tokens: list[int], metrics: dict) -> None:
-        """Save ``slot``'s KV state, which holds exactly ``tokens`` (a prompt's first L−1 tokens), if long
-        enough and not stored yet."""
-        if len(tokens) < self.min_tokens:
-            return
-        h = PrefixHasher(tokens).prefix_hash(len(tokens))
+    def save_slot(self, rt: Any, slot: Any) -> int:
+        """Save the chunks of ``slot``'s KV that are not stored yet: one segment per chunk between its cuts
+        (``slot.bounds``), prompt and laid-out answers alike, each stored once however many prompts share it.
+        The state is captured here (``llama_state_get_data``, a few ms per 10 MB) and only the missing chunks
+        are copied out; encoding, checksum, write and fsync run on the writer thread. Returns the number of
+        segments queued (0 when the slot holds fewer than ``min_tokens`` tokens in whole chunks)."""
+        cuts = sorted(slot.bounds)
+        if not cuts or cuts[-1] < self.min_tokens or cuts[-1] > len(slot.tokens):
+            return 0
+        tokens = list(slot.tokens[:cuts[-1]])
+        keys = segment_keys(self.fp, tokens, cuts)
         with self._idle:
-            if h in self._pending:
-                return
-        if self.store.contains(self.fp, tokens):
-            return
-        t0 = time.perf_counter()
+            known = set(self._pending)
+        stored = self.store.present(self.fp, keys)
+        missing = [i for i, k in enumerate(keys) if k not in stored and k not in known]
+        if not missing:
+            return 0
         try:
-            payload = self._get_state(rt, slot)
+            sv = read_stream(self._get_state(rt), slot.seq_id if rt.n_slots > 1 else 0)
+            payloads = [(i, segment_payload(sv, ([0] + cuts)[i], cuts[i])) for i in missing]
         except EntryError as exc:
-            log.warning("prefix cache: this llama.cpp state cannot be stored per sequence: %s", exc)
-            return
+            log.warning("prefix cache: this slot's KV state cannot be stored: %s", exc)
+            return 0
+        for i, payload in payloads:
+            start = ([0] + cuts)[i]
+            self._enqueue(keys[i], (start, tokens[start:cuts[i]], sv.shape, payload))
+        return len(payloads)
+
+    def _enqueue(self, key: str, item: tuple[int, list[int], dict, bytes]) -> None:
         with self._idle:
-            self._idle.wait_for(lambda: len(self._pending) < MAX_PENDING_WRITES)
-            self._pending.add(h)
+            self._idle.wait_for(lambda: self._pending_bytes < MAX_PENDING_BYTES)
+            self._pending[key] = item
+            self._pending_bytes += len(item[3])
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, name="prefix-cache-writer", daemon=True)
                 self._writer.start()
-        self._queue.put((h, list(tokens), payload))
-        metrics["save_s"] = time.perf_counter() - t0
+        self._queue.put(key)
 
     def _write_loop(self) -> None:
-        """The writer thread: store each captured state, until ``close``."""
+        """The writer thread: store each captured segment, until ``close``."""
         while True:
-            item = self._queue.get()
-            if item is None:
+            key = self._queue.get()
+            if key is None:
                 return
-            h, tokens, payload = item
+            with self._idle:
+                start, tokens, shape, payload = self._pending[key]
             try:
-                self.store.write(self.fp, tokens, payload)
+                self.store.write(self.fp, key, start, tokens, shape, payload)
             except (OSError, sqlite3.Error) as exc:
-                log.warning("prefix cache: could not save an entry: %s", exc)
+                log.warning("prefix cache: could not save a segment: %s", exc)
             except Exception:  # noqa: BLE001 - a bug here must not stop later saves; logged with its traceback
-                log.exception("prefix cache: saving an entry failed")
+                log.exception("prefix cache: saving a segment failed")
             finally:
                 with self._idle:
-                    self._pending.discard(h)
+                    self._pending.pop(key, None)
+                    self._pending_bytes -= len(payload)
                     self._idle.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until every captured state is on disk (or ``timeout_s`` seconds pass); True when none is
+        """Wait until every captured segment is on disk (or ``timeout_s`` seconds pass); True when none is
         pending."""
         with self._idle:
             return self._idle.wait_for(lambda: not self._pending, timeout_s)
@@ -166,28 +211,27 @@ class PrefixCache:
                 "hit_rate": (s.reused_tokens / s.prompt_tokens) if s.prompt_tokens else 0.0,
                 "request_hit_rate": (s.hits / s.lookups) if s.lookups else 0.0,
                 "restores": s.restores, "restore_s_total": s.restore_s, "saves": s.saves, "rejected": s.rejected,
-                "evicted": s.evicted, "skipped_too_large": s.skipped_too_large,
+                "evicted": s.evicted, "skipped_too_large": s.skipped_too_large, "segments": self.store.count(),
                 "bytes_on_disk": self.store.total_bytes(), "budget_bytes": self.store.budget,
                 "fingerprint": self.fp}
 
-    # llama.cpp state API: the whole context's state (KV cells + the last token's logits; the logits of a
-    # 262k vocabulary add 1 MiB), not Llama.save_state (which copies every logit row through Python).
+    # llama.cpp state API: the whole context's KV cells (no logits in 0.3.36), not Llama.save_state (which copies
+    # every logit row through Python).
     @staticmethod
-    def _get_state(rt: Any, slot: Any) -> bytes:
-        """The entry payload for ``slot``: the whole-context state (every cell, out-of-window ones too: the
-        sequence state would drop those, and a shorter prefix needs them). In a context of several sequences
-        that is every slot's KV; only the slot's own stream is kept (``extract_stream``)."""
+    def _get_state(rt: Any) -> np.ndarray:
+        """The whole-context state: every cell of every stream, out-of-window ones too (the sequence state
+        drops those, measured: 512 of 1,022 cells of the sliding-window layers, and a shorter prefix needs
+        them). Shape: (bytes,) uint8, not zero-filled first."""
         import llama_cpp
 
         ctx = rt.ctx
         size = llama_cpp.llama_state_get_size(ctx)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_get_data(ctx, buf, size)
-        whole = memoryview(buf)[:n]
-        return bytes(whole) if rt.n_slots == 1 else extract_stream(whole, slot.seq_id)
+        buf = np.empty(size, np.uint8)
+        n = llama_cpp.llama_state_get_data(ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size)
+        return buf[:n]
 
     @staticmethod
-    def _set_state(rt: Any, slot: Any, payload: bytes, tokens: list[int]) -> None:
+    def _set_state(rt: Any, slot: Any, buf: ctypes.Array, tokens: list[int]) -> None:
         """Put the saved KV cells back so that the cache is laid out exactly as the cold prefill left it.
 
         Not ``llama_state_set_data``: that whole-context restore writes the cells back from index 0 but sets
@@ -196,16 +240,12 @@ class PrefixCache:
         its KV cells in another order (the split-KV flash-attention kernel cuts them by cell index), so its
         logits differ in the last bits and a near tie flips (docs/prefix-cache.md). The sequence restore
         (``llama_state_seq_set_data``) places the cells through the cache's own slot search, from cell 0 of a
-        cleared cache, and leaves the head after the last one: every cell at the index the cold prefill gave it.
-        The entry keeps the whole-context format (every cell, out-of-window ones too, so a shorter prefix can
-        be kept); for a single sequence its memory part is byte for byte the sequence format, so only the
-        header is rewritten (``seq_state_buffer``; in a context of several sequences the entry's stream goes to
-        the slot's own stream, the non-unified cache's layout). Only the slot's sequence is touched. Raises
+        cleared cache, and leaves the head after the last one: every cell at the index the cold prefill gave
+        it. ``buf``: the sequence state (``segments.assemble``). Only the slot's sequence is touched. Raises
         ``EntryError`` if llama.cpp refuses it."""
         import llama_cpp
 
         PrefixCache._clear(rt, slot)
-        buf = seq_state_buffer(payload, slot.seq_id, rt.n_slots)
         if llama_cpp.llama_state_seq_set_data(rt.ctx, buf, len(buf), slot.seq_id) != len(buf):
             raise EntryError("llama.cpp refused the state data")  # the caller clears the sequence
         slot.tokens = list(tokens)

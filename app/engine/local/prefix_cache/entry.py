@@ -1,55 +1,69 @@
-"""An entry file: a header that says exactly what the state is (magic, format version, fingerprint, the
-token ids, the payload's size and sha256), then the payload; ``decode_entry`` checks every part of it."""
+"""A segment file: the KV of one chunk of a prompt's canonical layout. A header says exactly what it holds (magic,
+format version, fingerprint, key, the chunk's positions and token ids, the state's shape, the payload's size
+and CRC-32), then the payload; ``decode_segment`` checks every part of it."""
 
 from __future__ import annotations
 
-import hashlib
+import json
 import struct
-from typing import Sequence
+import zlib
+from typing import Any, Sequence
 
 from app.engine.local.prefix_cache.keys import FORMAT_VERSION, _tok_bytes
 
-MAGIC = b"HEARTHKV"
-_HDR = struct.Struct("<8sI64sI")
+MAGIC = b"HEARTHSG"
+_HDR = struct.Struct("<8sI64s64sIII")  # magic, version, fingerprint, key, start, end, shape-json length
 
 
 class EntryError(Exception):
-    """An entry file failed a check; ``reason`` says which."""
+    """A segment file failed a check, or a KV state could not be read; the message says which."""
 
 
-def encode_entry(fp: str, tokens: Sequence[int], payload: bytes) -> bytes:
-    """Serialize one entry (header + payload)."""
-    head = _HDR.pack(MAGIC, FORMAT_VERSION, fp.encode("ascii"), len(tokens))
-    return head + _tok_bytes(tokens) + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + payload
+def encode_segment(fp: str, key: str, start: int, tokens: Sequence[int], shape: dict[str, Any],
+                   payload: bytes | memoryview) -> bytes:
+    """One segment file's bytes: header, the chunk's ``tokens`` (positions ``start`` … ``start + len(tokens)``),
+    ``shape`` (``segments.StreamShape.to_dict``) as JSON, the payload's size and CRC-32, then ``payload``."""
+    meta = json.dumps(shape, sort_keys=True).encode()
+    head = _HDR.pack(MAGIC, FORMAT_VERSION, fp.encode("ascii"), key.encode("ascii"), start, start + len(tokens),
+                     len(meta))
+    tail = struct.pack("<QI", len(payload), zlib.crc32(payload))
+    return b"".join((head, _tok_bytes(tokens), meta, tail, bytes(payload)))
 
 
-def decode_entry(data: bytes, fp: str, tokens: Sequence[int]) -> memoryview:
-    """Check an entry against the expected fingerprint and token prefix; return its payload (a view of ``data``).
-    Raises ``EntryError`` naming the first failed check."""
+def decode_segment(data: bytes, fp: str, key: str, start: int, tokens: Sequence[int]) -> tuple[dict, memoryview]:
+    """Check a segment file against the expected fingerprint, key, start and token ids (``tokens``: the chunk's
+    own); return its shape and payload (a view of ``data``). Raises ``EntryError`` naming the first failed
+    check."""
     if len(data) == 0:
         raise EntryError("empty file")
     if len(data) < _HDR.size:
         raise EntryError(f"truncated header ({len(data)} bytes)")
-    magic, ver, efp, n = _HDR.unpack_from(data, 0)
+    magic, ver, efp, ekey, s, e, mlen = _HDR.unpack_from(data, 0)
     if magic != MAGIC:
-        raise EntryError("not a Hearth KV entry (bad magic)")
+        raise EntryError("not a Hearth KV segment (bad magic)")
     if ver != FORMAT_VERSION:
         raise EntryError(f"format version {ver}, expected {FORMAT_VERSION}")
     if efp.decode("ascii", "replace") != fp:
         raise EntryError("saved by another engine configuration (model, KV type, flash attention, n_ctx or "
                          "library version differ)")
+    if ekey.decode("ascii", "replace") != key or s != start or e != start + len(tokens):
+        raise EntryError("the file holds another chunk than its name says")
     off = _HDR.size
-    if len(data) < off + 4 * n + 40:
+    n = e - s
+    if len(data) < off + 4 * n + mlen + 12:
         raise EntryError("truncated token list")
-    saved = struct.unpack_from(f"<{n}i", data, off)
-    if n > len(tokens) or list(saved) != list(tokens[:n]):
+    if list(struct.unpack_from(f"<{n}i", data, off)) != list(tokens):
         raise EntryError("token ids differ from the prompt")
     off += 4 * n
-    (plen,) = struct.unpack_from("<Q", data, off)
-    digest = data[off + 8:off + 40]
-    payload = memoryview(data)[off + 40:]  # a view: an entry is tens of MB, and it is copied once, into llama.cpp
+    try:
+        shape = json.loads(data[off:off + mlen])
+    except ValueError:
+        raise EntryError("unreadable shape") from None
+    off += mlen
+    plen, crc = struct.unpack_from("<QI", data, off)
+    payload = memoryview(data)[off + 12:]
     if len(payload) != plen:
         raise EntryError(f"truncated payload: expected {plen} bytes, found {len(payload)}")
-    if hashlib.sha256(payload).digest() != digest:
+    if zlib.crc32(payload) != crc:
         raise EntryError("checksum mismatch")
-    return payload
+    return shape, payload

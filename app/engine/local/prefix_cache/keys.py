@@ -1,5 +1,6 @@
-"""Keys of the prefix cache: chained block hashes naming one exact token prefix (as vLLM
-``kv_cache_utils.hash_block_tokens``), and the engine fingerprint an entry must match (docs/prefix-cache.md)."""
+"""Keys of the prefix cache: a chain of hashes, one per chunk of a prompt's canonical layout, each naming the
+exact tokens and the cuts up to that chunk's end (as vLLM's ``kv_cache_utils.hash_block_tokens`` chains its
+blocks), and the engine fingerprint every key starts from (docs/prefix-cache.md)."""
 
 from __future__ import annotations
 
@@ -8,47 +9,33 @@ import json
 import struct
 from typing import Any, Sequence
 
-FORMAT_VERSION = 1  # of the entry file (``entry``), part of the fingerprint
-# The prefill layout an entry's KV was laid out in (app.engine.local.layout), part of the fingerprint: 1 = chunks of
-# n_batch from position 0; 2 = also cut before each turn break; 3 = the break after an answer too (the
-# transcript's ``User``). An entry of another layout is never restored.
-LAYOUT_VERSION = 3
-BLOCK = 64  # tokens per hash block
+FORMAT_VERSION = 2  # of the segment file (``entry``), part of the fingerprint; 1 = one file per prompt
+# The prefill layout a segment's KV was laid out in (app.engine.local.layout), part of the fingerprint: 1 = chunks
+# of n_batch from position 0; 2 = also cut before each turn break; 3 = the break after an answer too (the
+# transcript's ``User``); 4 = a tail shorter than ``layout.TAIL_SPLIT`` goes in with the last token.
+LAYOUT_VERSION = 4
 
 
 def _tok_bytes(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
-def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
-    """Chained hashes of the full blocks of ``tokens``: ``h[i] = sha256(h[i-1] | tokens of block i)``.
-    Returns one hex digest per full block (shape: ``len(tokens) // block``); the chain ``PrefixHasher`` keys on."""
-    h = PrefixHasher(tokens, block)
-    return [h._chain_to(k).hex() for k in range(1, len(tokens) // block + 1)]
-
-
-class PrefixHasher:
-    """``prefix_hash(n)``: the hash naming exactly ``tokens[:n]`` (full-block chain + partial tail + n)."""
-
-    def __init__(self, tokens: Sequence[int], block: int = BLOCK) -> None:
-        self.tokens = list(tokens)
-        self.block = block
-        self._chain = [b""]  # chain[i] = hash after i full blocks
-
-    def _chain_to(self, k: int) -> bytes:
-        while len(self._chain) <= k:
-            i = len(self._chain) - 1
-            blk = self.tokens[i * self.block:(i + 1) * self.block]
-            self._chain.append(hashlib.sha256(self._chain[-1] + _tok_bytes(blk)).digest())
-        return self._chain[k]
-
-    def prefix_hash(self, n: int) -> str:
-        if n > len(self.tokens):
-            raise ValueError("prefix longer than tokens")
-        full = n // self.block
-        parent = self._chain_to(full)
-        tail = self.tokens[full * self.block:n]
-        return hashlib.sha256(parent + _tok_bytes(tail) + struct.pack("<I", n)).hexdigest()
+def segment_keys(fp: str, tokens: Sequence[int], cuts: Sequence[int]) -> list[str]:
+    """One key per chunk of ``tokens``' layout: ``cuts`` are where the chunks end (sorted, each ≤ len(tokens));
+    key i (hex sha256) covers the fingerprint ``fp``, every token before ``cuts[i]`` and every cut up to it:
+    ``k[i] = sha256(k[i-1] | start | end | tokens[start:end])``, ``k[-1] = sha256(fp)``. Two prompts get the same
+    key i exactly when their first ``cuts[i]`` tokens and their cuts up to there are the same, i.e. when the
+    KV of that chunk is the same bits (docs/prefix-cache.md). Shape: ``len(cuts)`` keys. Raises ``ValueError``
+    for unsorted cuts or a cut past the tokens."""
+    h = hashlib.sha256(fp.encode("ascii")).digest()
+    out, start = [], 0
+    for end in cuts:
+        if not start < end <= len(tokens):
+            raise ValueError(f"cut {end} after {start} is not inside the {len(tokens)} tokens")
+        h = hashlib.sha256(h + struct.pack("<II", start, end) + _tok_bytes(tokens[start:end])).digest()
+        out.append(h.hex())
+        start = end
+    return out
 
 
 def fingerprint(model_sha256: str, settings: Any, extra: dict | None = None) -> tuple[str, dict]:

@@ -1,5 +1,6 @@
-"""Entries on disk and their SQLite index, within a byte budget (least recently used evicted first). Pure
-Python: the engine passes payload bytes in and gets them back."""
+"""Segments on disk and their SQLite index, within a byte budget (least recently used evicted first, the deepest
+chunk first among equals). Each segment is stored once, whoever shares it. Pure Python: the engine passes
+payload bytes in and gets them back."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from app.engine.local.prefix_cache.entry import EntryError, decode_entry, encode_entry
-from app.engine.local.prefix_cache.keys import PrefixHasher
+from app.engine.local.prefix_cache.entry import EntryError, decode_segment, encode_segment
 from app.fileio import atomic_write_bytes
 
 log = logging.getLogger("app.engine.local.prefix_cache")
+
+_SQL_VARS = 500  # keys per ``IN (...)`` query (SQLite's default limit is 999 variables)
 
 
 @dataclass
@@ -34,8 +36,9 @@ class CacheStats:
 
 
 class PrefixStore:
-    """Entries on disk + their SQLite index under ``root``, bounded by ``budget_bytes``. Pure Python (no
-    llama.cpp): the engine passes payload bytes in and gets them back."""
+    """Segment files + their SQLite index under ``root``, bounded by ``budget_bytes`` (the sum of the files'
+    sizes). Files: ``root/<fingerprint[:16]>/<key>.seg``; index: ``root/index.db`` (WAL). An index of the
+    format before segments (one file per prompt) is dropped with its files when it opens."""
 
     def __init__(self, root: str | Path, budget_bytes: int) -> None:
         self.root = Path(root)
@@ -46,54 +49,75 @@ class PrefixStore:
         self.db = sqlite3.connect(str(self.root / "index.db"), timeout=30, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("""CREATE TABLE IF NOT EXISTS entries (
-            fingerprint TEXT NOT NULL, prefix_hash TEXT NOT NULL, n_tokens INTEGER NOT NULL,
+        self._drop_old_format()
+        self.db.execute("""CREATE TABLE IF NOT EXISTS segments (
+            fingerprint TEXT NOT NULL, key TEXT NOT NULL, start INTEGER NOT NULL, "end" INTEGER NOT NULL,
             file TEXT NOT NULL, size_bytes INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,
-            PRIMARY KEY (fingerprint, prefix_hash))""")
-        self.db.execute("CREATE INDEX IF NOT EXISTS entries_lru ON entries(last_used)")
+            PRIMARY KEY (fingerprint, key))""")
+        self.db.execute('CREATE INDEX IF NOT EXISTS segments_lru ON segments(last_used, "end" DESC)')
         self.stats = CacheStats()
+
+    def _drop_old_format(self) -> None:
+        """Remove the one-file-per-prompt entries of format 1 (never restored again: their fingerprint differs)."""
+        if self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='entries'").fetchone() is None:
+            return
+        for (f,) in self.db.execute("SELECT file FROM entries").fetchall():
+            (self.root / f).unlink(missing_ok=True)
+        self.db.execute("DROP TABLE entries")
+        log.info("prefix cache: removed the entries of the previous format")
 
     def total_bytes(self) -> int:
         with self.lock:
-            return int(self.db.execute("SELECT COALESCE(SUM(size_bytes),0) FROM entries").fetchone()[0])
+            return int(self.db.execute("SELECT COALESCE(SUM(size_bytes),0) FROM segments").fetchone()[0])
+
+    def count(self) -> int:
+        """Segments stored (every fingerprint)."""
+        with self.lock:
+            return int(self.db.execute("SELECT COUNT(*) FROM segments").fetchone()[0])
 
     def bytes_on_disk(self) -> int:
-        """Sum of sizes of entry files actually present (for reports and budget tests)."""
-        return sum(p.stat().st_size for p in self.root.glob("*/*.kv"))
+        """Sum of sizes of segment files actually present (for reports and budget tests)."""
+        return sum(p.stat().st_size for p in self.root.glob("*/*.seg"))
 
-    def candidates(self, fp: str, max_tokens: int) -> list[tuple[str, int, str]]:
-        """(prefix_hash, n_tokens, file) of entries with at most ``max_tokens`` tokens, longest first."""
+    def present(self, fp: str, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are stored for ``fp``."""
+        found: set[str] = set()
         with self.lock:
-            return self.db.execute("SELECT prefix_hash, n_tokens, file FROM entries WHERE fingerprint=? AND "
-                                   "n_tokens<=? ORDER BY n_tokens DESC", (fp, max_tokens)).fetchall()
+            for i in range(0, len(keys), _SQL_VARS):
+                part = list(keys[i:i + _SQL_VARS])
+                q = f"SELECT key FROM segments WHERE fingerprint=? AND key IN ({','.join('?' * len(part))})"
+                found.update(k for (k,) in self.db.execute(q, [fp, *part]))
+        return found
 
-    def find(self, fp: str, tokens: Sequence[int], min_tokens: int = 1) -> tuple[int, Path] | None:
-        """Longest stored prefix of ``tokens`` (n_tokens ≥ min_tokens): (n_tokens, file) or None."""
-        hasher = PrefixHasher(tokens)
-        for h, n, f in self.candidates(fp, len(tokens)):
-            if n < min_tokens:
-                break
-            if hasher.prefix_hash(n) == h:
-                return n, self.root / f
-        return None
+    def run(self, fp: str, keys: Sequence[str]) -> int:
+        """How many of ``keys`` (a prompt's chunks in order) are stored from the first on, without a gap."""
+        have = self.present(fp, keys)
+        n = 0
+        while n < len(keys) and keys[n] in have:
+            n += 1
+        return n
 
-    def contains(self, fp: str, tokens: Sequence[int]) -> bool:
-        h = PrefixHasher(tokens).prefix_hash(len(tokens))
-        with self.lock:
-            return self.db.execute("SELECT 1 FROM entries WHERE fingerprint=? AND prefix_hash=?",
-                                   (fp, h)).fetchone() is not None
+    def path_for(self, fp: str, key: str) -> Path:
+        return self.root / fp[:16] / f"{key}.seg"
 
-    def read(self, fp: str, tokens: Sequence[int], n: int, path: Path) -> bytes:
-        """Payload of the entry for ``tokens[:n]``; a bad entry is quarantined and ``EntryError`` raised."""
+    def read(self, fp: str, key: str, start: int, tokens: Sequence[int]) -> tuple[dict, memoryview]:
+        """The shape and payload of the segment ``key`` (``tokens``: the chunk's own, from ``start``); a bad file
+        is quarantined and ``EntryError`` raised."""
+        path = self.path_for(fp, key)
         try:
-            data = path.read_bytes()
-            payload = decode_entry(data, fp, tokens[:n])
+            return decode_segment(path.read_bytes(), fp, key, start, tokens)
         except (OSError, EntryError) as exc:
             self.quarantine(path, str(exc))
             raise EntryError(str(exc)) from None
+
+    def touch(self, fp: str, keys: Sequence[str]) -> None:
+        """Mark ``keys`` used now (one time for all: among equals the deepest chunk is evicted first)."""
+        now = time.time()
         with self.lock:
-            self.db.execute("UPDATE entries SET last_used=? WHERE file=?", (time.time(), self._rel(path)))
-        return payload
+            for i in range(0, len(keys), _SQL_VARS):
+                part = list(keys[i:i + _SQL_VARS])
+                self.db.execute(f"UPDATE segments SET last_used=? WHERE fingerprint=? AND key IN "
+                                f"({','.join('?' * len(part))})", [now, fp, *part])
 
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.root))
@@ -109,33 +133,37 @@ class PrefixStore:
             path.unlink(missing_ok=True)
         try:
             with self.lock:
-                self.db.execute("DELETE FROM entries WHERE file=?", (self._rel(path),))
-        except ValueError:
+                self.db.execute("DELETE FROM segments WHERE file=?", (self._rel(path),))
+        except (ValueError, sqlite3.Error):
             pass
 
-    def write(self, fp: str, tokens: Sequence[int], payload: bytes) -> Path | None:
-        """Store an entry for exactly ``tokens``; evicts LRU entries to stay within the budget. Returns the
-        file, or None when the entry alone is larger than the budget."""
-        blob = encode_entry(fp, tokens, payload)
+    def write(self, fp: str, key: str, start: int, tokens: Sequence[int], shape: dict[str, Any],
+              payload: bytes | memoryview) -> Path | None:
+        """Store the segment ``key`` (positions ``start`` … ``start + len(tokens)``) unless it is stored already;
+        evicts least recently used segments to stay within the budget. Returns the file, or None when the
+        segment alone is larger than the budget."""
+        path = self.path_for(fp, key)
+        with self.lock:
+            if self.db.execute("SELECT 1 FROM segments WHERE fingerprint=? AND key=?", (fp, key)).fetchone():
+                return path
+        blob = encode_segment(fp, key, start, tokens, shape, payload)
         size = len(blob)
         if size > self.budget:
             self.stats.skipped_too_large += 1
-            log.warning("prefix cache: entry of %d bytes exceeds the budget of %d bytes; not stored", size,
+            log.warning("prefix cache: a segment of %d bytes exceeds the budget of %d bytes; not stored", size,
                         self.budget)
             return None
-        h = PrefixHasher(tokens).prefix_hash(len(tokens))
-        folder = self.root / fp[:16]
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{h}.kv"
+        path.parent.mkdir(exist_ok=True)
         # The index is locked while room is made and while the row goes in, not during the file's write and
         # fsync (lookups go on meanwhile; only one thread writes, so the room made stays free).
         with self.lock:
             self._transaction(lambda: self._evict_for(size))
         atomic_write_bytes(path, blob)
         now = time.time()
+        row = (fp, key, start, start + len(tokens), self._rel(path), size, now, now)
         with self.lock:
-            self._transaction(lambda: self.db.execute("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?)",
-                                                      (fp, h, len(tokens), self._rel(path), size, now, now)))
+            self._transaction(lambda: self.db.execute("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?)",
+                                                      row))
             self.stats.saves += 1
         return path
 
@@ -151,11 +179,12 @@ class PrefixStore:
     def _evict_for(self, size: int) -> None:
         total = self.total_bytes()
         while total + size > self.budget:
-            row = self.db.execute("SELECT file, size_bytes FROM entries ORDER BY last_used ASC LIMIT 1").fetchone()
+            row = self.db.execute('SELECT file, size_bytes FROM segments ORDER BY last_used ASC, "end" DESC '
+                                  "LIMIT 1").fetchone()
             if row is None:
                 break
             (self.root / row[0]).unlink(missing_ok=True)
-            self.db.execute("DELETE FROM entries WHERE file=?", (row[0],))
+            self.db.execute("DELETE FROM segments WHERE file=?", (row[0],))
             total -= row[1]
             self.stats.evicted += 1
 
