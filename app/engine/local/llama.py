@@ -52,15 +52,41 @@ def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
                 logits_all=False, verbose=False, seed=settings.seed)
 
 
+def outputs_per_decode(n_seq: int) -> int:
+    """The most logit rows one ``llama_decode`` of the runtime asks for with ``n_seq`` sequences: a decode step
+    where every sequence verifies its most speculative guesses (its pending token and up to
+    ``max(LOOKUP_DRAFT, DRAFT_MODEL_DRAFT)`` guesses, or ``HEARTH_SPEC_MAX_DRAFT`` when set, each with logits);
+    a prefill asks for one row per sequence and the exactness probe of ``speculation`` for 8 rows of one.
+    llama.cpp sizes its compute buffer for this many rows of ``n_vocab`` floats (``n_outputs_max``) and aborts
+    on a batch that asks for more (``GGML_ASSERT`` in ``llama_context::output_reserve``)."""
+    import os
+
+    from app.engine.local.speculative import DRAFT_MODEL_DRAFT, LOOKUP_DRAFT
+
+    guesses = max(LOOKUP_DRAFT, DRAFT_MODEL_DRAFT)
+    env = os.environ.get("HEARTH_SPEC_MAX_DRAFT")
+    if env:
+        try:
+            guesses = max(guesses, int(env))
+        except ValueError:
+            pass
+    return max(8, n_seq * (1 + guesses))
+
+
 def _context_with_sequences(n_seq: int):
     """A context manager under which ``llama_cpp.Llama(...)`` creates its context with ``n_seq`` sequences in
     a non-unified KV cache (``n_seq_max``, ``kv_unified=False``: one KV stream of n_ctx / n_seq cells per
-    sequence). llama-cpp-python 0.3.36 sets ``n_seq_max`` only for embedding models; its context parameters
-    start from ``llama_context_default_params()``, which this wraps for the duration of the load (the engine
-    process loads one model, on one thread)."""
+    sequence) and room for ``outputs_per_decode(n_seq)`` logit rows per ``llama_decode`` (``n_outputs_max``;
+    llama.cpp's default, 0, means n_batch rows: a compute buffer of n_batch × n_vocab floats, 256 MiB for the
+    bundled model's 262,144-token vocabulary at n_batch 256, where llama-server reserves one row per slot).
+    llama-cpp-python 0.3.36 sets ``n_seq_max`` only for embedding models; its context parameters start from
+    ``llama_context_default_params()``, which this wraps for the duration of the load (the engine process
+    loads one model, on one thread)."""
     import contextlib
 
     import llama_cpp.llama_cpp as lib
+
+    n_outputs = outputs_per_decode(n_seq)
 
     @contextlib.contextmanager
     def patched():
@@ -70,6 +96,7 @@ def _context_with_sequences(n_seq: int):
             p = orig()
             p.n_seq_max = n_seq
             p.kv_unified = False
+            p.n_outputs_max = n_outputs
             return p
 
         lib.llama_context_default_params = params
