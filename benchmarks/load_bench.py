@@ -1,4 +1,4 @@
-"""``hearth bench load``: latency and throughput of an OpenAI-compatible server under five workloads, with the
+"""``hearth bench load``: latency and throughput of an OpenAI-compatible server under six workloads, with the
 measurement contract written into every report.
 
 The client streams ``/v1/completions`` (default: no chat template, so two servers prefill the same text) or
@@ -10,8 +10,9 @@ queueing) and the ok / rejected / failed accounting are defined in ``benchmarks.
 Workloads (prompts generated deterministically from ``--seed``, the round and the workload; both targets of
 a round get the same prompts, and each round new ones, so no round is served from the previous round's cache):
 
-- ``single``: one stream at a time, ``--repeats`` distinct short prompts back to back;
-- ``long``: one prompt of about ``--long-tokens`` tokens (3000) per round;
+- ``single``: one stream at a time, ``--repeats`` distinct short prompts (~40 tokens) back to back, each
+  answered with ``--single-max-tokens`` tokens (256): TTFT of a short prompt and single-stream decode speed;
+- ``long``: one prompt of about ``--long-tokens`` tokens (2500) per round;
 - ``multiturn``: one conversation of ``--turns`` turns replayed in order, each turn's history holding the
   previous answers; ``--think-s`` waits between turns are outside every request's clocks and inside the
   conversation's end-to-end time (``extra.conversation_e2e_s``);
@@ -19,21 +20,33 @@ a round get the same prompts, and each round new ones, so no round is served fro
   ``loadstats.poisson_arrivals``), a ``--long-fraction`` of them long prompts, the rest short; a request is
   sent at its arrival time whether or not earlier ones have finished;
 - ``closed``: ``--clients`` clients, each sending ``--requests-per-client`` short prompts, the next as soon as
-  the previous one ends.
+  the previous one ends;
+- ``agent``: agent sessions across a restart (``benchmarks.agent_workload``): a ~1,500-token preamble, a
+  session of ``--agent-steps`` steps, a restart and a new session, a restart and the first session continued,
+  and process start → first token of a long prompt sent before a restart. It restarts the servers, so it runs
+  only on targets the benchmark started as processes (Hearth as ``hearth serve``, llama-server).
 
-Targets: by default Hearth's own server (``app.server.ServerThread`` over an ``Engine`` of the bundled model,
-or ``--model``) on 127.0.0.1 and a free port, its disk prefix cache in a fresh temporary folder (cold at the
-start, warmed only by this run's requests; ``--no-prefix-cache`` turns it off). ``--url URL`` measures any
-OpenAI-compatible server instead; ``--compare URL`` adds a second server, run alternately with the first
-(per round, each workload on the first target, then on the second) and reported as ratios second/first.
-``--peer llama-server`` makes that second server llama.cpp's own (``make bench-peer``, ``benchmarks.peer``),
-started here with the first target's model file and load settings (slots, context per slot, threads,
-batches, KV types, flash attention) and stopped at the end.
+Targets: by default Hearth's own server as a ``hearth serve`` process (``--hearth-server process``) over the
+bundled model or ``--model``, on 127.0.0.1 and a free port, with its data folder (``HEARTH_HOME``) a fresh
+temporary folder holding a copy of the person's ``settings.json``: its disk prefix cache is cold at the start
+and warmed only by this run's requests (``--no-prefix-cache`` turns it off), and survives the ``agent``
+workload's restarts. ``--hearth-server thread`` serves it on threads of this process instead
+(``app.server.ServerThread`` over an ``Engine``; no restarts). ``--url URL`` measures any OpenAI-compatible
+server instead; ``--compare URL`` adds a second server, run alternately with the first (per round, each
+workload on the first target, then on the second) and reported as ratios second/first. ``--peer
+llama-server`` makes that second server llama.cpp's own (``make bench-peer``, ``benchmarks.peer``), started
+here over the first target's model file, slots, context per slot and threads, at llama-server's own
+defaults for everything else (``--peer-settings defaults``) or with Hearth's batches, KV types, flash
+attention and SWA cache too (``--peer-settings matched``), and stopped at the end.
+
+Resident memory: right after each server the benchmark starts is ready (before any request), and again at
+the end of the run, the RSS (and PSS) of its process and every descendant (``benchmarks.rss_tree``); for
+``--hearth-server thread`` that is this benchmark's process, client included (the report says so).
 Output: a Markdown table on stdout (``--json``: the whole record), and with ``--out DIR`` ``load.json``,
 ``load.md`` and PNG plots (``benchmarks.load_report``).
 
 Run: ``hearth bench load [--workloads closed,poisson] [--rates 0.5,1] [--compare http://127.0.0.1:8080 |
---peer llama-server]``.
+--peer llama-server [--peer-settings defaults|matched]]``.
 """
 
 from __future__ import annotations
@@ -42,7 +55,9 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -56,7 +71,8 @@ from benchmarks.loadstats import SLO, RequestRecord, poisson_arrivals
 
 log = logging.getLogger(__name__)
 
-WORKLOADS = ("single", "long", "multiturn", "poisson", "closed")
+WORKLOADS = ("single", "long", "multiturn", "poisson", "closed", "agent")
+RESTARTING = ("agent",)  # workloads that restart the servers
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 MULTITURN_STOP = ("\nUser:",)
 
@@ -125,14 +141,36 @@ def cell_rng(seed: int, rnd: int, label: str) -> random.Random:
 # -- targets --------------------------------------------------------------------------------------------------
 @dataclass
 class Target:
-    """A server under test: ``name`` (``hearth``, ``target`` or ``other``), base ``url`` (no ``/v1``), the
-    ``model`` field sent, what is known of it (``contract``) and its HTTP client (set by ``open_targets``)."""
+    """A server under test: ``name`` (``hearth``, ``llama-server``, ``target`` or ``other``), base ``url`` (no
+    ``/v1``), the ``model`` field sent, what is known of it (``contract``), its HTTP client (set by
+    ``open_targets``), the ``benchmarks.servers.ManagedServer`` when the benchmark started it as a process
+    (``server``; None otherwise), and the pid whose process tree is its memory (``memory_pid``; None: unknown)."""
 
     name: str
     url: str
     model: str
     contract: dict[str, Any]
     client: Any = None
+    server: Any = None
+    memory_pid: Optional[int] = None
+    memory_note: str = ""
+
+    @property
+    def restartable(self) -> bool:
+        return self.server is not None
+
+    def memory(self) -> Optional[dict[str, Any]]:
+        """``rss_tree.tree_memory`` of the target's process tree now (None when unknown)."""
+        from benchmarks.rss_tree import tree_memory
+
+        return None if self.memory_pid is None else tree_memory(self.memory_pid, note=self.memory_note)
+
+    def restart(self) -> dict[str, float]:
+        """Stop the server process and start it again (same command, environment and data folder); returns
+        ``ManagedServer.restart``'s timings. The memory pid follows the new process."""
+        t = self.server.restart()
+        self.memory_pid = self.server.pid
+        return t
 
 
 def base_url(url: str) -> str:
@@ -181,8 +219,9 @@ def url_target(name: str, url: str, cfg: argparse.Namespace) -> Target:
 
 
 def hearth_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, engine: Any = None) -> Target:
-    """Hearth's own server on 127.0.0.1 (a free port) over ``engine``, or over an engine loaded here from the
-    load flags (closed with ``stack``). Raises ``HearthError`` when the model cannot be loaded."""
+    """Hearth's own server on threads of this process, on 127.0.0.1 (a free port) over ``engine``, or over an
+    engine loaded here from the load flags (closed with ``stack``). Its memory is this process's tree (client
+    included). Raises ``HearthError`` when the model cannot be loaded."""
     from app.server import ServerThread, create_app
     from app.server.models import loaded_id
     from app.settings import ServerSettings
@@ -195,11 +234,104 @@ def hearth_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, engine: 
         engine.max_queue = cfg.max_queue
     srv = stack.enter_context(ServerThread(create_app(engine, ServerSettings())))
     model = loaded_id(engine)
-    return Target("hearth", srv.url, model, {"kind": "hearth", "url": srv.url, "model": model,
+    note = ("Hearth served on threads of the benchmark's own process (--hearth-server thread): this is the "
+            "benchmark process and its children, so the client's own memory is included")
+    return Target("hearth", srv.url, model, {"kind": "hearth", "process": "thread", "url": srv.url, "model": model,
                                              **_model_identity(engine.model_path),
                                              "load_settings": _asdict(engine.settings),
                                              "max_queue": engine.max_queue, "engine_info": dict(engine.info),
-                                             "cache_state": cache_state})
+                                             "cache_state": cache_state},
+                  memory_pid=os.getpid(), memory_note=note)
+
+
+# Engine flags of `hearth bench load` passed on to `hearth serve` as given (None: not given, so `hearth serve`
+# takes the saved setting, as the in-process target does).
+SERVE_VALUE_FLAGS = (("n_ctx", "--n-ctx"), ("n_batch", "--n-batch"), ("n_ubatch", "--n-ubatch"),
+                     ("n_threads", "--n-threads"), ("n_gpu_layers", "--n-gpu-layers"), ("parallel", "--parallel"),
+                     ("type_k", "--type-k"), ("type_v", "--type-v"), ("cache_budget_mb", "--cache-budget-mb"))
+
+
+def hearth_serve_command(cfg: argparse.Namespace, model: Any, port: int, host: str = "127.0.0.1") -> list[str]:
+    """The ``hearth serve`` command line of the process target: ``--model`` (a path), ``--ttl -1`` (the model
+    is never unloaded for idleness while the other target runs), ``--max-queue`` and the engine flags when
+    given here, nothing else."""
+    exe = Path(sys.executable).with_name("hearth")
+    argv = [str(exe)] if exe.is_file() else [sys.executable, "-m", "app.cli"]
+    argv += ["serve", "--host", host, "--port", str(port), "--model", str(model), "--ttl", "-1"]
+    if cfg.max_queue is not None:
+        argv += ["--max-queue", str(cfg.max_queue)]
+    for attr, flag in SERVE_VALUE_FLAGS:
+        v = getattr(cfg, attr, None)
+        if v is not None:
+            argv += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+    for attr, off, on in (("flash_attn", "--no-flash-attn", "--flash-attn"), ("offload_kqv", "--no-kv-offload", None),
+                          ("use_mmap", "--no-mmap", None), ("use_mlock", None, "--mlock")):
+        v = getattr(cfg, attr, None)
+        flag = on if v is True else off if v is False else None
+        if flag:
+            argv.append(flag)
+    if not getattr(cfg, "prefix_cache", True):
+        argv.append("--no-prefix-cache")
+    return argv
+
+
+def hearth_process_target(cfg: argparse.Namespace, stack: contextlib.ExitStack) -> Target:
+    """Hearth's own server as a ``hearth serve`` process (``hearth_serve_command``) on 127.0.0.1 and a free
+    port, its data folder (``HEARTH_HOME``) a fresh temporary folder holding a copy of the person's
+    ``settings.json`` (so the same saved settings apply as in the in-process target), its output in a kept
+    temporary log. Stopped with ``stack`` (SIGTERM to the server, which closes its engine). Raises
+    ``BenchError`` when it does not start, ``HearthError`` when the model cannot be found."""
+    import httpx
+
+    from app import paths
+    from app.catalog.registry import resolve_model
+    from app.cli._engine_args import load_settings
+    from app.settings import load_user_settings
+    from benchmarks.peer import free_port
+    from benchmarks.servers import ManagedServer, ServerStartError
+
+    model = Path(resolve_model(cfg.model)).resolve()
+    settings = load_settings(cfg)  # what `hearth serve` will compute from the same file and flags
+    home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hearth-bench-home-")))
+    if paths.settings_file().is_file():
+        shutil.copyfile(paths.settings_file(), home / "settings.json")
+    port = free_port()
+    argv = hearth_serve_command(cfg, model, port)
+    fd, log = tempfile.mkstemp(prefix="hearth-bench-serve-", suffix=".log")
+    os.close(fd)
+    server = ManagedServer("hearth serve", argv, f"http://127.0.0.1:{port}", log,
+                           env={**os.environ, "HEARTH_HOME": str(home)}, ready_timeout_s=cfg.ready_timeout_s,
+                           leader_only_term=True)
+    stack.callback(server.stop)
+    try:
+        t = server.start()
+    except ServerStartError as e:
+        raise BenchError(str(e)) from None
+    try:
+        health = httpx.get(f"{server.url}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise BenchError(f"hearth serve on {server.url} answered /health badly: {e}") from None
+    model_id = cfg.served_model or str(health.get("model") or model.stem)
+    ls = _asdict(settings)
+    ls["n_parallel"] = health.get("n_parallel") or ls.get("n_parallel")
+    if ls.get("n_threads") is None:  # the engine's own default, as the peer gets it (-t)
+        from app.childhost import default_threads
+
+        ls["n_threads"] = default_threads()
+    max_queue = cfg.max_queue if cfg.max_queue is not None else load_user_settings().server.max_queue
+    cache_state = ("prefix cache off" if not cfg.prefix_cache else
+                   "prefix cache on, disk part in the server's data folder (a fresh temporary HEARTH_HOME): cold "
+                   "at the start of the run; later requests may reuse prefixes of earlier ones (live KV or "
+                   "disk), across the agent workload's restarts too")
+    return Target("hearth", server.url, model_id,
+                  {"kind": "hearth", "process": "hearth serve", "url": server.url, "model": model_id,
+                   **_model_identity(model), "load_settings": ls, "max_queue": max_queue,
+                   "engine_info": {"n_parallel": health.get("n_parallel")}, "cache_state": cache_state,
+                   "argv": argv, "command": " ".join(argv), "env": {"HEARTH_HOME": str(home)}, "log": log,
+                   "spawn_to_ready_s": t["ready_s"] - t["started_s"]},
+                  server=server, memory_pid=server.pid,
+                  memory_note="the `hearth serve` process and its descendants (engine process, "
+                              "multiprocessing's resource tracker); the benchmark client is not included")
 
 
 def _load_engine(cfg: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, str]:
@@ -252,23 +384,27 @@ def peer_target(cfg: argparse.Namespace, stack: contextlib.ExitStack, first: Tar
     from benchmarks import peer
 
     c = first.contract
+    mode = cfg.peer_settings
     if c["kind"] == "hearth":
         pcfg = peer.PeerConfig.from_load_settings(c["model_path"], c["load_settings"],
-                                                  (c.get("engine_info") or {}).get("n_parallel"))
+                                                  (c.get("engine_info") or {}).get("n_parallel"), mode=mode)
         identity = {"model_path": c["model_path"], "model_sha256": c["model_sha256"]}
     else:
         from app.catalog.registry import resolve_model
         from app.cli._engine_args import load_settings
 
-        pcfg = peer.PeerConfig.from_load_settings(resolve_model(cfg.model), load_settings(cfg))
+        pcfg = peer.PeerConfig.from_load_settings(resolve_model(cfg.model), load_settings(cfg), mode=mode)
         identity = _model_identity(pcfg.model)
     try:
-        server = stack.enter_context(peer.llama_server(pcfg))
+        server = stack.enter_context(peer.llama_server(pcfg, ready_timeout_s=cfg.ready_timeout_s))
     except peer.PeerError as e:
         raise BenchError(str(e)) from None
     t = url_target(peer.NAME, server.url, cfg)
     t.contract.update({**identity, "kind": peer.NAME, "load_settings": pcfg.load_settings(), **server.contract(),
-                       "cache_state": "llama-server's own prompt cache (slots, --cache-ram), empty at the start"})
+                       "cache_state": "llama-server's own prompt cache (slots, --cache-ram), empty at the start "
+                                      "and after each restart (memory only)"})
+    t.server, t.memory_pid = server.server, server.server.pid
+    t.memory_note = "the llama-server process (and descendants: none expected)"
     return t
 
 
@@ -285,9 +421,14 @@ def open_targets(cfg: argparse.Namespace, engine: Any = None):
         first = url_target("target", cfg.url, cfg) if cfg.url else None
         other = url_target("other", cfg.compare, cfg) if cfg.compare else None
         if first is None:
-            first = hearth_target(cfg, stack, engine)
+            if engine is None and cfg.hearth_server == "process":
+                first = hearth_process_target(cfg, stack)
+            else:
+                first = hearth_target(cfg, stack, engine)
+        first.contract["memory_after_load"] = first.memory()  # before any request (and before the peer starts)
         if cfg.peer:
             other = peer_target(cfg, stack, first)
+            other.contract["memory_after_load"] = other.memory()
         targets = [t for t in (first, other) if t is not None]
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         # A new connection per request (no keep-alive): a server that closes an idle kept-alive connection
@@ -463,7 +604,7 @@ def run_cell(cfg: argparse.Namespace, target: Target, cell: Cell, rnd: int) -> C
     """Run ``cell`` once on ``target``; the prompts depend only on (seed, round, cell)."""
     rng = cell_rng(cfg.seed, rnd, cell.label)
     runner = {"single": _single, "long": _long, "multiturn": _multiturn, "poisson": _poisson,
-              "closed": _closed}[cell.workload]
+              "closed": _closed, "agent": _agent}[cell.workload]
     records, extra = runner(cfg, target, cell, rng)
     return CellRun(cell, target.name, rnd, records, extra)
 
@@ -475,7 +616,7 @@ def _ask(cfg: argparse.Namespace, cell: Cell, rng: random.Random, long: bool = F
 
 def _single(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
     asks = [_ask(cfg, cell, rng) for _ in range(cfg.repeats)]
-    return [send(target, cfg.endpoint, a, cfg.max_tokens) for a in asks], {}
+    return [send(target, cfg.endpoint, a, cfg.single_max_tokens) for a in asks], {"max_tokens": cfg.single_max_tokens}
 
 
 def _long(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
@@ -549,6 +690,25 @@ def _closed(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
     return [r for rs in out for r in rs], {"clients": cfg.clients, "requests_per_client": cfg.requests_per_client}
 
 
+def _agent(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    """Agent sessions across restarts (``benchmarks.agent_workload.run_phases``), always on the completions
+    endpoint: the same raw text reaches both servers, whatever their chat templates (the bundled model is a
+    base model; llama-server would apply the GGUF's Gemma template where Hearth applies its transcript one)."""
+    from benchmarks import agent_workload
+
+    plan = agent_workload.make_plan(rng, cfg, long_prompt)
+
+    def send_text(prompt: str, kind: str) -> RequestRecord:
+        return send(target, "completions", Ask((("user", prompt),), cell.label, kind=kind), cfg.agent_max_tokens)
+
+    records, extra = agent_workload.run_phases(plan, cfg.agent_steps, send_text, target.restart,
+                                               lambda: warm_up(cfg, target), cfg.agent_settle_s)
+    extra.update(endpoint="completions", max_tokens=cfg.agent_max_tokens, settle_s=cfg.agent_settle_s,
+                 preamble_chars=len(plan.preamble), long_prompt_chars=len(plan.long_prompt),
+                 memory_after_last_restart=target.memory())
+    return records, extra
+
+
 # -- the run --------------------------------------------------------------------------------------------------
 def warm_up(cfg: argparse.Namespace, target: Target) -> RequestRecord:
     """One short request, not measured (connection, first page-in of the weights); raises ``BenchError`` when
@@ -559,13 +719,33 @@ def warm_up(cfg: argparse.Namespace, target: Target) -> RequestRecord:
     return rec
 
 
+def restartable(cfg: argparse.Namespace, engine: Any = None) -> bool:
+    """Whether every target of this run is a process the benchmark starts (so it can restart it): Hearth as
+    ``hearth serve`` (no ``--url``, ``--hearth-server process``, no ``engine``) and no ``--compare`` server."""
+    return not cfg.url and not cfg.compare and engine is None and cfg.hearth_server == "process"
+
+
+def resolve_workloads(cfg: argparse.Namespace, engine: Any = None) -> list[str]:
+    """The workloads to run: ``--workloads`` as given, or by default every workload, ``agent`` only when
+    ``restartable``. Raises ``BenchError`` when ``agent`` is asked for on targets it cannot restart."""
+    names = list(cfg.workloads) if cfg.workloads else [w for w in WORKLOADS if w not in RESTARTING
+                                                       or restartable(cfg, engine)]
+    asked = [w for w in names if w in RESTARTING]
+    if asked and not restartable(cfg, engine):
+        raise BenchError(f"the {asked[0]} workload restarts the servers, so it needs targets this benchmark starts "
+                         "itself: Hearth as `hearth serve` (--hearth-server process, the default; no --url) and "
+                         "no --compare server (--peer llama-server is fine)")
+    return names
+
+
 def run(cfg: argparse.Namespace, engine: Any = None) -> dict[str, Any]:
     """Run every workload cell on every target (A/B alternating per round) and return the report dict.
-    ``engine``: an already loaded ``Engine`` to serve instead of loading one (used by the tests). Raises
-    ``BenchError`` (setup) or ``HearthError`` (the model cannot load)."""
+    ``engine``: an already loaded ``Engine`` to serve instead of loading one (used by the tests; implies
+    ``--hearth-server thread``). Raises ``BenchError`` (setup) or ``HearthError`` (the model cannot load)."""
     from benchmarks import load_report
 
     slo = SLO(cfg.slo_ttft_s, cfg.slo_itl_p95_s)
+    cfg.workloads = resolve_workloads(cfg, engine)
     runs: list[CellRun] = []
     with open_targets(cfg, engine) as targets:
         for t in targets:
@@ -577,6 +757,8 @@ def run(cfg: argparse.Namespace, engine: Any = None) -> dict[str, Any]:
                     _progress(f"{cell.label} on {t.name} (round {rnd + 1}/{cfg.rounds})")
                     runs.append(run_cell(cfg, t, cell, rnd))
                     _progress(f"  {_tally(runs[-1].records)}")
+        for t in targets:
+            t.contract["memory_end_of_run"] = t.memory()
         return load_report.build(cfg, targets, runs, slo, started)
 
 
@@ -658,25 +840,38 @@ def parser() -> argparse.ArgumentParser:
                    "Hearth's (http://host:port, with or without /v1)")
     g.add_argument("--compare", default=None, metavar="URL", help="also run this server, alternating with the "
                    "first target, and print ratios other/first")
+    g.add_argument("--hearth-server", choices=("process", "thread"), default="process",
+                   help="process (default): Hearth as a `hearth serve` process with a fresh temporary data folder "
+                   "(needed by the agent workload's restarts; its memory excludes the client); thread: Hearth's "
+                   "server on threads of this process")
     g.add_argument("--peer", choices=("llama-server",), default=None, help="also run llama.cpp's own llama-server "
-                   "(built by `make bench-peer`; $HEARTH_LLAMA_SERVER overrides) over the same model file and load "
-                   "settings as the first target, alternating with it, and print ratios llama-server/first")
+                   "(built by `make bench-peer`; $HEARTH_LLAMA_SERVER overrides) over the same model file, slots, "
+                   "context per slot and threads as the first target, alternating with it, and print ratios "
+                   "llama-server/first")
+    g.add_argument("--peer-settings", choices=("defaults", "matched"), default="defaults",
+                   help="defaults (default): llama-server -m -c -np -t only, everything else at its own "
+                   "defaults; matched: also Hearth's n_batch, n_ubatch, flash attention, KV types, swa_full, "
+                   "non-unified KV and OpenMP spin policy (like for like)")
+    g.add_argument("--ready-timeout-s", type=_positive_float, default=300.0, help="seconds a server the "
+                   "benchmark starts may take to answer /health (300)")
     g.add_argument("--served-model", default=None, help="the model field to send to --url/--compare servers "
                    "(default: the first id of GET /v1/models)")
     g.add_argument("--api-key", default=None, help="Authorization: Bearer KEY for --url/--compare servers")
     g.add_argument("--max-queue", type=_positive_int, default=None, help="Hearth's queue bound (default from "
                    "settings: 16); beyond it the server answers 429")
     w = p.add_argument_group("workloads")
-    w.add_argument("--workloads", type=_workloads, default=list(WORKLOADS), help="comma-separated, from "
-                   f"{','.join(WORKLOADS)} (default: all)")
+    w.add_argument("--workloads", type=_workloads, default=None, help="comma-separated, from "
+                   f"{','.join(WORKLOADS)} (default: all; agent only where the benchmark starts the servers)")
     w.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions",
                    help="completions (default: the same text prefilled on every server) or chat")
     w.add_argument("--max-tokens", type=_positive_int, default=64, help="tokens per answer (default 64)")
     w.add_argument("--rounds", type=_positive_int, default=1, help="repetitions of every workload (default 1)")
     w.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default 0)")
     w.add_argument("--repeats", type=_positive_int, default=3, help="single: requests back to back (3)")
-    w.add_argument("--long-tokens", type=_positive_int, default=3000, help="long prompts: about this many "
-                   "tokens (3000)")
+    w.add_argument("--single-max-tokens", type=_positive_int, default=256, help="single: tokens per answer, "
+                   "for decode tokens/s (256)")
+    w.add_argument("--long-tokens", type=_positive_int, default=2500, help="long prompts (long, poisson, agent): "
+                   "about this many tokens (2500)")
     w.add_argument("--turns", type=_positive_int, default=4, help="multiturn: turns (4)")
     w.add_argument("--think-s", type=_seconds, default=0.5, help="multiturn: wait between turns, s (0.5)")
     w.add_argument("--rates", type=_rates, default=[0.25, 0.5], help="poisson: arrival rates, requests/s, "
@@ -685,6 +880,16 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--long-fraction", type=_fraction, default=0.25, help="poisson: share of long prompts (0.25)")
     w.add_argument("--clients", type=_positive_int, default=4, help="closed: concurrent clients (4)")
     w.add_argument("--requests-per-client", type=_positive_int, default=2, help="closed: requests each (2)")
+    w.add_argument("--agent-steps", type=_positive_int, default=5, help="agent: steps of a session (5)")
+    w.add_argument("--agent-more-steps", type=_positive_int, default=2, help="agent: steps added to the first "
+                   "session after the second restart (2)")
+    w.add_argument("--agent-preamble-tokens", type=_positive_int, default=1500, help="agent: shared preamble, "
+                   "tokens (1500)")
+    w.add_argument("--agent-step-tokens", type=_positive_int, default=260, help="agent: tokens each step adds to "
+                   "the prompt, its answer included (260)")
+    w.add_argument("--agent-max-tokens", type=_positive_int, default=64, help="agent: tokens per answer (64)")
+    w.add_argument("--agent-settle-s", type=_seconds, default=2.0, help="agent: wait before each restart, "
+                   "outside every clock, s (2)")
     w.add_argument("--timeout-s", type=_positive_float, default=600.0, help="per-request read timeout, s (600)")
     s = p.add_argument_group("SLOs and output")
     s.add_argument("--slo-ttft-s", type=_positive_float, default=1.0, help="TTFT objective, s (1.0)")

@@ -3,11 +3,17 @@ the PNG plots. Everything is computed from the request records (``benchmarks.loa
 the JSON alone is enough to redo any figure.
 
 The contract states what a reader needs to trust or reproduce a figure: per target the model file and its
-sha256 (known for Hearth's own server), the load settings, the queue bound and the cache state; the decoding
+sha256 (known for Hearth's own server), the load settings, the queue bound, the cache state, the exact
+command line of every server the benchmark started (Hearth's ``hearth serve``, llama-server and which peer
+settings it ran with) and its resident memory after load and at the end; the decoding
 policy (greedy, fixed max_tokens, the endpoint); the hardware (CPU model, cores, memory); the versions
 (Python, llama-cpp-python, Hearth, httpx); the workload parameters and seed; the SLOs; the definition of every
 clock; and the ok / rejected / failed accounting. ``matplotlib`` is imported only when plots are written, with
 the Agg canvas (no display, no pyplot global state).
+
+``headline(report)`` is the summary table the issue asks for (the first target against the second, usually
+Hearth against llama-server): single-stream decode tokens/s, TTFT of a short and of a long prompt, aggregate
+tokens/s of concurrent clients, the four agent figures and the resident memory after load.
 """
 
 from __future__ import annotations
@@ -19,7 +25,40 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from benchmarks.loadstats import ACCOUNTING, CLOCKS, PERCENTILE_DEFINITION, SLO, counts, ratio, span_s, summarize
+from benchmarks.agent_workload import AGENT_PHASE_NAMES
+from benchmarks.loadstats import (
+    ACCOUNTING,
+    CLOCKS,
+    PERCENTILE_DEFINITION,
+    SLO,
+    counts,
+    percentile,
+    ratio,
+    span_s,
+    summarize,
+)
+
+AGENT_PHASES = AGENT_PHASE_NAMES
+AGENT_CLOCKS = {
+    "session": "(a) session of --agent-steps steps in one server process: the first step sent -> the last step's "
+               "stream ended (client perf_counter, s)",
+    "new_session_after_restart": "(b) after a restart (new process, same data folder) and one unmeasured 4-token "
+                                 "warm-up: a new session, same preamble, another task, --agent-steps steps; first "
+                                 "sent -> last ended (s)",
+    "session_continued_after_restart": "(c) after another restart and warm-up: session (a) continued by "
+                                       "--agent-more-steps steps; first sent -> last ended (s)",
+    "start_to_first_token": "(d) a ~--long-tokens prompt sent once, then a restart: the new server process "
+                            "spawned (perf_counter just before Popen) -> the first token of the same prompt "
+                            "received, the prompt sent as soon as GET /health answered 200 (polled every 25 ms)",
+    "restart": "stop: SIGTERM (hearth serve: to the server process, which closes its engine; llama-server: its "
+               "process group), SIGKILL after 10 s; --agent-settle-s before each restart, outside every clock",
+}
+MEMORY_DEFINITION = ("resident memory of the server's process and every descendant (/proc/<pid>/stat parent "
+                     "links): RSS = VmRSS of /proc/<pid>/status, PSS = Pss of /proc/<pid>/smaps_rollup, MiB "
+                     "(2**20 bytes), summed; after load = the server answered /health, before any request; end = "
+                     "after the last workload. RSS sums count pages shared between the tree's processes once per "
+                     "process; PSS shares them, but also with processes outside the tree (both servers map the "
+                     "same GGUF file)")
 
 # (name in the ratios, path in a summary); ratios are other / first target.
 RATIO_METRICS = (("ttft_p50_s", ("ttft_s", "p50")), ("ttft_p95_s", ("ttft_s", "p95")),
@@ -47,7 +86,62 @@ def build(cfg: Any, targets: Sequence[Any], runs: Sequence[Any], slo: SLO, start
         report["ratios"] = {"of": f"{names[1]}/{names[0]}",
                             **{label: _ratios(s[names[0]], s[names[1]], runs, label, names)
                                for label, s in summary.items()}}
+    report["headline"] = headline(report)
     return report
+
+
+def _tpot_rate(s: dict) -> Optional[float]:
+    p50 = (s.get("tpot_s") or {}).get("p50")
+    return 1.0 / p50 if p50 else None
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The summary table: ``{"targets": [names], "ratio_of": "first/second" (None with one target), "rows":
+    [{"metric", "unit", "better", "values": {target: value}, "ratio"}]}``, one row per figure of the issue's
+    table whether or not it ran (value None: not measured). Figures: single-stream decode tokens/s = 1 / TPOT
+    P50 of the ``single`` cell (TPOT: first token → last byte over completion tokens − 1); TTFT P50 of
+    ``single`` and ``long`` (s); aggregate tokens/s of ``closed`` (completion tokens / the cell's wall time);
+    the agent phases' medians over rounds (s, ``AGENT_CLOCKS``); the RSS of every process of the server
+    after load (MiB, ``MEMORY_DEFINITION``). ``ratio`` = first target / second."""
+    c = report["contract"]
+    names = [t["name"] for t in c["targets"]]
+    w = c.get("parameters") or c["workloads"]
+    summ = report["summary"]
+
+    def cell(label: str, fn) -> dict[str, Optional[float]]:
+        return {n: (fn(summ[label][n]) if label in summ and n in summ[label] else None) for n in names}
+
+    def agent(phase: str) -> dict[str, Optional[float]]:
+        return cell("agent", lambda s: (s.get("agent") or {}).get(phase, {}).get("median_s"))
+
+    single = w.get("single") or {}
+    closed = w.get("closed") or {}
+    ag = w.get("agent") or {}
+    steps, more = ag.get("steps", "N"), ag.get("more_steps", "M")
+    long_tokens = (w.get("long") or {}).get("approx_prompt_tokens") or ag.get("approx_long_prompt_tokens")
+    long_txt = f"~{long_tokens:,}" if isinstance(long_tokens, int) else "long"
+    mem = {t["name"]: (t.get("memory_after_load") or {}).get("rss_mib") for t in c["targets"]}
+    rows = [
+        ("Single-stream decode tokens/s" + (f" ({single['max_tokens']} tokens)" if single else ""), "tokens/s",
+         "higher", cell("single", _tpot_rate)),
+        ("TTFT, ~40-token prompt (P50)", "s", "lower", cell("single", lambda s: s["ttft_s"]["p50"])),
+        (f"TTFT, {long_txt}-token prompt (P50)", "s", "lower", cell("long", lambda s: s["ttft_s"]["p50"])),
+        (f"{closed.get('clients', 'N')} concurrent clients, aggregate tokens/s", "tokens/s", "higher",
+         cell("closed", lambda s: s["output_tokens_per_s"])),
+        (f"Agent (a): {steps}-step session, one process, end to end", "s", "lower", agent("session")),
+        (f"Agent (b): new {steps}-step session after a restart (same preamble), end to end", "s", "lower",
+         agent("new_session_after_restart")),
+        (f"Agent (c): earlier session continued after a restart ({more} step{'' if more == 1 else 's'}), end to "
+         "end", "s", "lower",
+         agent("session_continued_after_restart")),
+        (f"Agent (d): process start → first token, {long_txt}-token prompt seen before the restart", "s", "lower",
+         agent("start_to_first_token")),
+        ("Resident memory after load, all of the server's processes (RSS)", "MiB", "lower", mem),
+    ]
+    out_rows = [{"metric": m, "unit": u, "better": b, "values": v,
+                 "ratio": ratio(v.get(names[0]), v.get(names[1])) if len(names) == 2 else None}
+                for m, u, b, v in rows]
+    return {"targets": names, "ratio_of": f"{names[0]}/{names[1]}" if len(names) == 2 else None, "rows": out_rows}
 
 
 def _result(r: Any, slo: SLO) -> dict[str, Any]:
@@ -64,7 +158,38 @@ def _pooled(runs: Sequence[Any], slo: SLO) -> dict[str, Any]:
     if extra and "conversation_e2e_s" in extra[0]:
         out["conversation_e2e_s"] = [e["conversation_e2e_s"] for e in extra]
         out["think_s_total"] = [e["think_s_total"] for e in extra]
+    if extra and "phases" in extra[0]:
+        out["agent"] = agent_summary(extra)
     return out
+
+
+def _median(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return percentile(vals, 50.0) if vals else None
+
+
+def agent_summary(extras: Sequence[dict]) -> dict[str, Any]:
+    """Per agent phase, its seconds in each round (None where a request failed) and their median (over the
+    rounds that completed it); the restarts' spawn → ready seconds; and per phase the prompt and cached tokens
+    of its first request in each round (what the server reused)."""
+    out: dict[str, Any] = {}
+    for name in AGENT_PHASES:
+        ph = [e["phases"].get(name) or {} for e in extras]
+        secs = [p.get("seconds") for p in ph]
+        first = [(p.get("info") or {}) for p in ph]
+        out[name] = {"seconds": secs, "median_s": _median(secs),
+                     "first_prompt_tokens": [_first(i.get("prompt_tokens")) for i in first],
+                     "first_cached_tokens": [_first(i.get("cached_tokens")) for i in first]}
+        if name == "start_to_first_token":
+            out[name].update(spawn_to_ready_s=[i.get("spawn_to_ready_s") for i in first],
+                             ttft_s=[i.get("ttft_s") for i in first])
+    out["restart_spawn_to_ready_s"] = [r.get("spawn_to_ready_s") for e in extras for r in e.get("restarts", [])]
+    out["restart_stop_s"] = [r.get("stop_s") for e in extras for r in e.get("restarts", [])]
+    return out
+
+
+def _first(v: Any) -> Any:
+    return v[0] if isinstance(v, list) and v else v
 
 
 def _get(summary: dict, path: Sequence[str]) -> Optional[float]:
@@ -107,21 +232,34 @@ def contract(cfg: Any, targets: Sequence[Any], slo: SLO, started: float) -> dict
             "decoding": {"endpoint": cfg.endpoint, "temperature": 0, "max_tokens": cfg.max_tokens, "stream": True,
                          "stream_options": {"include_usage": True}, "multiturn_stop": ["\nUser:"],
                          "policy": "greedy; no other sampling field is sent"},
-            "workloads": workload_params(cfg), "seed": cfg.seed, "rounds": cfg.rounds,
+            "workloads": workload_params(cfg), "parameters": workload_params(cfg, every=True), "seed": cfg.seed,
+            "rounds": cfg.rounds,
             "warm_up": "one 4-token request per target before the first round, not measured",
-            "slo": asdict(slo), "clocks": CLOCKS, "accounting": ACCOUNTING, "percentiles": PERCENTILE_DEFINITION,
+            "hearth_server": getattr(cfg, "hearth_server", None) if not cfg.url else None,
+            "peer_settings": getattr(cfg, "peer_settings", None) if cfg.peer else None,
+            "slo": asdict(slo), "clocks": CLOCKS, "agent_clocks": AGENT_CLOCKS if "agent" in cfg.workloads else None,
+            "memory": MEMORY_DEFINITION, "accounting": ACCOUNTING, "percentiles": PERCENTILE_DEFINITION,
             "hardware": hardware(), "versions": versions()}
 
 
-def workload_params(cfg: Any) -> dict[str, Any]:
-    """The parameters of the workloads that ran."""
-    params = {"single": {"repeats": cfg.repeats, "prompt": "short story opening (~40 tokens)"},
+def workload_params(cfg: Any, every: bool = False) -> dict[str, Any]:
+    """The parameters of the workloads that ran (``every``: of every workload, for the summary's labels)."""
+    params = {"single": {"repeats": cfg.repeats, "prompt": "short story opening (~40 tokens)",
+                         "max_tokens": cfg.single_max_tokens},
               "long": {"requests_per_round": 1, "approx_prompt_tokens": cfg.long_tokens},
               "multiturn": {"turns": cfg.turns, "think_s": cfg.think_s},
               "poisson": {"rates_rps": cfg.rates, "requests_per_rate": cfg.requests,
                           "long_fraction": cfg.long_fraction, "approx_long_prompt_tokens": cfg.long_tokens},
-              "closed": {"clients": cfg.clients, "requests_per_client": cfg.requests_per_client}}
-    return {w: params[w] for w in cfg.workloads}
+              "closed": {"clients": cfg.clients, "requests_per_client": cfg.requests_per_client},
+              "agent": {"steps": cfg.agent_steps, "more_steps": cfg.agent_more_steps,
+                        "approx_preamble_tokens": cfg.agent_preamble_tokens,
+                        "approx_step_tokens": cfg.agent_step_tokens, "max_tokens": cfg.agent_max_tokens,
+                        "approx_long_prompt_tokens": cfg.long_tokens, "settle_s": cfg.agent_settle_s,
+                        "endpoint": "completions (raw text: the same prompt on every server)",
+                        "prompt": "preamble (rules, 12 tool definitions, standing orders) + session header and "
+                                  "task + per step a JSON tool observation and 'Thought and action:', each "
+                                  "step's answer appended verbatim before the next step"}}
+    return params if every else {w: params[w] for w in cfg.workloads}
 
 
 def hardware() -> dict[str, Any]:
@@ -182,9 +320,15 @@ def _num(v: Optional[float], fmt: str = "{:.2f}") -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The contract in brief, one table row per (cell, target) and, with two targets, the ratios."""
     c = report["contract"]
-    lines = ["# hearth bench load", ""] + _contract_lines(c) + ["",
-             "Latencies in ms as P50 / P95 / P99 / max over ok requests; tok/s and req/s over the cell's wall "
-             "time; goodput = requests/s that met every SLO (all requests in the denominator of attainment).", "",
+    lines = ["# hearth bench load", ""] + _contract_lines(c) + [""]
+    if report.get("headline"):
+        lines += _headline_lines(report["headline"]) + [""]
+    if any("agent" in s for per in report["summary"].values() for s in per.values()):
+        lines += _agent_lines(report) + [""]
+    lines += _memory_lines(c) + [""]
+    lines += ["Latencies in ms as P50 / P95 / P99 / max over ok requests; tok/s and req/s over the cell's wall "
+             "time (the agent cell's wall time includes its restarts: read its own table above); goodput = "
+             "requests/s that met every SLO (all requests in the denominator of attainment).", "",
              "| cell | target | ok / rejected / failed | TTFT | TPOT | ITL | end-to-end | queue | tok/s | req/s "
              "| cache hit | goodput req/s (attained) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -206,6 +350,81 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fmt(v: Optional[float], unit: str) -> str:
+    if v is None:
+        return "–"
+    if unit == "s":
+        return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+    return f"{v:.1f}"
+
+
+def _headline_lines(h: dict) -> list[str]:
+    names = h["targets"]
+    two = len(names) == 2
+    head = "| figure | " + " | ".join(names) + (f" | ratio {h['ratio_of']} |" if two else " |")
+    out = ["## Summary", "", head, "|---|" + "---|" * (len(names) + (1 if two else 0))]
+    for r in h["rows"]:
+        vals = " | ".join(_fmt(r["values"].get(n), r["unit"]) + (f" {r['unit']}" if r["unit"] not in ("s",)
+                                                                 and r["values"].get(n) is not None else "")
+                          for n in names)
+        rat = "" if not two else (" | –" if r["ratio"] is None else f" | {r['ratio']:.2f}×")
+        out.append(f"| {r['metric']} ({r['better']} is better) | {vals}{rat} |")
+    if two:
+        out += ["", f"Ratio = {names[0]} / {names[1]} of the figure: below 1 favours {names[0]} for times and "
+                    f"memory, above 1 for tokens/s. TTFTs are P50s over the cell's requests (all rounds), agent "
+                    "figures medians over rounds; decode tokens/s = 1 / TPOT P50."]
+    return out
+
+
+def _agent_lines(report: dict) -> list[str]:
+    out = ["## Agent sessions across restarts (per target: median over rounds; per round in load.json)", "",
+           "| target | (a) session | (b) new session after restart | (c) continued after restart | (d) start → "
+           "first token | (d) spawn → ready | (d) TTFT | cached/prompt tokens, first request of (b) | of (c) "
+           "| of (d) | restart spawn → ready (median) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in report["summary"].get("agent", {}).items():
+        a = s.get("agent") or {}
+
+        def med(phase: str, key: str = "median_s") -> str:
+            v = (a.get(phase) or {}).get(key)
+            return _fmt(_median(v) if isinstance(v, list) else v, "s")
+
+        def cached(phase: str) -> str:
+            p = a.get(phase) or {}
+            pairs = [f"{c if c is not None else '?'}/{t}" for c, t in zip(p.get("first_cached_tokens", []),
+                                                                          p.get("first_prompt_tokens", []))]
+            return ", ".join(pairs) or "–"
+
+        restart = _fmt(_median(a.get("restart_spawn_to_ready_s") or []), "s")
+        out.append(f"| {name} | {med('session')} | {med('new_session_after_restart')} | "
+                   f"{med('session_continued_after_restart')} | {med('start_to_first_token')} | "
+                   f"{med('start_to_first_token', 'spawn_to_ready_s')} | {med('start_to_first_token', 'ttft_s')} | "
+                   f"{cached('new_session_after_restart')} | {cached('session_continued_after_restart')} | "
+                   f"{cached('start_to_first_token')} | {restart} |")
+    out += ["", "Clocks: " + "; ".join(f"{k}: {v}" for k, v in AGENT_CLOCKS.items())]
+    return out
+
+
+def _memory_lines(c: dict) -> list[str]:
+    out = ["## Resident memory", "", "| target | when | RSS MiB | PSS MiB | processes (pid name: RSS MiB) |",
+           "|---|---|---|---|---|"]
+    for t in c["targets"]:
+        for when, key in (("after load", "memory_after_load"), ("end of run", "memory_end_of_run")):
+            m = t.get(key)
+            if not m:
+                out.append(f"| {t['name']} | {when} | – | – | not measured (a server this benchmark did not start) |")
+                continue
+            procs = "; ".join(f"{p['pid']} {p['name']}: {p['rss_mib']:.0f}" for p in m["processes"])
+            pss = "–" if m.get("pss_mib") is None else f"{m['pss_mib']:.0f}"
+            rss = "–" if m.get("rss_mib") is None else f"{m['rss_mib']:.0f}"
+            out.append(f"| {t['name']} | {when} | {rss} | {pss} | {procs} |")
+        note = (t.get("memory_after_load") or {}).get("note")
+        if note:
+            out.append(f"| {t['name']} | | | | {note} |")
+    out += ["", f"Memory: {c.get('memory', MEMORY_DEFINITION)}."]
+    return out
+
+
 def _contract_lines(c: dict) -> list[str]:
     hw, v, d = c["hardware"], c["versions"], c["decoding"]
     out = []
@@ -216,9 +435,18 @@ def _contract_lines(c: dict) -> list[str]:
                    + f"; cache: {t['cache_state']}")
         if t.get("load_settings"):
             ls = t["load_settings"]
-            out.append(f"  - load: n_ctx {ls.get('n_ctx')}, n_batch {ls.get('n_batch')}, n_ubatch "
-                       f"{ls.get('n_ubatch')}, n_threads {ls.get('n_threads')}, KV {ls.get('type_k')}/"
-                       f"{ls.get('type_v')}, flash_attn {ls.get('flash_attn')}; max_queue {t.get('max_queue')}")
+            peer = f"peer settings **{ls['peer_settings']}**; " if ls.get("peer_settings") else ""
+            out.append(f"  - load: {peer}n_parallel {ls.get('n_parallel')}, n_ctx {ls.get('n_ctx')} per slot, "
+                       f"n_batch {ls.get('n_batch')}, n_ubatch {ls.get('n_ubatch')}, n_threads "
+                       f"{ls.get('n_threads')}, KV {ls.get('type_k')}/{ls.get('type_v')}, flash_attn "
+                       f"{ls.get('flash_attn')}, swa_full {ls.get('swa_full')}"
+                       + (f"; max_queue {t['max_queue']}" if t.get("max_queue") is not None else ""))
+        if t.get("process"):
+            out.append(f"  - served: {t['process']}" + (" (in the benchmark's process)" if t["process"] == "thread"
+                                                        else ""))
+        if t.get("command"):
+            env = " ".join(f"{k}={val}" for k, val in (t.get("env") or {}).items())
+            out.append(f"  - command: `{(env + ' ') if env else ''}{t['command']}`")
     out += [f"- decoding: {d['endpoint']} endpoint, {d['policy']}, max_tokens {d['max_tokens']}, streamed with "
             "include_usage",
             f"- hardware: {hw['cpu']}, {hw['usable_cores']} usable of {hw['logical_cores']} cores; "

@@ -4,11 +4,15 @@ same llama-cpp-python 0.3.36 sdist, with the same CMAKE_ARGS as Hearth's llama-c
 
 - ``find_binary()``: ``$HEARTH_LLAMA_SERVER`` if set, else the newest ``llama-server-<key>/llama-server`` under
   ``~/.cache/hearth-peer`` (``$HEARTH_PEER_CACHE``); ``PeerError`` with what to run when there is none.
-- ``PeerConfig``: the load settings that matter for a like-for-like run (model file, slots, context per slot,
-  threads, batch sizes, KV types, flash attention, full-size SWA cache); ``PeerConfig.from_load_settings``
-  mirrors a Hearth ``LoadSettings``. ``command()`` turns it into llama-server's command line.
-- ``llama_server(cfg)``: a context manager that starts the server in its own process group, waits for
-  ``GET /health`` to answer 200 and, whatever happens, stops the whole group on exit (SIGTERM, then SIGKILL).
+- ``PeerConfig``: the load settings of a run (model file, slots, context per slot, threads, batch sizes, KV
+  types, flash attention, full-size SWA cache) and ``mode``, which of them reach the command line:
+  ``defaults`` (llama-server as a person starts it: ``-m MODEL -c <slots × n_ctx> -np <slots> -t <threads>``
+  plus host and port, everything else at llama-server's own defaults) or ``matched`` (every setting as
+  Hearth's engine has it: like for like). ``PeerConfig.from_load_settings`` takes a Hearth ``LoadSettings``.
+  ``command()`` turns it into llama-server's command line.
+- ``llama_server(cfg)``: a context manager that starts the server in its own process group
+  (``benchmarks.servers.ManagedServer``), waits for ``GET /health`` to answer 200 and, whatever happens, stops
+  the whole group on exit (SIGTERM, then SIGKILL).
 
 Run: ``python -m benchmarks.peer [--model M] [--parallel N] [--check]``: serves until Ctrl-C, or with
 ``--check`` sends one greedy ``/completion`` and prints llama-server's own prefill and decode tokens/s.
@@ -20,21 +24,28 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from benchmarks.servers import ManagedServer, ServerStartError
+
 BINARY_ENV = "HEARTH_LLAMA_SERVER"
 CACHE_ENV = "HEARTH_PEER_CACHE"
 NAME = "llama-server"
+MODES = ("defaults", "matched")
+# What llama-server does with what ``defaults`` leaves out, as `llama-server --help` of the pinned build (the
+# llama.cpp of llama-cpp-python 0.3.36) states it; for the report, so a reader sees what "defaults" ran with.
+DEFAULTS = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": "auto", "type_k": "f16", "type_v": "f16",
+            "swa_full": False, "kv_unified": True, "cache_ram_mib": 8192, "ctx_checkpoints": 32,
+            "n_gpu_layers": "auto", "threads_batch": "same as -t", "fit": "on (adjusts only unset arguments)",
+            "env": "inherited unchanged (the benchmark adds no GOMP_SPINCOUNT)"}
 
 
 class PeerError(Exception):
@@ -65,8 +76,10 @@ def find_binary(env: Mapping[str, str] = os.environ) -> Path:
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """llama-server's load settings. ``n_ctx_per_slot``: each of ``n_parallel`` slots gets that many tokens of
-    its own KV (``-c`` is the total, non-unified KV as in Hearth's engine). ``n_threads`` None: Hearth's
+    """llama-server's load settings. ``mode``: ``defaults`` passes only the model, ``-c`` (``n_ctx_per_slot``
+    × ``n_parallel``), ``-np`` and ``-t`` (plus host and port; everything else is llama-server's default,
+    ``DEFAULTS``); ``matched`` passes every field, as Hearth's engine runs (each of ``n_parallel`` slots gets
+    ``n_ctx_per_slot`` tokens of its own KV, non-unified as in Hearth's engine). ``n_threads`` None: Hearth's
     default (``app.childhost.threads.default_threads``). ``extra``: more llama-server arguments, appended."""
 
     model: Path
@@ -83,14 +96,20 @@ class PeerConfig:
     use_mmap: bool = True
     alias: Optional[str] = None
     extra: tuple[str, ...] = ()
+    mode: str = "matched"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"peer settings must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     @classmethod
     def from_load_settings(cls, model: Any, settings: Any, n_parallel: Optional[int] = None,
-                           alias: Optional[str] = None) -> "PeerConfig":
-        """The peer configured like a Hearth engine: ``settings`` is a ``LoadSettings`` (or its dict);
-        ``n_parallel`` overrides its (possibly ``None``: auto) slot count, e.g. with the loaded engine's."""
+                           alias: Optional[str] = None, mode: str = "matched") -> "PeerConfig":
+        """The peer over a Hearth engine's settings: ``settings`` is a ``LoadSettings`` (or its dict);
+        ``n_parallel`` overrides its (possibly ``None``: auto) slot count, e.g. with the loaded engine's;
+        ``mode``: ``defaults`` or ``matched`` (the class docstring)."""
         s = settings if isinstance(settings, Mapping) else asdict(settings)
-        return cls(model=Path(model), n_parallel=int(n_parallel or s.get("n_parallel") or 1),
+        return cls(model=Path(model), mode=mode, n_parallel=int(n_parallel or s.get("n_parallel") or 1),
                    n_ctx_per_slot=int(s["n_ctx"]), n_threads=s.get("n_threads"), n_batch=int(s["n_batch"]),
                    n_ubatch=int(s["n_ubatch"]), flash_attn=bool(s["flash_attn"]), type_k=str(s["type_k"]),
                    type_v=str(s["type_v"]), swa_full=bool(s.get("swa_full", True)),
@@ -98,8 +117,14 @@ class PeerConfig:
                    alias=alias)
 
     def load_settings(self) -> dict[str, Any]:
-        """The settings under Hearth's ``LoadSettings`` names (``n_ctx``: per slot), for a report."""
-        return {"n_ctx": self.n_ctx_per_slot, "n_parallel": self.n_parallel, "n_batch": self.n_batch,
+        """The settings under Hearth's ``LoadSettings`` names (``n_ctx``: per slot), for a report; in
+        ``defaults`` mode the ones not passed are llama-server's defaults (``DEFAULTS``), marked so."""
+        if self.mode == "defaults":
+            return {"peer_settings": "defaults", "n_ctx": self.n_ctx_per_slot, "n_ctx_total": self.n_ctx_per_slot
+                    * self.n_parallel, "n_parallel": self.n_parallel, "n_threads": self.threads(),
+                    **{k: f"llama-server default ({v})" for k, v in DEFAULTS.items()}}
+        return {"peer_settings": "matched", "n_ctx": self.n_ctx_per_slot, "n_parallel": self.n_parallel,
+                "n_batch": self.n_batch,
                 "n_ubatch": self.n_ubatch, "n_threads": self.threads(), "n_gpu_layers": self.n_gpu_layers,
                 "type_k": self.type_k, "type_v": self.type_v, "flash_attn": self.flash_attn,
                 "swa_full": self.swa_full, "use_mmap": self.use_mmap}
@@ -113,9 +138,15 @@ class PeerConfig:
 
 
 def command(binary: Any, cfg: PeerConfig, port: int, host: str = "127.0.0.1") -> list[str]:
-    """llama-server's argv for ``cfg`` on ``host:port`` (no web UI, explicit slots and non-unified KV, no
-    memory fitting that could change -c)."""
+    """llama-server's argv for ``cfg`` on ``host:port``. ``defaults``: exactly ``-m -c -np -t`` and host/port
+    (then ``alias`` and ``extra`` when set). ``matched``: also ``--no-kv-unified``, ``-tb``, ``-b``/``-ub``,
+    ``-fa``, ``-ctk``/``-ctv``, ``-ngl``, ``--fit off`` (no memory fitting that could change ``-c``),
+    ``--no-webui``, ``--swa-full`` and ``--no-mmap`` as set."""
     t = str(cfg.threads())
+    if cfg.mode == "defaults":
+        argv = [str(binary), "-m", str(cfg.model), "--host", host, "--port", str(port),
+                "-c", str(cfg.n_ctx_per_slot * cfg.n_parallel), "-np", str(cfg.n_parallel), "-t", t]
+        return argv + (["--alias", cfg.alias] if cfg.alias else []) + list(cfg.extra)
     argv = [str(binary), "-m", str(cfg.model), "--host", host, "--port", str(port),
             "-np", str(cfg.n_parallel), "-c", str(cfg.n_ctx_per_slot * cfg.n_parallel), "--no-kv-unified",
             "-t", t, "-tb", t, "-b", str(cfg.n_batch), "-ub", str(cfg.n_ubatch),
@@ -130,11 +161,12 @@ def command(binary: Any, cfg: PeerConfig, port: int, host: str = "127.0.0.1") ->
     return argv + list(cfg.extra)
 
 
-def peer_env(base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment for the peer: OpenMP's spin count as Hearth's engine gets it
-    (``app.childhost.threads.tune_openmp``: 1000 unless the environment sets a policy), so neither side spins more."""
+def peer_env(base: Mapping[str, str] = os.environ, mode: str = "matched") -> dict[str, str]:
+    """The environment for the peer: ``base`` unchanged at ``defaults``; at ``matched`` with OpenMP's spin
+    count as Hearth's engine sets it for itself (``app.childhost.threads.tune_openmp``: 1000 unless the
+    environment sets a policy), so neither side spins more."""
     env = dict(base)
-    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+    if mode == "matched" and "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = env.get("HEARTH_GOMP_SPINCOUNT", "1000")
     return env
 
@@ -147,18 +179,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class Peer:
-    """A running llama-server: its ``url`` (``http://127.0.0.1:PORT``), ``argv``, ``binary``, ``log`` path."""
+    """A running llama-server: its ``url`` (``http://127.0.0.1:PORT``), ``argv``, ``binary``, ``log`` path,
+    ``mode`` and the ``ManagedServer`` that owns the process (``server``; ``proc`` is its current process)."""
 
     url: str
     argv: list[str]
     binary: Path
     log: Path
-    proc: subprocess.Popen
+    server: ManagedServer
+    mode: str = "matched"
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        assert self.server.proc is not None
+        return self.server.proc
 
     def contract(self) -> dict[str, Any]:
         """What the load bench's report records of the peer (besides what it learns over HTTP)."""
-        return {"kind": NAME, "binary": str(self.binary), "argv": self.argv,
-                "cmake_args": _cmake_args(self.binary)}
+        return {"kind": NAME, "binary": str(self.binary), "argv": self.argv, "command": " ".join(self.argv),
+                "peer_settings": self.mode, "cmake_args": _cmake_args(self.binary), "log": str(self.log)}
 
 
 def _cmake_args(binary: Path) -> Optional[str]:
@@ -167,38 +206,6 @@ def _cmake_args(binary: Path) -> Optional[str]:
         return f.read_text(encoding="utf-8").strip()
     except OSError:
         return None
-
-
-def _tail(path: Path, n: int = 8) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in lines[-n:] if line.strip())
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False  # 503 while the model loads, or not listening yet
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to the process group, SIGKILL after ``grace_s``; never raises."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @contextlib.contextmanager
@@ -216,23 +223,16 @@ def llama_server(cfg: PeerConfig, binary: Any = None, port: Optional[int] = None
         fd, name = tempfile.mkstemp(prefix="hearth-peer-", suffix=".log")
         os.close(fd)
         log_path = name
-    log = Path(log_path)
-    url = f"http://{host}:{port}"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=peer_env(), start_new_session=True)
+    server = ManagedServer(NAME, argv, f"http://{host}:{port}", log_path, env=peer_env(mode=cfg.mode),
+                           ready_timeout_s=ready_timeout_s)
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise PeerError(f"{NAME} exited with status {proc.returncode} before it was ready "
-                                f"(log {log}: {_tail(log)})")
-            if time.monotonic() > deadline:
-                raise PeerError(f"{NAME} not ready on {url} after {ready_timeout_s:g} s (log {log}: {_tail(log)})")
-            time.sleep(0.2)
-        yield Peer(url, argv, binary, log, proc)
+        server.start()
+    except ServerStartError as e:
+        raise PeerError(str(e)) from None
+    try:
+        yield Peer(server.url, argv, binary, server.log, server, cfg.mode)
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def check(url: str, prompt: str, n_predict: int) -> dict[str, Any]:
@@ -253,9 +253,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", "-np", type=int, default=1, help="slots (-np, default 1)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context per slot in tokens; -c is this × slots (4096)")
     p.add_argument("--n-threads", type=int, default=None, help="threads (default: Hearth's default)")
-    p.add_argument("--n-batch", type=int, default=256, help="-b (256, Hearth's default)")
-    p.add_argument("--n-ubatch", type=int, default=256, help="-ub (256, Hearth's default)")
-    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="flash attention off")
+    p.add_argument("--peer-settings", choices=MODES, default="defaults", help="defaults (-m -c -np -t only, "
+                   "the rest at llama-server's defaults) or matched (the flags below, as Hearth runs)")
+    p.add_argument("--n-batch", type=int, default=256, help="matched: -b (256, Hearth's default)")
+    p.add_argument("--n-ubatch", type=int, default=256, help="matched: -ub (256, Hearth's default)")
+    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false", help="matched: flash attention off")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--print-command", action="store_true", help="print the command line and exit")
     p.add_argument("--check", action="store_true", help="send one /completion, print tokens/s and exit")
@@ -275,7 +277,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = resolve_model(args.model)
         cfg = PeerConfig(model=model, n_parallel=args.parallel, n_ctx_per_slot=args.n_ctx,
                          n_threads=args.n_threads, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
-                         flash_attn=args.flash_attn)
+                         flash_attn=args.flash_attn, mode=args.peer_settings)
         if args.print_command:
             print(" ".join(command(find_binary(), cfg, args.port or 8080)))
             return 0
