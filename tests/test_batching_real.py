@@ -10,6 +10,7 @@ import time
 import pytest
 
 from app.engine.local.engine import Engine
+from app.engine.local.layout import TAIL_SPLIT
 from app.errors import Cancelled
 from app.protocol.types import DecodingParams, Delta, Done, GenerateRequest, LoadSettings
 
@@ -67,9 +68,10 @@ def test_four_streams_single_active_equal_solo_and_batched_agreement(engine4, bu
     batched = at_once(engine4, [greedy(p, 48) for p in prompts])
     assert max(d.metrics.batch_peak for d in batched) >= 2  # they really decoded together
     assert all(d.metrics.completion_tokens == 48 for d in batched)
-    # The prompts' KV is the solo runs' (here reused from the live cache: the same prompts); the last prompt
-    # token is evaluated in a decode step shared with the other streams, so even a first token may differ.
-    assert all(d.metrics.cached_tokens == d.metrics.prompt_tokens - 1 for d in batched)
+    # The prompts' KV is the solo runs' (here reused from the live cache: the same prompts, all but the last
+    # token or a tail shorter than TAIL_SPLIT that goes in with it); a last prompt token evaluated alone joins a
+    # decode step shared with the other streams, so even a first token may differ.
+    assert all(0 < d.metrics.prompt_tokens - d.metrics.cached_tokens <= TAIL_SPLIT for d in batched)
     ids = [engine4.tokenize(d.text) for d in batched]
     agree = sum(b.text == s.text for b, s in zip(batched, solo))
     first = sum(b.text[:3] == s.text[:3] for b, s in zip(batched, solo))

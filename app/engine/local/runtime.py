@@ -18,7 +18,14 @@ from app.engine.chat.reasoning_budget import BudgetForcer
 from app.engine.chat.templates import RenderedPrompt, choose_template_name, template_tool_caps, tool_format
 from app.engine.chat.thinking import markers_for
 from app.engine.local.layout import next_bound
-from app.engine.local.llama import GGML_TYPES, _context_with_sequences, llama_kwargs, peak_rss_bytes, route_llama_logs
+from app.engine.local.llama import (
+    GGML_TYPES,
+    _context_with_sequences,
+    llama_kwargs,
+    peak_rss_bytes,
+    release_zero_pages,
+    route_llama_logs,
+)
 from app.engine.local.prompting import PromptMixin, _MetaView
 from app.engine.local.reuse import MIN_COPY_TOKENS, MIN_LIVE_REUSE, ReuseMixin
 from app.engine.local.sampling import SamplingMixin
@@ -72,6 +79,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self.settled = {"settled_answers": 0, "settled_tokens": 0}
         self._save_wanted: set[int] = set()  # slots whose chunks the disk cache may not hold yet (``idle_step``)
         self._warm_up()
+        self.released_bytes = release_zero_pages()  # the zero-filled KV is resident only as it is written
         self.load_s = time.perf_counter() - t0
         self.vocab = self.llm._model.vocab
         self._vocab_is_eog = llama_cpp.llama_vocab_is_eog  # looked up once, not per decoded token
