@@ -191,6 +191,51 @@ def test_a_burst_reaching_an_idle_engine_is_admitted_together():
     assert all(m[0] == "ok" for m in replies(sent).values()) and len(replies(sent)) == 4
 
 
+def test_the_burst_wait_is_paid_only_while_requests_come_in_bursts():
+    """The idle engine's wait for the rest of a burst (``Scheduler._gather``) is skipped for a lone request that
+    follows a lone request; a request that follows a lone one within ``GATHER_MAX_S`` turns it back on."""
+    import threading
+
+    waits = []
+
+    class Inbox(queue.Queue):
+        def get(self, block=True, timeout=None):
+            if timeout is not None:
+                waits.append(timeout)
+            return super().get(block, timeout)
+
+    rt = Scripted(n_slots=4)
+    inbox, sent = Inbox(), []
+    counts = {}
+
+    def answered(*rids):
+        deadline = time.monotonic() + 10
+        while not all(r in replies(sent) for r in rids) and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    def feed():
+        for rid in (1, 2):  # a fresh engine waits for a burst; the second lone request does not
+            inbox.put(("submit", rid, "generate", req(2)))
+            answered(rid)
+            counts[rid] = len(waits)
+        inbox.put(("submit", 3, "generate", req(2)))  # a burst after a lone request: no wait for it ...
+        inbox.put(("submit", 4, "generate", req(2)))
+        answered(3, 4)
+        counts[4] = len(waits)
+        inbox.put(("submit", 5, "generate", req(2)))  # ... but the next request waits again
+        answered(5)
+        counts[5] = len(waits)
+        inbox.put(("close",))
+
+    t = threading.Thread(target=feed)
+    t.start()
+    Scheduler(rt, collector(sent)).run(inbox)
+    t.join()
+    assert counts[1] >= 1 and counts[2] == counts[1]
+    assert counts[5] > counts[4]
+    assert all(m[0] == "ok" for m in replies(sent).values()) and len(replies(sent)) == 5
+
+
 def test_runs_of_consecutive_slots():
     """A decode batch is split into one llama.cpp ubatch per run of consecutive sequence ids: the slot
     choice minimises the runs (app/engine/local/runtime.py)."""
