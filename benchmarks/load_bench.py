@@ -71,8 +71,9 @@ from benchmarks.loadstats import SLO, RequestRecord, poisson_arrivals
 
 log = logging.getLogger(__name__)
 
-WORKLOADS = ("single", "long", "multiturn", "poisson", "closed", "agent")
+WORKLOADS = ("single", "long", "multiturn", "poisson", "closed", "agent", "quote")
 RESTARTING = ("agent",)  # workloads that restart the servers
+OPT_IN = ("quote",)  # workloads that run only when --workloads names them
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 MULTITURN_STOP = ("\nUser:",)
 
@@ -120,6 +121,17 @@ def long_prompt(rng: random.Random, tokens: int) -> str:
         size += len(line)
     lines.append("\nThe clerk who kept this ledger wrote at the bottom of the last page:")
     return "".join(lines)
+
+
+def quote_prompt(rng: random.Random, lines: int = 14) -> str:
+    """A ledger of ``lines`` lines (about 35 tokens each), then the start of a word-for-word copy of it: an answer
+    that quotes its document, as a code edit, a tool result read back or a cited passage does (a base model
+    copies it). The same text goes to every server."""
+    rows = [f"On day {rng.randint(1, 28)} of month {rng.randint(1, 12)} the {rng.choice(SHIPS)} came in from "
+            f"{rng.choice(PLACES)} with {rng.randint(2, 90)} crates of {rng.choice(CARGO)} under captain "
+            f"{rng.choice(NAMES)}.\n" for _ in range(lines)]
+    return ("The harbour ledger:\n" + "".join(rows) + "\nThe same ledger, copied out again word for word:\n"
+            + rows[0])
 
 
 def follow_up(rng: random.Random) -> str:
@@ -604,7 +616,7 @@ def run_cell(cfg: argparse.Namespace, target: Target, cell: Cell, rnd: int) -> C
     """Run ``cell`` once on ``target``; the prompts depend only on (seed, round, cell)."""
     rng = cell_rng(cfg.seed, rnd, cell.label)
     runner = {"single": _single, "long": _long, "multiturn": _multiturn, "poisson": _poisson,
-              "closed": _closed, "agent": _agent}[cell.workload]
+              "closed": _closed, "agent": _agent, "quote": _quote}[cell.workload]
     records, extra = runner(cfg, target, cell, rng)
     return CellRun(cell, target.name, rnd, records, extra)
 
@@ -616,6 +628,12 @@ def _ask(cfg: argparse.Namespace, cell: Cell, rng: random.Random, long: bool = F
 
 def _single(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
     asks = [_ask(cfg, cell, rng) for _ in range(cfg.repeats)]
+    return [send(target, cfg.endpoint, a, cfg.single_max_tokens) for a in asks], {"max_tokens": cfg.single_max_tokens}
+
+
+def _quote(cfg, target, cell, rng) -> tuple[list[RequestRecord], dict]:
+    """One stream at a time, ``repeats`` answers that copy their prompt's document (``quote_prompt``)."""
+    asks = [Ask((("user", quote_prompt(rng)),), cell.label, kind="quote") for _ in range(cfg.repeats)]
     return [send(target, cfg.endpoint, a, cfg.single_max_tokens) for a in asks], {"max_tokens": cfg.single_max_tokens}
 
 
@@ -726,10 +744,11 @@ def restartable(cfg: argparse.Namespace, engine: Any = None) -> bool:
 
 
 def resolve_workloads(cfg: argparse.Namespace, engine: Any = None) -> list[str]:
-    """The workloads to run: ``--workloads`` as given, or by default every workload, ``agent`` only when
-    ``restartable``. Raises ``BenchError`` when ``agent`` is asked for on targets it cannot restart."""
-    names = list(cfg.workloads) if cfg.workloads else [w for w in WORKLOADS if w not in RESTARTING
-                                                       or restartable(cfg, engine)]
+    """The workloads to run: ``--workloads`` as given, or by default every workload but ``OPT_IN`` (``quote``),
+    ``agent`` only when ``restartable``. Raises ``BenchError`` when ``agent`` is asked for on targets it cannot
+    restart."""
+    names = list(cfg.workloads) if cfg.workloads else [w for w in WORKLOADS if w not in OPT_IN and (
+        w not in RESTARTING or restartable(cfg, engine))]
     asked = [w for w in names if w in RESTARTING]
     if asked and not restartable(cfg, engine):
         raise BenchError(f"the {asked[0]} workload restarts the servers, so it needs targets this benchmark starts "
@@ -861,7 +880,8 @@ def parser() -> argparse.ArgumentParser:
                    "settings: 16); beyond it the server answers 429")
     w = p.add_argument_group("workloads")
     w.add_argument("--workloads", type=_workloads, default=None, help="comma-separated, from "
-                   f"{','.join(WORKLOADS)} (default: all; agent only where the benchmark starts the servers)")
+                   f"{','.join(WORKLOADS)} (default: all but quote; agent only where the benchmark starts the "
+                   "servers)")
     w.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions",
                    help="completions (default: the same text prefilled on every server) or chat")
     w.add_argument("--max-tokens", type=_positive_int, default=64, help="tokens per answer (default 64)")

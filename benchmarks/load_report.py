@@ -99,7 +99,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     """The summary table: ``{"targets": [names], "ratio_of": "first/second" (None with one target), "rows":
     [{"metric", "unit", "better", "values": {target: value}, "ratio"}]}``, one row per figure of the issue's
     table whether or not it ran (value None: not measured). Figures: single-stream decode tokens/s = 1 / TPOT
-    P50 of the ``single`` cell (TPOT: first token → last byte over completion tokens − 1); TTFT P50 of
+    P50 of the ``single`` cell, and of ``quote`` (answers that copy their document; TPOT: first token → last
+    byte over completion tokens − 1); TTFT P50 of
     ``single`` and ``long`` (s); aggregate tokens/s of ``closed`` (completion tokens / the cell's wall time);
     the agent phases' medians over rounds (s, ``AGENT_CLOCKS``); the RSS of every process of the server
     after load (MiB, ``MEMORY_DEFINITION``). ``ratio`` = first target / second."""
@@ -115,6 +116,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         return cell("agent", lambda s: (s.get("agent") or {}).get(phase, {}).get("median_s"))
 
     single = w.get("single") or {}
+    quote = w.get("quote") or {}
     closed = w.get("closed") or {}
     ag = w.get("agent") or {}
     steps, more = ag.get("steps", "N"), ag.get("more_steps", "M")
@@ -125,6 +127,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         ("Single-stream decode tokens/s" + (f" ({single['max_tokens']} tokens)" if single else ""), "tokens/s",
          "higher", cell("single", _tpot_rate)),
         ("TTFT, ~40-token prompt (P50)", "s", "lower", cell("single", lambda s: s["ttft_s"]["p50"])),
+        ("Decode tokens/s, answers that quote their document" + (f" ({quote['max_tokens']} tokens)" if quote else ""),
+         "tokens/s", "higher", cell("quote", _tpot_rate)),
         (f"TTFT, {long_txt}-token prompt (P50)", "s", "lower", cell("long", lambda s: s["ttft_s"]["p50"])),
         (f"{closed.get('clients', 'N')} concurrent clients, aggregate tokens/s", "tokens/s", "higher",
          cell("closed", lambda s: s["output_tokens_per_s"])),
@@ -246,6 +250,8 @@ def workload_params(cfg: Any, every: bool = False) -> dict[str, Any]:
     """The parameters of the workloads that ran (``every``: of every workload, for the summary's labels)."""
     params = {"single": {"repeats": cfg.repeats, "prompt": "short story opening (~40 tokens)",
                          "max_tokens": cfg.single_max_tokens},
+              "quote": {"repeats": cfg.repeats, "prompt": "a ~500-token ledger, then the start of a word-for-word "
+                                                          "copy of it", "max_tokens": cfg.single_max_tokens},
               "long": {"requests_per_round": 1, "approx_prompt_tokens": cfg.long_tokens},
               "multiturn": {"turns": cfg.turns, "think_s": cfg.think_s},
               "poisson": {"rates_rps": cfg.rates, "requests_per_rate": cfg.requests,

@@ -256,7 +256,7 @@ def test_hearth_serve_command_passes_the_flags_given_and_nothing_else():
 
 
 def test_agent_needs_targets_the_benchmark_starts(capsys):
-    assert load_bench.resolve_workloads(_cfg()) == list(load_bench.WORKLOADS)
+    assert load_bench.resolve_workloads(_cfg()) == [w for w in load_bench.WORKLOADS if w not in load_bench.OPT_IN]
     assert "agent" not in load_bench.resolve_workloads(_cfg("--url", "http://127.0.0.1:9"))
     assert "agent" not in load_bench.resolve_workloads(_cfg("--hearth-server", "thread"))
     assert "agent" not in load_bench.resolve_workloads(_cfg(), engine=object())

@@ -186,7 +186,7 @@ def test_load_bench_peer_end_to_end_over_a_stand_in(tmp_path, monkeypatch, setti
     md = (out / "load.md").read_text()
     assert f"peer settings **{settings}**" in md and " ".join([str(fake)] + argv) in md
     rows = {r["metric"]: r for r in report["headline"]["rows"]}
-    assert report["headline"]["ratio_of"] == "hearth/llama-server" and len(rows) == 9
+    assert report["headline"]["ratio_of"] == "hearth/llama-server" and len(rows) == 10
     assert rows["Single-stream decode tokens/s (4 tokens)"]["values"]["hearth"] > 0
     assert rows["TTFT, ~2,500-token prompt (P50)"]["values"] == {"hearth": None, "llama-server": None}
     assert "| figure | hearth | llama-server | ratio hearth/llama-server |" in md
