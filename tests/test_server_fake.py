@@ -670,3 +670,23 @@ def test_json_body_without_json_content_type_is_accepted():
         r = httpx.post(f"{srv.url}/v1/chat/completions", content=b"messages=hi",
                        headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=10)
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+def test_connections_are_accepted_with_nagle_off():
+    """The server's connections write each SSE chunk at once: asyncio turns Nagle's algorithm off only on sockets
+    whose ``proto`` is ``IPPROTO_TCP``, which accepted sockets copy from the listener (``app.server.run._bind``).
+    With Nagle on, a chunk written right after the headers waited for the client's delayed ACK (40 ms here)."""
+    import socket
+
+    from app.server.run import _bind
+
+    listener = _bind("127.0.0.1", 0)
+    client = socket.create_connection(listener.getsockname()[:2])
+    conn, _ = listener.accept()
+    try:
+        for s in (listener, conn):
+            assert s.proto == socket.IPPROTO_TCP
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        for s in (conn, client, listener):
+            s.close()

@@ -26,8 +26,14 @@ def is_loopback(host: str) -> bool:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The listening TCP socket for ``host:port``. Made with ``IPPROTO_TCP`` (not 0), and ``TCP_NODELAY``: asyncio
+    turns Nagle's algorithm off only on connections whose socket says ``proto == IPPROTO_TCP``, and accepted
+    sockets copy the listener's. With Nagle on, each SSE chunk written while the previous segment was unacknowledged
+    waited for the client's delayed ACK: measured here, the first token reached the client 40 ms after its chunk
+    was written (a scripted engine: 47 ms TTFT over HTTP, 0.9 ms called directly)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
     sock.listen(128)
