@@ -1,26 +1,35 @@
-"""Speculative decoding, pure tier (app/engine/local/speculative.py): the prompt-lookup proposer, greedy and sampled
-verification, the target distribution against llama.cpp's own sampler chain, and chi-square checks that the
-Leviathan et al. (2023) rule reproduces the target distribution."""
+"""Speculative decoding, pure tier (app/engine/local/speculative.py): the prompt-lookup proposer and the default's
+adaptive policy, greedy and sampled verification, the target distribution against llama.cpp's own sampler chain,
+and chi-square checks that the Leviathan et al. (2023) rule reproduces the target distribution."""
 
 from __future__ import annotations
 
 import ctypes
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from app.engine.local import speculative as spec
+from app.engine.local.speculation import SpeculationMixin
 from app.engine.local.speculative import (
+    STEP_COST,
+    AdaptiveLookup,
     Dist,
     PromptLookup,
     add_step,
+    auto_reason,
+    best_guesses,
     chi_square,
     chi_square_sf,
     chi_square_two_sample,
+    expected_tokens,
     greedy_token,
     ineligible_reason,
     request_rng,
     residual,
+    step_cost,
     target_dist,
     verify_greedy,
     verify_sampled,
@@ -86,6 +95,186 @@ def test_lookup_rejects_bad_ngram_sizes():
         PromptLookup(n_min=0)
     with pytest.raises(ValueError, match="n_min"):
         PromptLookup(n_min=3, n_max=2)
+
+
+
+# -- the default: adaptive prompt lookup ----------------------------------------------------------------
+def test_cost_model():
+    assert step_cost(1) == 1.0 and step_cost(3) == STEP_COST[2]
+    assert step_cost(5) == pytest.approx(STEP_COST[2] + 2 * (STEP_COST[2] - STEP_COST[1]))  # extended linearly
+    assert expected_tokens(0.5, 0) == 1 and expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 3) == 4
+
+
+def test_best_guesses_pays_for_the_bigger_decode():
+    """k guesses pay when 1 + alpha + … + alpha^k > STEP_COST[k]; the most tokens per unit of time wins."""
+    one = STEP_COST[1] - 1  # the break-even acceptance of one guess
+    assert best_guesses(one - 0.01, 1) == 0 and best_guesses(one + 0.01, 1) == 1
+    two = max(a / 1000 for a in range(1000) if expected_tokens(a / 1000, 2) <= STEP_COST[2])
+    assert best_guesses(two, 2) == 0 and best_guesses(two + 0.002, 2) == 2
+    assert best_guesses(0.95, 2) == 2 and best_guesses(0.95, 0) == 0
+    assert best_guesses(two + 0.002, 2, row_cost=0.1) == 0  # sampled verification costs time per row
+    assert best_guesses(0.01, 2, (1.0, 1.0, 1.0)) == 2  # free rows: any acceptance pays
+    assert best_guesses(0.5, 2, (1.0, 1.2, 2.5)) == 1  # a dear third row: one guess
+
+
+def test_the_default_skips_sampling_without_a_small_top_k():
+    assert auto_reason(DecodingParams.make(temperature=0.0, top_k=0)) is None
+    assert auto_reason(DecodingParams.make(temperature=0.8, top_k=40)) is None
+    assert "top-k" in auto_reason(DecodingParams.make(temperature=0.8, top_k=0))
+    assert "top-k" in auto_reason(DecodingParams.make(temperature=0.8, top_k=spec.AUTO_TOP_K + 1))
+
+
+def test_adaptive_guesses_only_after_its_matches_proved_right():
+    al = AdaptiveLookup(range(50))
+    assert al.guess(2) == []
+    al.extend([7])  # "7" occurred before, but a single token is not a match for the default
+    assert al.guess(2) == []
+    al.extend([8])  # "7 8" is: the prior (0.5) does not pay for a guess, the match's next token (9) is noted
+    assert al.guess(2) == [] and al.estimate(2) == 0.5
+    al.extend([9])  # the plain step emitted 9: a guess would have been kept
+    assert al.guess(2) == [] and al.estimate(2) > 0.6  # now "7 8 9" matches: a size with no record yet
+    al.extend([10])
+    assert al.guess(2) == [11, 12] and al.estimate(3) > 0.6  # two guesses pay at this estimate
+
+
+def drive(truth: list[int], n_prompt: int, k: int = 2) -> tuple[list[int], float, int]:
+    """Greedy speculation with the default's policy over a known answer ``truth[n_prompt:]`` (the tokens plain
+    greedy decoding emits): guesses per step, the time in one-token decodes (``step_cost``), tokens."""
+    al = AdaptiveLookup(truth[:n_prompt])
+    j, sizes, cost = n_prompt, [], 0.0
+    while j < len(truth):
+        g = al.guess(min(k, len(truth) - j - 1))
+        a = 0
+        while a < len(g) and g[a] == truth[j + a]:
+            a += 1
+        if g:
+            al.observe(len(g), a)
+        sizes.append(len(g))
+        cost += step_cost(1 + len(g))
+        al.extend(truth[j:j + a + 1])
+        j += a + 1
+    return sizes, cost, len(truth) - n_prompt
+
+
+def test_adaptive_pays_on_an_answer_that_quotes_its_prompt():
+    rng = np.random.default_rng(5)
+    doc = [int(t) for t in rng.integers(0, 5000, size=300)]
+    answer = doc[20:120] + [7, 7, 7] + doc[150:250]  # two quoted passages with an edit between them
+    sizes, cost, n = drive(doc + answer, len(doc))
+    assert n / cost >= 1.3  # tokens per one-token-decode time: the cost model's speedup
+    assert max(sizes) == 2 and sizes.count(2) > len(sizes) // 2
+
+
+def test_adaptive_costs_next_to_nothing_where_text_does_not_repeat():
+    """A small alphabet: two-token suffixes keep matching earlier text, but the guesses are wrong (1/12). The
+    default learns that from the guesses it does not make, and guesses only after a lucky streak."""
+    rng = np.random.default_rng(6)
+    truth = [int(t) for t in rng.integers(0, 12, size=900)]
+    sizes, cost, n = drive(truth, 100)
+    assert sum(1 for g in sizes if g) < 0.02 * len(sizes)
+    assert cost / n <= 1.01  # within 1 % of plain decoding in the cost model, on text made to mislead it
+    pl, j, always = PromptLookup(truth[:100]), 100, 0.0  # today's explicit mode guesses at every match
+    while j < len(truth):
+        g = pl.propose(min(2, len(truth) - j - 1))
+        a = next((i for i, t in enumerate(g) if t != truth[j + i]), len(g))
+        always += step_cost(1 + len(g))
+        pl.extend(truth[j:j + a + 1])
+        j += a + 1
+    assert always / n > 1.2
+
+
+class _Always(AdaptiveLookup):
+    """A history whose suffix always matches, followed by 5 (the policy is what is tested)."""
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        return [5, 5, 5][:k], 3
+
+
+def test_adaptive_stops_and_resumes_as_its_guesses_fail_and_come_true():
+    al = _Always([1, 2, 3])
+    for _ in range(3):  # the matches come true: it starts guessing, two at a time
+        g = al.guess(2)
+        al.observe(len(g), len(g)) if g else al.extend([5])
+    assert g == [5, 5]
+    trace = []
+    for _ in range(40):  # now the text goes elsewhere (never 5): guesses stop, and cost nothing after that
+        g = al.guess(2)
+        trace.append(len(g))
+        if g:
+            al.observe(len(g), 0)
+        al.extend([6])
+    assert 0 < sum(1 for n in trace if n) <= 3 and not any(trace[5:])
+    assert al.estimate(3) < 0.2
+    for step in range(20):  # the text repeats again: a few free observations later, it guesses again
+        g = al.guess(2)
+        if g:
+            break
+        al.extend([5])
+    assert g == [5, 5] and step <= 6
+
+
+def test_adaptive_speculation_equals_plain_greedy_on_a_toy_model():
+    rng = np.random.default_rng(2)
+    table = rng.normal(size=(8, 8, 8)).astype(np.float32)  # a small vocabulary: plenty of matches, some right
+
+    def argmax(h):
+        return greedy_token(table[h[-2], h[-1]])
+
+    plain = [1, 2]
+    while len(plain) < 200:
+        plain.append(argmax(plain))
+    out = [1, 2]
+    al = AdaptiveLookup(out)
+    drafted = 0
+    while len(out) < 200:
+        drafts = al.guess(2)
+        v = verify_greedy(drafts, lambda i: argmax(out + drafts[:i]))
+        al.observe(len(drafts), v.accepted)
+        drafted += len(drafts)
+        new = drafts[:v.accepted] + [v.token]
+        out.extend(new)
+        al.extend(new)
+    assert drafted > 0 and out[:200] == plain
+
+
+
+def _planned(request_mode, default, d=None, logprobs=0):
+    """``SpeculationMixin._plan_speculation`` on stand-ins: which mode a request ends up with."""
+    rt = SimpleNamespace(spec_default=default, draft=None)
+    seq = SimpleNamespace(tokens=[1, 2, 3], info={}, metrics={}, spec_mode=None, spec_d=None, spec_rng=None,
+                          lookup=None)
+    req = SimpleNamespace(speculative=request_mode, want_logprobs=logprobs)
+    SpeculationMixin._plan_speculation(rt, seq, req, d or DecodingParams.make(temperature=0.0))
+    return seq
+
+
+def test_the_default_mode_is_auto_and_off_still_turns_it_off():
+    seq = _planned(None, None)
+    assert seq.spec_mode == "auto" and isinstance(seq.lookup, AdaptiveLookup)
+    assert "spec_mode" not in seq.metrics  # named in the metrics once it guesses
+    assert _planned(None, "off").spec_mode is None  # per_model.<id>.speculative = "off"
+    assert _planned("off", None).spec_mode is None and _planned("off", "prompt_lookup").spec_mode is None
+    seq = _planned(None, "prompt_lookup")  # a model's explicit mode: today's behaviour
+    assert seq.spec_mode == "prompt_lookup" and type(seq.lookup) is PromptLookup and seq.metrics["spec_mode"]
+    assert _planned("prompt_lookup", "off").spec_mode == "prompt_lookup"
+    assert _planned("auto", "prompt_lookup").spec_mode == "auto"
+    sampled = _planned(None, None, DecodingParams.make(temperature=0.7, top_k=40))
+    assert sampled.spec_mode == "auto" and sampled.lookup.row_cost == spec.SAMPLED_ROW_COST
+
+
+def test_the_default_stays_quiet_where_it_cannot_speculate():
+    """An explicit mode says why it is off; the default, which nobody asked for, just decodes plainly."""
+    logprobs = _planned(None, None, logprobs=2)
+    assert logprobs.spec_mode is None and "speculative" not in logprobs.info
+    asked = _planned("prompt_lookup", None, logprobs=2)
+    assert asked.spec_mode is None and "logprobs" in asked.info["speculative"]
+    nucleus = _planned(None, None, DecodingParams.make(temperature=0.7, top_k=0))
+    assert nucleus.spec_mode is None and "speculative" not in nucleus.info
+    assert _planned("prompt_lookup", None, DecodingParams.make(temperature=0.7, top_k=0)).spec_mode
+
+
+def test_the_default_guesses_only_when_its_sequence_decodes_alone():
+    assert SpeculationMixin._propose(None, SimpleNamespace(spec_mode="auto"), 2) == []
 
 
 # -- greedy -----------------------------------------------------------------------------------------------

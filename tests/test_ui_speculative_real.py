@@ -36,7 +36,7 @@ def test_the_models_speculative_setting_reaches_the_windows_engine(qtbot, home_w
         w.apply_settings(replace(w.ctx.settings, per_model={}), BUNDLED_MODEL_ID)  # reloads without it
         qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and w.ctx.engine.job.plan.speculative is None,
                         timeout=LOAD_MS)
-        metrics = answer(qtbot, w)
-        assert metrics.get("spec_mode") is None and "Speculative" not in w.status.decode.toolTip()
+        metrics = answer(qtbot, w)  # the default now: adaptive prompt lookup ("auto"), not the setting's mode
+        assert metrics.get("spec_mode") != "prompt_lookup" and "prompt lookup" not in w.status.decode.toolTip()
     finally:
         close_window(w)

@@ -21,20 +21,29 @@ class SpeculationMixin:
     """``Runtime``'s speculative decoding (it holds ``slots``, ``draft``, ``spec_default``, ``_spec_cap``)."""
 
     def _plan_speculation(self, seq: LlamaSeq, request: GenerateRequest, d) -> None:
-        """Decide whether ``seq`` speculates: the request's ``speculative`` mode, else the model's default;
-        only where verification is exact (``speculative.ineligible_reason``) and a draft model is loaded for
-        ``"draft"``. A request that asked for it and does not get it says why in ``info["speculative"]``."""
+        """Decide whether ``seq`` speculates: the request's ``speculative`` mode, else the model's default, else
+        ``"auto"`` (adaptive prompt lookup, ``speculative.AdaptiveLookup``); only where verification is exact
+        (``speculative.ineligible_reason``) and a draft model is loaded for ``"draft"``. A request or model that
+        named a mode and does not get it says why in ``info["speculative"]``. ``"auto"`` names itself in the
+        metrics (``spec_mode``) only once it guesses."""
         mode = request.speculative if request.speculative is not None else self.spec_default
-        if mode is None or mode == "off":
+        mode = mode or "auto"
+        if mode == "off":
             return
         why = spec.ineligible_reason(mode, d, request.want_logprobs)
+        if why is None and mode == "auto":
+            why = spec.auto_reason(d)
         if why is None and mode == "draft" and self.draft is None:
             why = "no draft model is loaded (the model's draft_model setting)"
         if why is not None:
-            seq.info["speculative"] = f"off: {why}"
+            if mode != "auto":
+                seq.info["speculative"] = f"off: {why}"
             return
         seq.spec_mode, seq.spec_d = mode, d
         seq.spec_rng = spec.request_rng(d.seed) if d.temperature > 0 else None
+        if mode == "auto":
+            seq.lookup = spec.AdaptiveLookup(seq.tokens, spec.SAMPLED_ROW_COST if d.temperature > 0 else 0.0)
+            return
         if mode == "prompt_lookup":
             seq.lookup = spec.PromptLookup(seq.tokens)
         seq.metrics.update(spec_mode=mode, spec_drafted=0, spec_accepted=0, spec_steps=0)
@@ -44,7 +53,7 @@ class SpeculationMixin:
         else the most that keep the target's logits bit for bit those of one-token steps
         (``_probe_exact_rows`` − 1, measured once on ``seq``'s slot), and at most ``LOOKUP_DRAFT`` /
         ``DRAFT_MODEL_DRAFT``."""
-        most = spec.LOOKUP_DRAFT if seq.spec_mode == "prompt_lookup" else spec.DRAFT_MODEL_DRAFT
+        most = spec.DRAFT_MODEL_DRAFT if seq.spec_mode == "draft" else spec.LOOKUP_DRAFT
         env = os.environ.get("HEARTH_SPEC_MAX_DRAFT")
         if env:
             return max(0, int(env))
@@ -96,20 +105,30 @@ class SpeculationMixin:
 
     def _propose(self, seq: LlamaSeq, n_seqs: int = 1) -> list[int]:
         """``seq``'s guesses for this step (possibly none): within the step's budget, the context, and the
-        tokens it may still emit. ``n_seqs``: the sequences in this decode step."""
+        tokens it may still emit. ``n_seqs``: the sequences in this decode step; ``"auto"`` guesses only when
+        ``seq`` decodes alone (docs/speculative.md, "The default"), and probes the exact batch size
+        (``spec_cap``) only once its look-up found something."""
+        if seq.spec_mode == "auto" and n_seqs > 1:
+            return []
         slot = self.slots[seq.slot]
         kv = len(slot.tokens)
-        k = min(self.spec_cap(seq), self.settings.n_ctx - kv - 1, seq.max_new - seq.n_out - 1,
-                self.settings.n_batch - 1)
+        k = min(self.settings.n_ctx - kv - 1, seq.max_new - seq.n_out - 1, self.settings.n_batch - 1)
         if seq.room is not None:
             k = min(k, seq.room - seq.n_out - seq.n_inserted - 1)
-        if k <= 0:
-            return []
-        hist = slot.tokens + [seq.pending]
+        if seq.spec_mode == "draft":
+            k = min(k, self.spec_cap(seq))
+            return self.draft.propose(seq, slot.tokens + [seq.pending], k) if k > 0 else []
+        lookup = seq.lookup
+        if len(lookup) < kv:
+            lookup.extend(slot.tokens[len(lookup):])
+        if len(lookup) == kv:
+            lookup.extend([seq.pending])
         if seq.spec_mode == "prompt_lookup":
-            seq.lookup.extend(hist[len(seq.lookup):])
-            return seq.lookup.propose(k)
-        return self.draft.propose(seq, hist, k)
+            k = min(k, self.spec_cap(seq))
+            return lookup.propose(k) if k > 0 else []
+        known = self._spec_cap if self._spec_cap is not None else spec.LOOKUP_DRAFT
+        guesses = lookup.guess(min(k, known)) if k > 0 else []
+        return guesses[:self.spec_cap(seq)] if guesses else []
 
     def _row(self, idx: int):
         import numpy as np
@@ -122,6 +141,10 @@ class SpeculationMixin:
         ``verify_sampled``), emit them and the target's own next token through ``Seq.accept`` one by one
         (stopping where the answer ends or thinking is ended by an insert: the rest is discarded), and drop
         the KV of every position past the last emitted token."""
+        if not drafts:  # nothing guessed: a plain step (llama.cpp's own sampler chain)
+            seq.pending, seq.inserts = None, []
+            self._sample(seq, first)
+            return
         if seq.t_first is None and seq.t_prefill is not None:
             seq.metrics["prefill_s"] = time.perf_counter() - seq.t_prefill
         d = seq.spec_d
@@ -130,6 +153,9 @@ class SpeculationMixin:
         else:
             q = self.draft.last_q(seq) if seq.spec_mode == "draft" else None
             v = spec.verify_sampled(drafts, lambda i: spec.target_dist(self._row(first + i), d), q, seq.spec_rng)
+        if seq.spec_mode == "auto":
+            seq.lookup.observe(len(drafts), v.accepted)
+            seq.metrics["spec_mode"] = "auto"
         spec.add_step(seq.metrics, len(drafts), v.accepted)
         out = drafts[:v.accepted] + [v.token]
         seq.pending, seq.inserts = None, []

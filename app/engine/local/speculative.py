@@ -19,6 +19,16 @@ import numpy as np
 LOOKUP_DRAFT = 10  # guesses per step for prompt lookup (Saxena's num_pred_tokens default)
 LOOKUP_NGRAM = (1, 3)  # n-gram sizes tried, longest first (Saxena's max_ngram_size 3; llama.cpp lookup 1..4)
 DRAFT_MODEL_DRAFT = 6  # guesses per step from a draft model (each costs one draft decode)
+# The default ("auto": docs/speculative.md, "The default"). STEP_COST[r - 1]: one llama_decode of r tokens of one
+# sequence, each with logits, in units of a one-token decode; SAMPLED_ROW_COST: target_dist of one row (sampled
+# verification, numpy) in the same unit. Measured on the bundled Gemma 3 270M Q4_K_M, 2 threads
+# (`hearth bench speculative --costs`).
+STEP_COST = (1.0, 1.71, 1.87)
+SAMPLED_ROW_COST = 0.08
+AUTO_TOP_K = 1000  # a sampled request speculates by default only with 0 < top_k <= this (bounded target_dist)
+AUTO_NGRAM = (2, 3)  # n-gram sizes of the default: a 1-gram match's guess was kept 39 % of the time (< break-even)
+AUTO_PRIOR = (1.0, 2.0)  # (kept, tried) pseudo-counts of a fresh estimate: 0.5, below break-even (no blind guess)
+AUTO_DECAY = 0.8  # weight of the earlier observations at each new one (about the last 5 steps count)
 TOP_P_PARTIAL = 256  # candidates sorted first for top-p, as llama.cpp's adaptive sort does above 1024
 
 SPEC_METRIC_KEYS = ("spec_mode", "spec_drafted", "spec_accepted", "spec_steps")
@@ -59,15 +69,111 @@ class PromptLookup:
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` guessed next tokens (``[]``: no earlier occurrence of any suffix n-gram, or k <= 0)."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """``propose(k)`` and the size n of the n-gram that matched (``([], 0)`` when none did)."""
         h = self.tokens
         L = len(h)
         if k <= 0:
-            return []
+            return [], 0
         for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
             at = self._next.get(tuple(h[L - n:]))
             if at is not None:
-                return h[at:min(at + k, L)]
-        return []
+                return h[at:min(at + k, L)], n
+        return [], 0
+
+
+def step_cost(rows: int, table: Sequence[float] = STEP_COST) -> float:
+    """The time of one ``llama_decode`` of ``rows`` tokens of one sequence, each with logits, in units of a
+    one-token decode: ``table[rows - 1]``, extended linearly past its end by its last increment."""
+    if rows <= len(table):
+        return float(table[rows - 1])
+    step = table[-1] - table[-2] if len(table) > 1 else 1.0
+    return float(table[-1] + (rows - len(table)) * step)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verification step of ``k`` guesses emits on average when each guess is kept with
+    probability ``alpha`` given the ones before it: 1 + alpha + … + alpha^k (the kept guesses, then the
+    target's own token; Leviathan et al. 2023 §3.1, with a constant acceptance rate)."""
+    return sum(alpha ** i for i in range(k + 1))
+
+
+def best_guesses(alpha: float, k_max: int, table: Sequence[float] = STEP_COST, row_cost: float = 0.0) -> int:
+    """The number of guesses k in 0 … ``k_max`` with the most expected tokens per unit of decode time:
+    ``expected_tokens(alpha, k) / (step_cost(k + 1) + row_cost · (k + 1))`` against 1 for a plain step (k = 0).
+    ``row_cost``: extra time per verified row (sampled verification's ``target_dist``), in one-token decodes.
+    Ties go to fewer guesses."""
+    best, rate = 0, 1.0
+    for k in range(1, k_max + 1):
+        r = expected_tokens(alpha, k) / (step_cost(k + 1, table) + row_cost * (k + 1))
+        if r > rate + 1e-12:
+            best, rate = k, r
+    return best
+
+
+
+class AdaptiveLookup(PromptLookup):
+    """Prompt lookup that guesses only where it pays: the default when neither the request nor the model's
+    settings name a mode (``"auto"``; docs/speculative.md, "The default").
+
+    Matches are n-grams of the ``AUTO_NGRAM`` sizes (not single tokens). Per n-gram size it keeps an estimate
+    of the acceptance rate alpha = kept ÷ tried guesses (a guess is tried when every guess before it in its
+    step was kept), from the prior ``AUTO_PRIOR``, each observation's counts added after the earlier ones are
+    weighted by ``AUTO_DECAY``. ``guess(k)`` gives:
+
+    - ``[]`` when no suffix n-gram of the history occurred before: the step decodes one token and this costs
+      the dict look-ups only;
+    - ``[]`` when ``best_guesses`` finds that no guess pays at the estimate for the matched size. The match's
+      first token is remembered, and the next ``guess`` compares it with the token the plain step emitted: a
+      free observation of one tried guess (kept when they are equal; for a sampled request they are equal
+      with probability p(guess), a point-mass guess's acceptance). So the estimate keeps learning while no
+      guesses are made, and guessing resumes once text starts repeating;
+    - else ``best_guesses(alpha, …)`` of the tokens that followed the match (at most ``k``).
+
+    ``row_cost``: the extra time per verified row in one-token decodes (``SAMPLED_ROW_COST`` for a sampled
+    request, 0 for greedy); ``table``: ``STEP_COST``. ``observe(drafted, accepted)`` records the outcome of
+    the last guesses."""
+
+    def __init__(self, tokens: Iterable[int] = (), row_cost: float = 0.0, table: Sequence[float] = STEP_COST):
+        super().__init__(tokens, *AUTO_NGRAM)
+        self.row_cost, self.table = row_cost, tuple(table)
+        self._est: dict[int, list[float]] = {}  # n-gram size -> [kept, tried], decayed
+        self._last = 0  # the n-gram size the last guesses came from
+        self._shadow: tuple[int, int, int] | None = None  # (size, history length, token) of an unmade guess
+
+    def estimate(self, n: int) -> float:
+        """The current acceptance estimate for matches of ``n`` tokens (the prior's before any observation)."""
+        kept, tried = self._est.get(n, AUTO_PRIOR)
+        return kept / tried
+
+    def _record(self, n: int, tried: int, kept: int) -> None:
+        e = self._est.setdefault(n, list(AUTO_PRIOR))
+        e[0] = e[0] * AUTO_DECAY + kept
+        e[1] = e[1] * AUTO_DECAY + tried
+
+    def guess(self, k: int) -> list[int]:
+        """This step's guesses, at most ``k`` (see the class docstring)."""
+        if self._shadow is not None:
+            n, at, token = self._shadow
+            self._shadow = None
+            if len(self.tokens) > at:
+                self._record(n, 1, int(self.tokens[at] == token))
+        toks, n = self.match(k)
+        if not toks:
+            return []
+        best = best_guesses(self.estimate(n), len(toks), self.table, self.row_cost)
+        if best == 0:
+            self._shadow = (n, len(self.tokens), toks[0])
+            return []
+        self._last = n
+        return toks[:best]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """The last ``guess`` gave ``drafted`` tokens and verification kept the first ``accepted``."""
+        if drafted > 0:
+            self._record(self._last, accepted + (accepted < drafted), accepted)
 
 
 # -- distributions ------------------------------------------------------------------------------------
@@ -301,6 +407,16 @@ def ineligible_reason(mode: str | None, d, want_logprobs: int = 0) -> str | None
         return "repetition penalties depend on every accepted token"
     if want_logprobs:
         return "logprobs were requested"
+    return None
+
+
+def auto_reason(d) -> str | None:
+    """Why the default (``"auto"``) does not speculate for decoding parameters ``d`` that ``ineligible_reason``
+    allows (None: it may). A sampled request needs 0 < top_k <= ``AUTO_TOP_K``: otherwise ``target_dist``
+    sorts up to the whole vocabulary per verified row (measured: as long as a third of a one-token decode,
+    docs/speculative.md)."""
+    if d.temperature > 0 and not 0 < d.top_k <= AUTO_TOP_K:
+        return f"sampled without a top-k in 1..{AUTO_TOP_K} (verification would sort the whole vocabulary)"
     return None
 
 
