@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from app.engine.local.engine import Engine
+from app.engine.local.layout import TAIL_SPLIT
 from app.protocol.reasoning import resolve_budget
 from app.protocol.types import ChatMessage, DecodingParams, Delta, GenerateRequest, LoadSettings, ReasoningRequest
 
@@ -114,6 +115,9 @@ def test_samples_started_after_the_first_copy_its_prompt_instead_of_prefilling(e
     assert L > 100 and first.done.metrics.cached_tokens < L - 1
     assert "copied from slot" not in first.done.metrics.cache_reuse_reason
     for d in others:
-        assert d.metrics.prompt_tokens == L and d.metrics.cached_tokens == L - 1, d.metrics.cache_reuse_reason
+        # all of the prompt but its last token, or but the short tail after the answer's turn break that goes
+        # in with it (layout.TAIL_SPLIT)
+        assert d.metrics.prompt_tokens == L and 0 < L - d.metrics.cached_tokens <= TAIL_SPLIT, d.metrics
+        assert d.metrics.cached_tokens > 100
         assert "copied from slot" in d.metrics.cache_reuse_reason and d.metrics.cache_reuse == "exact"
         assert d.metrics.completion_tokens > 0

@@ -62,7 +62,8 @@ class HearthOptions(BaseModel):
 
     Thinking (docs/reasoning.md): ``reasoning_budget`` (thinking tokens), ``reasoning_deadline_s`` (seconds
     until thinking is ended), ``answer_now`` (a line inserted after a forced end of thinking);
-    ``speculative`` ("prompt_lookup" | "draft" | null); ``self_consistency`` ``{n, extract, verifier}``. Those
+    ``speculative`` ("auto" | "prompt_lookup" | "draft" | "off" | null); ``self_consistency`` ``{n, extract,
+    verifier}``. Those
     are typed ``Any`` here on purpose: the core's validators (``reasoning_budget.resolve_budget``,
     ``GenerateRequest.validate``, ``consistency.parse_self_consistency``) check them and name the field, the
     same way for the port and the window."""
@@ -75,7 +76,8 @@ class HearthOptions(BaseModel):
     reasoning_budget: Any = Field(default=None, description="thinking tokens allowed (an integer >= 0)")
     reasoning_deadline_s: Any = Field(default=None, description="seconds from the start until thinking ends")
     answer_now: Any = Field(default=None, description="text inserted after a forced end of thinking")
-    speculative: Any = Field(default=None, description='"prompt_lookup", "draft" or null')
+    speculative: Any = Field(default=None, description='"auto", "prompt_lookup", "draft", "off" or null (the '
+                             'model\'s default: adaptive prompt lookup where it pays)')
     self_consistency: Any = Field(default=None, description="{n, extract, verifier}: sample n, vote")
     keep_alive: Any = Field(default=None, description='how long the model stays loaded after: seconds or "5m"')
 

@@ -147,7 +147,8 @@ class Engine:
     Speculative decoding (docs/speculative.md): ``draft_model``, a GGUF path with the same vocabulary, loaded
     next to the model for ``speculative="draft"`` (``ModelLoadError`` naming both when the vocabularies
     differ); ``speculative``, the model's default mode for requests that do not set
-    ``GenerateRequest.speculative`` ("prompt_lookup", "draft" or None; anything else is ``InvalidRequest``).
+    ``GenerateRequest.speculative`` ("auto", "prompt_lookup", "draft", "off", or None: "auto", adaptive prompt
+    lookup where it pays; anything else is ``InvalidRequest``).
     ``thinking_markers``: the model's own markers (``reasoning.markers_for`` overrides: ``{"start", "end",
     ...}``; None: found from the template), checked when the engine loads.
     """
