@@ -213,13 +213,7 @@ def _write_block(buf: ctypes.Array, out: np.ndarray, at: int, mod: dict[str, Any
     struct.pack_into("<II", buf, at, mod["v_trans"], len(mod["k"]))
     at += 8
     for t, row in mod["k"]:
-        struct.pack_into("<iQ", buf, at, t, row)
-        at += 12
-        for j, (a, b, payload) in enumerate(parts):
-            size = (b - a) * row
-            out[at + a * row:at + b * row] = np.frombuffer(payload, np.uint8, size, seg_off[j])
-            seg_off[j] += size
-        at += n * row
+        at = _write_rows(buf, out, at, t, row, n, parts, seg_off)
     for x in mod["v"]:
         if mod["v_trans"]:
             t, el, n_embd = x
@@ -232,12 +226,18 @@ def _write_block(buf: ctypes.Array, out: np.ndarray, at: int, mod: dict[str, Any
                 seg_off[j] += size
             at += n_embd * n * el
         else:
-            t, row = x
-            struct.pack_into("<iQ", buf, at, t, row)
-            at += 12
-            for j, (a, b, payload) in enumerate(parts):
-                size = (b - a) * row
-                out[at + a * row:at + b * row] = np.frombuffer(payload, np.uint8, size, seg_off[j])
-                seg_off[j] += size
-            at += n * row
+            at = _write_rows(buf, out, at, x[0], x[1], n, parts, seg_off)
     return at
+
+
+def _write_rows(buf: ctypes.Array, out: np.ndarray, at: int, t: int, row: int, n: int,
+                parts: Sequence[tuple[int, int, Any]], seg_off: list[int]) -> int:
+    """Write one layer's K (or untransposed V) at ``at``: its type ``t`` and row size ``row`` (bytes), then the
+    ``n`` cells' rows taken from every part in turn (advancing ``seg_off``); returns the offset after it."""
+    struct.pack_into("<iQ", buf, at, t, row)
+    at += 12
+    for j, (a, b, payload) in enumerate(parts):
+        size = (b - a) * row
+        out[at + a * row:at + b * row] = np.frombuffer(payload, np.uint8, size, seg_off[j])
+        seg_off[j] += size
+    return at + n * row
