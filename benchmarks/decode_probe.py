@@ -28,55 +28,26 @@ import statistics
 import sys
 import time
 
+from benchmarks.prefill_probe import Ctx
+
 PROMPT = ("Run {i}. The history of the lighthouse begins in antiquity, when fires on hilltops guided ships along "
           "dangerous coasts, and the keepers who tended them wrote")
 
 
-class Raw:
-    """The ceiling: a bare llama-cpp-python decode loop with the engine's context shape."""
-
-    def __init__(self, path: str, settings, n_seq: int) -> None:
-        import llama_cpp
-
-        from app.engine.local.llama import _context_with_sequences, llama_kwargs
-
-        kw = llama_kwargs(settings)
-        kw["n_ctx"] = settings.n_ctx * n_seq
-        with _context_with_sequences(n_seq):
-            self.llm = llama_cpp.Llama(model_path=path, **kw)
-        self.lib = llama_cpp
-        self.ctx = self.llm._ctx.ctx
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
-        self.batch = llama_cpp.llama_batch_init(settings.n_batch, 0, 1)
-        self.n_vocab = self.llm.n_vocab()
-
-    def _decode(self, toks: list[int], pos0: int) -> None:
-        b = self.batch
-        for i, t in enumerate(toks):
-            b.token[i], b.pos[i], b.n_seq_id[i] = t, pos0 + i, 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = i == len(toks) - 1
-        b.n_tokens = len(toks)
-        if self.lib.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
-
-    def _argmax(self) -> int:
-        import numpy as np
-
-        row = np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
-        return int(row.argmax())
+class Raw(Ctx):
+    """The ceiling: a bare llama-cpp-python decode loop with the engine's context shape (``prefill_probe.Ctx``)."""
 
     def run(self, prompt: str, n: int) -> dict:
         self.lib.llama_memory_clear(self.mem, True)
         t0 = time.perf_counter()
         toks = self.llm.tokenize(prompt.encode(), add_bos=True, special=False)
-        self._decode(toks, 0)
-        tok = self._argmax()
+        self.decode(toks, 0)
+        tok = self.argmax()
         times, out, pos = [time.perf_counter()], [tok], len(toks)
         for _ in range(n - 1):
-            self._decode([tok], pos)
+            self.decode([tok], pos)
             pos += 1
-            tok = self._argmax()
+            tok = self.argmax()
             self.llm._model.detokenize([tok], special=False)
             out.append(tok)
             times.append(time.perf_counter())

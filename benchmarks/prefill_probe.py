@@ -34,20 +34,28 @@ CONFIGS = [  # (name, n_batch, n_ubatch, swa_full)
 ]
 
 
-class Ctx:
-    """One loaded context and a ``llama_batch`` of its ``n_batch`` tokens."""
+def _settings(n_ctx: int, n_batch: int, n_ubatch: int, swa_full: bool):
+    """The probe's load settings: flash attention, f16 KV, the given batch sizes and sliding-window cache."""
+    from app.protocol.types import LoadSettings
 
-    def __init__(self, path: str, n_ctx: int, n_batch: int, n_ubatch: int, swa_full: bool, n_seq: int = 1) -> None:
+    return LoadSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, swa_full=swa_full, flash_attn=True,
+                        type_k="f16", type_v="f16")
+
+
+class Ctx:
+    """One loaded context with the engine's shape for ``settings`` (``LoadSettings``; ``n_seq`` sequences in a
+    non-unified KV cache) and a ``llama_batch`` of its ``n_batch`` tokens."""
+
+    def __init__(self, path: str, settings, n_seq: int = 1) -> None:
         import llama_cpp
 
         from app.engine.local.llama import _context_with_sequences, llama_kwargs
-        from app.protocol.types import LoadSettings
 
-        kw = llama_kwargs(LoadSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, swa_full=swa_full,
-                                       flash_attn=True, type_k="f16", type_v="f16"))
-        kw["n_ctx"] = n_ctx * n_seq
+        kw = llama_kwargs(settings)
+        kw["n_ctx"] = settings.n_ctx * n_seq
         with _context_with_sequences(n_seq):
             self.llm = llama_cpp.Llama(model_path=path, **kw)
+        n_batch = settings.n_batch
         self.lib, self.n_batch = llama_cpp, n_batch
         self.ctx = self.llm._ctx.ctx
         self.mem = llama_cpp.llama_get_memory(self.ctx)
@@ -106,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = str(resolve_model(args.model))
     n_ctx = 4096
-    ctxs = {name: Ctx(path, n_ctx, b, u, swa) for name, b, u, swa in CONFIGS}
+    ctxs = {name: Ctx(path, _settings(n_ctx, b, u, swa)) for name, b, u, swa in CONFIGS}
     if args.hearth:
-        ctxs["hearth (4 seq, b256, swa_full)"] = Ctx(path, n_ctx, 256, 256, True, n_seq=4)
+        ctxs["hearth (4 seq, b256, swa_full)"] = Ctx(path, _settings(n_ctx, 256, 256, True), n_seq=4)
     first = next(iter(ctxs.values()))
     text = UNIT * (args.prompt_tokens // 30 + 2)
     toks = first.llm.tokenize(text.encode(), add_bos=True, special=False)[:args.prompt_tokens]
