@@ -41,7 +41,8 @@ class Raw(Ctx):
         self.lib.llama_memory_clear(self.mem, True)
         t0 = time.perf_counter()
         toks = self.llm.tokenize(prompt.encode(), add_bos=True, special=False)
-        self.decode(toks, 0)
+        for a in range(0, len(toks), self.n_batch):
+            self.decode(toks[a:a + self.n_batch], a)
         tok = self.argmax()
         times, out, pos = [time.perf_counter()], [tok], len(toks)
         for _ in range(n - 1):

@@ -137,6 +137,18 @@ def test_adaptive_guesses_only_after_its_matches_proved_right():
     assert al.guess(2) == [11, 12] and al.estimate(3) > 0.6  # two guesses pay at this estimate
 
 
+def test_adaptive_follows_the_row_being_copied_not_the_latest_one():
+    """Rows of one template (a ledger: "On day D the SHIP came in from ..."): the history's last 3 tokens occur
+    in every row and their latest occurrence is the last row; the longest agreement before them picks the
+    row being copied."""
+    rows = [[100 + r, 1, 2, 3, 4, 200 + r, 5] for r in range(6)]
+    history = [t for row in rows for t in row] + rows[2][:5]  # copying row 2, up to "102 1 2 3 4"
+    assert PromptLookup(history, 2, 3).propose(2) == [205, 5]  # the latest "2 3 4": the last row's
+    assert AdaptiveLookup(history).match(2) == ([202, 5], 3)
+    copied = [t for row in rows for t in row] + rows[2] + [103]  # row 2 done, row 3 begun
+    assert AdaptiveLookup(copied).match(2) == ([1, 2], 3)
+
+
 def drive(truth: list[int], n_prompt: int, k: int = 2) -> tuple[list[int], float, int]:
     """Greedy speculation with the default's policy over a known answer ``truth[n_prompt:]`` (the tokens plain
     greedy decoding emits): guesses per step, the time in one-token decodes (``step_cost``), tokens."""

@@ -27,6 +27,8 @@ STEP_COST = (1.0, 1.71, 1.87)
 SAMPLED_ROW_COST = 0.08
 AUTO_TOP_K = 1000  # a sampled request speculates by default only with 0 < top_k <= this (bounded target_dist)
 AUTO_NGRAM = (2, 3)  # n-gram sizes of the default: a 1-gram match's guess was kept 39 % of the time (< break-even)
+AUTO_CONTEXT = 32  # the default compares up to this many tokens before a match to pick among its occurrences
+AUTO_CANDIDATES = 64  # … over at most this many of the latest occurrences of the history's last 2 tokens
 AUTO_PRIOR = (1.0, 2.0)  # (kept, tried) pseudo-counts of a fresh estimate: 0.5, below break-even (no blind guess)
 AUTO_DECAY = 0.8  # weight of the earlier observations at each new one (about the last 5 steps count)
 TOP_P_PARTIAL = 256  # candidates sorted first for top-p, as llama.cpp's adaptive sort does above 1024
@@ -118,12 +120,16 @@ class AdaptiveLookup(PromptLookup):
     """Prompt lookup that guesses only where it pays: the default when neither the request nor the model's
     settings name a mode (``"auto"``; docs/speculative.md, "The default").
 
-    Matches are n-grams of the ``AUTO_NGRAM`` sizes (not single tokens). Per n-gram size it keeps an estimate
+    Matches come from the occurrence, among the latest ``AUTO_CANDIDATES`` of the history's last 2 tokens, that
+    agrees with the history over the most tokens before it (up to ``AUTO_CONTEXT``; the latest among equals):
+    in text that repeats a template (ledger rows, code lines, JSON records) the latest occurrence of a 2- or
+    3-token n-gram is often another row than the one being copied, and the longest agreement finds the right
+    one (docs/speculative.md, "The default"). The matched length n (2, or 3 for 3 and more) keys an estimate
     of the acceptance rate alpha = kept ÷ tried guesses (a guess is tried when every guess before it in its
     step was kept), from the prior ``AUTO_PRIOR``, each observation's counts added after the earlier ones are
     weighted by ``AUTO_DECAY``. ``guess(k)`` gives:
 
-    - ``[]`` when no suffix n-gram of the history occurred before: the step decodes one token and this costs
+    - ``[]`` when the history's last 2 tokens never occurred before: the step decodes one token and this costs
       the dict look-ups only;
     - ``[]`` when ``best_guesses`` finds that no guess pays at the estimate for the matched size. The match's
       first token is remembered, and the next ``guess`` compares it with the token the plain step emitted: a
@@ -137,11 +143,42 @@ class AdaptiveLookup(PromptLookup):
     the last guesses."""
 
     def __init__(self, tokens: Iterable[int] = (), row_cost: float = 0.0, table: Sequence[float] = STEP_COST):
+        self._occ: dict[tuple[int, int], list[int]] = {}  # 2-gram -> indices of the token after each occurrence
         super().__init__(tokens, *AUTO_NGRAM)
         self.row_cost, self.table = row_cost, tuple(table)
-        self._est: dict[int, list[float]] = {}  # n-gram size -> [kept, tried], decayed
-        self._last = 0  # the n-gram size the last guesses came from
+        self._est: dict[int, list[float]] = {}  # matched size -> [kept, tried], decayed
+        self._last = 0  # the matched size the last guesses came from
         self._shadow: tuple[int, int, int] | None = None  # (size, history length, token) of an unmade guess
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append ``tokens`` (emitted, final) to the history."""
+        h, occ = self.tokens, self._occ
+        for t in tokens:
+            i = len(h)
+            if i >= 2:
+                occ.setdefault((h[i - 2], h[i - 1]), []).append(i)
+            h.append(int(t))
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """Up to ``k`` tokens after the best occurrence of the history's last 2 tokens (see the class) and its
+        size: the tokens it agrees over, capped at ``AUTO_NGRAM[-1]``; ``([], 0)`` when there is none."""
+        h = self.tokens
+        L = len(h)
+        if k <= 0 or L < 3:
+            return [], 0
+        occ = self._occ.get((h[L - 2], h[L - 1]))
+        if not occ:
+            return [], 0
+        best_at, best_n = 0, 0
+        for at in reversed(occ[-AUTO_CANDIDATES:]):
+            n, top = 2, min(AUTO_CONTEXT, at)
+            while n < top and h[at - n - 1] == h[L - n - 1]:
+                n += 1
+            if n > best_n:
+                best_at, best_n = at, n
+                if n >= AUTO_CONTEXT:
+                    break
+        return h[best_at:min(best_at + k, L)], min(best_n, AUTO_NGRAM[-1])
 
     def estimate(self, n: int) -> float:
         """The current acceptance estimate for matches of ``n`` tokens (the prior's before any observation)."""
