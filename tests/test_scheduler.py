@@ -293,6 +293,57 @@ def test_idle_work_runs_only_while_nothing_waits_or_runs_and_yields_to_a_new_req
     assert all(m[0] == "ok" for m in replies(sent).values())
 
 
+def test_idle_work_the_runtime_defers_waits_on_the_inbox():
+    """A runtime whose idle work is not due yet (``idle_delay`` > 0: the disk cache's save grace) makes the idle
+    scheduler wait on its inbox, not spin: a request that follows within the delay (an agent's next step) is
+    admitted before the idle work, and the work runs once it is due."""
+    import threading
+
+    grace = 0.3
+
+    class Deferring(Scripted):
+        def __init__(self):
+            super().__init__(n_slots=1)
+            self.left_at = 0.0
+            self.idle_at: list[float] = []
+            self.delays = 0
+
+        def end(self, seq, clean):
+            self.left_at = time.perf_counter()
+
+        def idle_delay(self):
+            self.delays += 1
+            return max(0.0, self.left_at + grace - time.perf_counter())
+
+        def idle_step(self):
+            if self.idle_delay() > 0:
+                return True
+            self.steps.append(("idle",))
+            self.idle_at.append(time.perf_counter())
+            return False
+
+    rt = Deferring()
+    inbox: queue.Queue = queue.Queue()
+    sent: list[tuple] = []
+
+    def feed():
+        for rid in (1, 2, 3):
+            inbox.put(("submit", rid, "generate", req(2)))
+            while rid not in replies(sent):
+                time.sleep(0.001)
+        time.sleep(grace + 0.3)
+        inbox.put(("close",))
+
+    t = threading.Thread(target=feed)
+    t.start()
+    Scheduler(rt, collector(sent)).run(inbox)
+    t.join()
+    kinds = [s[0] for s in rt.steps]
+    assert kinds.count("idle") == 1 and kinds[-1] == "idle"  # not between the requests: once, after the last
+    assert rt.idle_at[0] - rt.left_at >= grace * 0.95
+    assert rt.delays < 20  # it waited on the inbox, it did not spin
+
+
 def test_a_runtime_without_idle_work_blocks_on_the_inbox():
     rt = Scripted(n_slots=1)
     sent = serve(rt, [("submit", 1, "generate", req(2))])

@@ -169,7 +169,8 @@ class SeqRuntime(Protocol):
     def cache_stats(self) -> dict: ...
 
     # Optional: ``idle_step() -> bool`` runs one short step of idle work (True while more remains); the
-    # scheduler calls it only while no request waits or runs (``Runtime.idle_step``).
+    # scheduler calls it only while no request waits or runs (``Runtime.idle_step``). Optional too:
+    # ``idle_delay() -> float``, the seconds until the next step is due (it then waits on its inbox).
 
 
 class _Waiting:
@@ -207,11 +208,16 @@ class Scheduler:
     def run(self, inbox: "queue.Queue[tuple]") -> None:
         """Serve until ``("close",)``. While no request waits or runs, the runtime's idle work
         (``SeqRuntime.idle_step``: the last answer laid out for the next turn) runs one short step at a time
-        between looks at the inbox."""
+        between looks at the inbox; work the runtime defers (``idle_delay``) waits on the inbox meanwhile."""
         while True:
             idle = not self.active and not self.waiting
             try:
-                msg = inbox.get() if idle and not self._idle_work else inbox.get_nowait()
+                if idle and not self._idle_work:
+                    msg = inbox.get()
+                elif idle and (delay := self._idle_delay()) > 0:
+                    msg = inbox.get(timeout=delay)
+                else:
+                    msg = inbox.get_nowait()
                 while True:
                     if not self._handle(msg):
                         return
@@ -236,6 +242,11 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - idle work must never end the engine
             log.exception("idle work failed")
             self._idle_work = False
+
+    def _idle_delay(self) -> float:
+        """Seconds until the runtime's next idle step is due (``idle_delay``; 0 for a runtime without it)."""
+        delay = getattr(self.rt, "idle_delay", None)
+        return float(delay()) if delay is not None else 0.0
 
     def _gather(self, inbox: "queue.Queue[tuple]") -> bool:
         """The idle engine just got a request: take the messages that follow it within ``GATHER_QUIET_S`` of
@@ -414,7 +425,7 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - bookkeeping must not hide the request's own reply
             log.exception("ending a sequence failed")
         self.free.append(seq.slot)
-        self._idle_work = True
+        self._idle_work = getattr(self.rt, "idle_step", None) is not None
         if bug:
             self.send(("bug", seq.rid, bug))
         elif error is not None:

@@ -4,6 +4,7 @@ bit for bit (``SettleMixin.idle_step``; docs/prefix-cache.md, "The answer, laid 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from app.engine.local.layout import next_bound, usable
@@ -15,6 +16,10 @@ log = logging.getLogger("app.engine.local.runtime")
 
 SETTLE_MAX_TOKENS = 2048  # tokens of an answer's turn re-laid out while idle, at most (``idle_step``)
 SETTLE_PROBE = "\u2026"  # the next user message stand-in whose turn opening ends the settled prefix
+SAVE_GRACE_S = 0.3  # a slot is saved to the disk cache once it has been unused this long (seconds): an agent
+# or a script sends its next request within milliseconds of the last answer, and that request waited for the
+# capture of the KV state (measured: queue 90-150 ms for a 500-token prompt right after another); a person
+# reading the answer leaves seconds. The engine saves every slot when it closes, whatever the grace.
 
 
 class _Settle:
@@ -44,8 +49,8 @@ class SettleMixin:
     def idle_step(self) -> bool:
         """One step of idle work (the scheduler calls it while no request waits or runs): lay the last
         answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call, then
-        save the chunks of the slots used since to the disk cache, one slot per call (``_save_one``). Returns
-        True while more remains.
+        save the chunks of the slots used since to the disk cache, one slot per call (``_save_one``), each once
+        it has been unused ``SAVE_GRACE_S`` (``idle_delay``). Returns True while more remains.
 
         Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
         decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
@@ -61,7 +66,8 @@ class SettleMixin:
         ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
         try:
             if not self._settling and not self._settle_wanted and self._save_wanted:
-                self._save_one()
+                if self.idle_delay() <= 0:
+                    self._save_one()
                 return bool(self._save_wanted)
             if not self._settling:
                 while self._settle_wanted and not self._settling:
@@ -81,9 +87,20 @@ class SettleMixin:
             self._settling.clear()
         return bool(self._settling or self._settle_wanted or self._save_wanted)
 
-    def _save_one(self) -> None:
-        """Save one slot's chunks that the disk cache does not hold yet (``PrefixCache.save_slot``)."""
-        sid = self._save_wanted.pop()
+    def idle_delay(self) -> float:
+        """Seconds until the next idle step is due: 0 while an answer is being laid out or waits to be, else
+        until the least recently used slot waiting for a save has been unused ``SAVE_GRACE_S``."""
+        if self._settling or self._settle_wanted or not self._save_wanted:
+            return 0.0
+        due = min(self.slots[sid].last_used for sid in self._save_wanted) + SAVE_GRACE_S
+        return max(0.0, due - time.perf_counter())
+
+    def _save_one(self, sid: int | None = None) -> None:
+        """Save one slot's chunks that the disk cache does not hold yet (``PrefixCache.save_slot``): ``sid``,
+        else the least recently used of those waiting."""
+        if sid is None:
+            sid = min(self._save_wanted, key=lambda i: self.slots[i].last_used)
+        self._save_wanted.discard(sid)
         if self.prefix_cache is not None:
             self.prefix_cache.save_slot(self, self.slots[sid])
 
