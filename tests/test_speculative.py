@@ -529,3 +529,13 @@ def test_chi_square_pools_small_cells_and_two_sample():
     assert chi_square_sf(stat, dof) < 1e-10
     with pytest.raises(ValueError):
         chi_square([1.0, 2.0], [1.0])
+
+
+def test_depth_buckets_follow_the_kv_length_at_which_kernels_change():
+    """The exact verification batch is measured per bucket: every step in a bucket sees one padded KV length
+    class (llama.cpp's split-KV attention for a lone row from 512 padded cells on)."""
+    from app.engine.local.speculation import PROBE_ROWS, depth_bucket
+
+    assert depth_bucket(0) == depth_bucket(256 - PROBE_ROWS) == 256  # every probed row within 256 cells
+    assert depth_bucket(256 - PROBE_ROWS + 1) == 512 and depth_bucket(504) == 512
+    assert depth_bucket(505) == 1024 and depth_bucket(3000) == 4096

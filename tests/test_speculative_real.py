@@ -139,3 +139,23 @@ def test_sampled_histogram_consistent_with_plain_sampling(engine, plain_pairs, m
     b = np.array([fast.get(c, 0) for c in cells])
     stat, dof = chi_square_two_sample(a, b)
     assert chi_square_sf(stat, dof) > 1e-3, (stat, dof, cells, a, b)
+
+
+def test_greedy_text_identical_past_256_tokens_of_kv(engine):
+    """Past ~256 tokens of f16 KV llama.cpp's CPU flash attention gives a one-token step a split-KV path that a
+    verification batch does not take, so the exact batch size is measured per depth bucket
+    (``speculation.depth_bucket``): on ledgers of ~490 tokens copied out again, after short prompts measured
+    the shallow bucket first, every mode's greedy text is the plain one, token for token."""
+    import random
+
+    from benchmarks.load_bench import quote_prompt
+
+    engine.complete(greedy(items(1)[0][1], "prompt_lookup", 8))  # the shallow bucket is measured first
+    rng = random.Random(41)
+    for _ in range(2):
+        prompt = quote_prompt(rng)
+        plain_ids, plain = _ids(engine, greedy(prompt, "off", 96, ()))
+        for mode in (None, "prompt_lookup", "draft"):
+            ids, done = _ids(engine, greedy(prompt, mode, 96, ()))
+            assert ids == plain_ids, mode
+            assert done.metrics.prompt_tokens > 400

@@ -100,7 +100,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
                                    self.meta.get("thinking_markers"))
         self.turn_breaks = self._turn_breaks()
         self.spec_default = self.meta.get("speculative")  # the model's default mode (a request's own wins)
-        self._spec_cap: int | None = None  # guesses per step that keep decoding exact (measured on first use)
+        self._spec_cap: dict[int, int] = {}  # depth bucket -> guesses per step that keep decoding exact
         self.draft = None
         if self.meta.get("draft_model"):
             self.draft = DraftModel(self.meta["draft_model"], settings, self.n_slots, self)

@@ -17,8 +17,22 @@ from app.protocol.types import GenerateRequest, LoadSettings
 log = logging.getLogger("app.engine.local.runtime")
 
 
+PROBE_ROWS = 8  # tokens ``_probe_exact_rows`` evaluates after the slot's KV
+
+
+def depth_bucket(kv: int) -> int:
+    """The depth bucket of a verification step after ``kv`` tokens of KV: the power of two ≥ kv + ``PROBE_ROWS``
+    (at least 256). llama.cpp's kernels change with the KV length: its CPU flash attention gives a lone query
+    row a split-KV path (the KV cut across threads, partial sums reduced) once the padded KV reaches 512
+    cells, so past 256 tokens of f16 KV a one-token step sums in another order than a row of a verification
+    batch (measured here: 2 and 3 rows exact up to ~250 tokens of KV, off by up to 1.1 in a logit beyond;
+    docs/speculative.md, "Exactness"). The exact batch size is measured per bucket."""
+    return max(256, 1 << (kv + PROBE_ROWS - 1).bit_length())
+
+
 class SpeculationMixin:
-    """``Runtime``'s speculative decoding (it holds ``slots``, ``draft``, ``spec_default``, ``_spec_cap``)."""
+    """``Runtime``'s speculative decoding (it holds ``slots``, ``draft``, ``spec_default``, ``_spec_cap``: depth
+    bucket → guesses per step that keep decoding exact)."""
 
     def _plan_speculation(self, seq: LlamaSeq, request: GenerateRequest, d) -> None:
         """Decide whether ``seq`` speculates: the request's ``speculative`` mode, else the model's default, else
@@ -50,22 +64,25 @@ class SpeculationMixin:
 
     def spec_cap(self, seq: LlamaSeq) -> int:
         """Guesses per step at most: ``HEARTH_SPEC_MAX_DRAFT`` when set (for measurements; may break exactness),
-        else the most that keep the target's logits bit for bit those of one-token steps
-        (``_probe_exact_rows`` − 1, measured once on ``seq``'s slot), and at most ``LOOKUP_DRAFT`` /
-        ``DRAFT_MODEL_DRAFT``."""
+        else the most that keep the target's logits bit for bit those of one-token steps at this depth
+        (``_probe_exact_rows`` − 1, measured once per depth bucket, ``depth_bucket``, on ``seq``'s slot), and at
+        most ``LOOKUP_DRAFT`` / ``DRAFT_MODEL_DRAFT``."""
         most = spec.DRAFT_MODEL_DRAFT if seq.spec_mode == "draft" else spec.LOOKUP_DRAFT
         env = os.environ.get("HEARTH_SPEC_MAX_DRAFT")
         if env:
             return max(0, int(env))
-        if self._spec_cap is None:
+        bucket = depth_bucket(len(self.slots[seq.slot].tokens))
+        cap = self._spec_cap.get(bucket)
+        if cap is None:
             rows = self._probe_exact_rows(seq)
             if rows is None:  # no room in this slot's context: no guesses now, probe on a later step
                 return 0
-            self._spec_cap = rows - 1
-            log.info("speculative decoding: %d guesses per step keep the logits exact", self._spec_cap)
-        return min(most, self._spec_cap)
+            cap = self._spec_cap[bucket] = rows - 1
+            log.info("speculative decoding: %d guesses per step keep the logits exact with up to %d tokens of KV",
+                     cap, bucket)
+        return min(most, cap)
 
-    def _probe_exact_rows(self, seq: LlamaSeq, most: int = 8) -> int | None:
+    def _probe_exact_rows(self, seq: LlamaSeq, most: int = PROBE_ROWS) -> int | None:
         """The largest batch of one sequence's tokens (≤ ``most``) whose logits equal, bit for bit, those of
         the same tokens evaluated one per ``llama_decode``. llama.cpp's CPU matmuls switch kernels with the
         number of rows: measured on this build with the bundled Q4_K_M model, 2 and 3 rows are exact, 4 rows
@@ -126,7 +143,7 @@ class SpeculationMixin:
         if seq.spec_mode == "prompt_lookup":
             k = min(k, self.spec_cap(seq))
             return lookup.propose(k) if k > 0 else []
-        known = self._spec_cap if self._spec_cap is not None else spec.LOOKUP_DRAFT
+        known = self._spec_cap.get(depth_bucket(kv), spec.LOOKUP_DRAFT)
         guesses = lookup.guess(min(k, known)) if k > 0 else []
         return guesses[:self.spec_cap(seq)] if guesses else []
 
