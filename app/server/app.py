@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
 from app.protocol.reasoning import SETTING_KEYS
-from app.server import convert, embeddings, messages, responses, security
+from app.server import convert, embeddings, messages, ollama, responses, security
 from app.server.documents import Documents
 from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for
 from app.server.metrics import ServerMetrics
@@ -114,6 +114,7 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
     _routes(app, st)
     responses.routes(app, st)
     messages.routes(app, st)
+    ollama.routes(app, st)
     hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
     security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
                      on_error=lambda e: st.metrics.error(e.type, e.code))
