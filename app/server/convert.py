@@ -14,7 +14,7 @@ from typing import Any, Optional
 from app.assistant.turn import Caller
 from app.engine.chat.tools import check_tool_grammars, parse_tool_choice, parse_tools
 from app.errors import InvalidRequest
-from app.protocol.tools import ToolCall
+from app.protocol.tools import ToolCall, ToolChoice
 from app.protocol.types import ChatMessage, DecodingParams, GenerateRequest
 from app.server import reasoning
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -58,10 +58,11 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
     messages = _messages(body.messages)
     max_tokens = _max_tokens(body, body.max_completion_tokens, "max_completion_tokens")
     lp = _chat_logprobs(body)
-    dec = _decoding(body, max_tokens, grammar_for(body.response_format))
     tools = parse_tools(body.tools)
-    choice = parse_tool_choice(body.tool_choice, tools)
-    check_tool_grammars(tools, choice)
+    choice, grammar = tools_with_format(messages, parse_tool_choice(body.tool_choice, tools),
+                                        grammar_for(body.response_format))
+    dec = _decoding(body, max_tokens, grammar)
+    check_tool_grammars(tools, ToolChoice("required") if grammar and choice.mode == "auto" and tools else choice)
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
     base = _request(body, options, messages=messages, decoding=dec, want_logprobs=_want(lp), tools=tools,
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
@@ -96,6 +97,20 @@ def completion_plan(body: CompletionRequest, model: str, options: Optional[PortO
         index.extend([i] * body.n)
     sc = reasoning.self_consistency(body, options, reqs[0], prompts=len(prompts), logprobs=lp is not None)
     return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp, consistency=sc)
+
+
+def tools_with_format(messages: tuple[ChatMessage, ...], choice: ToolChoice,
+                      grammar: Optional[str]) -> tuple[ToolChoice, Optional[str]]:
+    """``(tool_choice, decoding grammar)`` of a turn with tools and a ``response_format`` grammar (docs/server.md,
+    'Tools with structured output'): a forced ``choice`` forces its call and the format waits for the turn
+    after the tool results (messages ending with a ``tool`` message), which answers in the format and calls
+    nothing ("none"); under "auto" the grammar is kept and the engine joins it to the tools' calls
+    (``ToolFormat.grammar``'s ``answer``: a call *or* an answer in the format); "none" answers in the format."""
+    if grammar is None or not choice.forces_call:
+        return choice, grammar
+    if messages and messages[-1].role == "tool":
+        return ToolChoice("none"), grammar
+    return choice, None
 
 
 def check_text(node: Any, path: str = "") -> None:

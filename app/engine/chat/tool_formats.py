@@ -73,6 +73,17 @@ def _rename(body: str, names: set[str], prefix: str) -> str:
     return "".join(out)
 
 
+def _answer_rules(answer: str) -> str:
+    """``root ::= calls | a-root`` and ``answer``'s rules renamed ``a-…`` (tool rules are ``t<i>-…``,
+    ``call…`` and ``calls``: no name is shared)."""
+    try:
+        rules = prefixed_rules(answer, "a-")
+    except ValueError as exc:
+        raise InvalidRequest(f"cannot combine the response_format grammar with the tools: {exc}",
+                             param="response_format") from None
+    return "root ::= calls | a-root\n" + "\n".join(rules) + "\n"
+
+
 def _canonical(arguments: str) -> str:
     """Arguments as a template's ``tojson`` writes them (", " and ": "); the raw text if it is not JSON."""
     try:
@@ -117,16 +128,25 @@ class ToolFormat:
         results of one family's "user" turns belong in one turn, joined by a newline."""
         raise NotImplementedError
 
-    def grammar(self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool) -> str | None:
+    def grammar(self, tools: Sequence[ToolSpec], choice: ToolChoice, parallel: bool,
+                answer: str | None = None) -> str | None:
         """GBNF (llama.cpp syntax, start rule ``root``) that allows only this family's call text: one call
         (``parallel`` False) or one or more, of any tool ("required") or of the named one. None when
-        ``choice`` does not force a call ("auto", "none"). Raises ``InvalidRequest(param="tool_choice")``
-        when ``choice`` asks for a tool that is not in ``tools``."""
+        ``choice`` does not force a call ("auto", "none"), except "auto" with ``answer``: then the grammar
+        allows a call of any tool *or* a text of ``answer`` (GBNF whose start rule is ``root``, as the schema
+        converter writes it: the ``response_format`` grammar), one alternation at the root. Raises
+        ``InvalidRequest(param="tool_choice")`` when ``choice`` asks for a tool that is not in ``tools``, and
+        ``InvalidRequest(param="response_format")`` for an ``answer`` this reader cannot take apart."""
+        if choice.mode == "auto" and answer and tools:
+            return self._call_rules(list(tools), parallel, "calls") + _answer_rules(answer)
         if not choice.forces_call:
             return None
-        chosen = forced_tools(tools, choice)
+        return self._call_rules(forced_tools(tools, choice), parallel, "root")
+
+    def _call_rules(self, chosen: list[ToolSpec], parallel: bool, start: str) -> str:
+        """The rules of calls of ``chosen``, starting at rule ``start``."""
         # Tool i's schema rules are all named t<i>-…; the rules written here never start that way.
-        lines = [f"root ::= {self._root_rule(parallel)}",
+        lines = [f"{start} ::= {self._root_rule(parallel)}",
                  "call ::= " + " | ".join(f"call-{i}" for i in range(len(chosen)))]
         for i, tool in enumerate(chosen):
             lines.append(f"call-{i} ::= {self._call_rule(tool.name, f't{i}-root')}")

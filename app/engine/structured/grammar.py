@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def schema_to_gbnf(schema: Any) -> str:
     if not isinstance(schema, dict):
         raise InvalidRequest("response_format.json_schema.schema must be a JSON object",
                              param="response_format")
+    schema = bounded_ints(schema)
     problem = _unbuildable(schema, "schema")
     if problem:
         raise InvalidRequest(f"cannot compile this JSON schema into a grammar: {problem}", param="response_format")
@@ -68,6 +70,72 @@ def _unbuildable(node: Any, path: str) -> str | None:
             if why:
                 return why
     return None
+
+
+# The converter ignores ``minimum``/``maximum``; an integer between bounds this close is written as the list of
+# its values instead (an ``enum``, which it does enforce), so pydantic's ``Field(ge=1, le=5)`` is kept by the
+# grammar itself. Wider ranges are left to the check after generation.
+MAX_ENUM_RANGE = 64
+RANGE_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_DATA_KEYS = ("enum", "const", "default", "examples", "required")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def int_range(node: Any) -> range | list[int] | None:
+    """The integers ``node`` allows when it is ``{"type": "integer"}`` with a lower and an upper bound
+    (``minimum``/``exclusiveMinimum``, ``maximum``/``exclusiveMaximum``, numbers; an integer ``multipleOf``
+    filters them) spanning at most ``MAX_ENUM_RANGE`` values; None for any other node (it may be empty)."""
+    if not isinstance(node, dict) or node.get("type") != "integer" or "enum" in node or "const" in node:
+        return None
+    lo = _bound(node, "minimum", "exclusiveMinimum", math.ceil, 1)
+    hi = _bound(node, "maximum", "exclusiveMaximum", math.floor, -1)
+    step = node.get("multipleOf", 1)
+    if lo is None or hi is None or not _number(step) or step != int(step) or step <= 0:
+        return None
+    if hi - lo + 1 > MAX_ENUM_RANGE:
+        return None
+    return [v for v in range(lo, hi + 1) if v % int(step) == 0]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bound(node: dict, inclusive: str, exclusive: str, rounding: Any, nudge: int) -> int | None:
+    """The tightest integer bound of ``node`` on one side (None when it has none, or a bound is not a number)."""
+    found = []
+    if inclusive in node:
+        if not _number(node[inclusive]):
+            return None
+        found.append(int(rounding(node[inclusive])))
+    if exclusive in node:
+        v = node[exclusive]
+        if not _number(v):
+            return None
+        # the first integer strictly past v: floor(v) + 1 from below, ceil(v) - 1 from above
+        found.append(int(math.floor(v)) + 1 if nudge > 0 else int(math.ceil(v)) - 1)
+    if not found:
+        return None
+    return max(found) if nudge > 0 else min(found)
+
+
+def bounded_ints(node: Any) -> Any:
+    """``node`` (a schema) with every integer of ``int_range`` written as ``{"enum": [its values]}`` (its
+    other keywords, e.g. ``description``, kept); a new object, ``node`` is not changed."""
+    if isinstance(node, list):
+        return [bounded_ints(sub) for sub in node]
+    if not isinstance(node, dict):
+        return node
+    values = int_range(node)
+    if values is not None:
+        node = {k: v for k, v in node.items() if k not in RANGE_KEYS and k != "type"} | {"enum": values}
+    out = {}
+    for key, sub in node.items():
+        if key in _SCHEMA_MAPS and isinstance(sub, dict):  # name -> schema: every value is a schema
+            out[key] = {name: bounded_ints(s) for name, s in sub.items()}
+        else:
+            out[key] = sub if key in _DATA_KEYS else bounded_ints(sub)
+    return out
 
 
 def json_object_gbnf() -> str:

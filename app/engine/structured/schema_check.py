@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from app.engine.structured.grammar import RANGE_KEYS, int_range
 from app.errors import InvalidRequest
 
 MAX_SCHEMA_CHARS = 64_000
@@ -26,6 +27,10 @@ UNENFORCED = frozenset({
     "uniqueItems", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
     "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
     "unevaluatedProperties", "unevaluatedItems"})
+# What a caller that validates every answer after generation with ``jsonschema`` (tool calls:
+# ``app.engine.chat.tools.validate_call``) still catches: all of the above. ``format`` is not among them:
+# jsonschema only asserts it with a format checker.
+CHECKED_AFTER = UNENFORCED
 ENFORCED_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 
 
@@ -46,36 +51,59 @@ def check_schema(schema: Any, param: str = "response_format",
         raise InvalidRequest(f"invalid JSON schema: {exc.message}", param=param) from None
 
 
-def unenforceable(schema: Any, path: str = "schema") -> list[str]:
-    """``"'maximum' at schema.properties.age"``… for each keyword in ``schema`` the grammar would ignore."""
+def unenforceable(schema: Any, path: str = "schema", checked_after: frozenset[str] = frozenset()) -> list[str]:
+    """``"'maximum' at schema.properties.age"``… for each keyword in ``schema`` the grammar would ignore,
+    leaving out those in ``checked_after`` and the bounds of a small integer range (``grammar.int_range``: the
+    grammar lists its values)."""
     if not isinstance(schema, dict):
         return []
-    out = [f"{k!r} at {path}" for k in sorted(UNENFORCED & set(schema))]
+    ignored = UNENFORCED - checked_after
+    if int_range(schema) is not None:
+        ignored -= RANGE_KEYS
+    out = [f"{k!r} at {path}" for k in sorted(ignored & set(schema))]
     fmt = schema.get("format")
     if fmt is not None and fmt not in ENFORCED_FORMATS:
         out.append(f"format {fmt!r} at {path}")
     for key in ("properties", "$defs", "definitions"):
         for name, sub in (schema.get(key) or {}).items() if isinstance(schema.get(key), dict) else ():
-            out += unenforceable(sub, f"{path}.{key}.{name}")
+            out += unenforceable(sub, f"{path}.{key}.{name}", checked_after)
     for key in ("items", "additionalProperties"):
-        out += unenforceable(schema.get(key), f"{path}.{key}")
+        out += unenforceable(schema.get(key), f"{path}.{key}", checked_after)
     for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
         subs = schema.get(key)
         for i, sub in enumerate(subs if isinstance(subs, list) else ()):
-            out += unenforceable(sub, f"{path}.{key}[{i}]")
+            out += unenforceable(sub, f"{path}.{key}[{i}]", checked_after)
     if isinstance(schema.get("items"), list):
         for i, sub in enumerate(schema["items"]):
-            out += unenforceable(sub, f"{path}.items[{i}]")
+            out += unenforceable(sub, f"{path}.items[{i}]", checked_after)
     return out
 
 
-def refuse_unenforceable(schema: Any, param: str, label: str = "strict json_schema") -> None:
+def refuse_unenforceable(schema: Any, param: str, label: str = "strict json_schema",
+                         checked_after: frozenset[str] = CHECKED_AFTER) -> None:
     """The ``strict: true`` gate: raise ``InvalidRequest(param=param)`` naming up to five keywords of
-    ``schema`` that the grammar cannot enforce; ``label`` opens the message."""
-    ignored = unenforceable(schema)
+    ``schema`` that neither the grammar enforces nor the caller checks after generation (``checked_after``;
+    the default is a caller that validates every answer, as tool calls are); ``label`` opens the message."""
+    ignored = unenforceable(schema, checked_after=checked_after)
     if ignored:
         raise InvalidRequest(f"{label}: the grammar cannot enforce " + ", ".join(ignored[:5])
                              + "; remove these keywords or set strict to false", param=param)
+
+
+def value_problem(value: Any, schema: dict[str, Any], where: str = "answer") -> str | None:
+    """What is wrong with ``value`` (parsed JSON) under ``schema``, checked by ``jsonschema`` (formats
+    included), as one line naming the place, the keyword and the value: ``"answer.score: 7 is greater than
+    the maximum of 5 (keyword 'maximum', value 7)"``; None when it is valid. ``where`` names the root."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema)
+    error = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
+    if error is None:
+        return None
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    shown = json.dumps(error.instance, ensure_ascii=False)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"{where}{path}: {error.message} (keyword {error.validator!r}, value {shown})"
 
 
 def check_grammar(gbnf: str, param: str) -> None:
