@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from app.childhost import ChildHost, Timeouts, default_threads
-from app.errors import HearthError, ModelLoadError
+from app.errors import HearthError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,21 @@ class Embedder:
             out.extend(self.host.side("tokenize", list(texts[i:i + 1024])))
         return out
 
+    def detokenize(self, seqs: list[list[int]]) -> list[str]:
+        """The text of each list of token ids under the model's vocabulary (control tokens such as ``[CLS]``
+        give no text; invalid UTF-8 is replaced), for ``/v1/embeddings``' token-id input. Side lane, as
+        ``count_tokens``. Raises ``InvalidRequest`` (param ``input``) naming the first id outside the
+        vocabulary (``input[i][j]``), ``EngineCrashed``."""
+        out: list[str] = []
+        for i in range(0, len(seqs), 1024):
+            got = self.host.side("detokenize", [list(map(int, s)) for s in seqs[i:i + 1024]])
+            if "bad" in got:
+                k, j, t = got["bad"]
+                raise InvalidRequest(f"token id {t} at input[{i + k}][{j}] is outside the embedding model's "
+                                     f"vocabulary (0 to {got['n_vocab'] - 1})", param="input")
+            out.extend(got["texts"])
+        return out
+
     def close(self) -> None:
         """Stop the children (politely, then by force) once the request in progress is answered. A later
         request starts new ones."""
@@ -304,10 +319,22 @@ class _EmbedService:
         return (vectors / np.maximum(norms, 1e-12)).astype(np.float32).tobytes(), int(n_tokens)
 
     def side(self, op: str, args: tuple) -> Any:
+        if op == "detokenize":
+            return self._detokenize(args[0])
         if op != "tokenize":
             raise HearthError(f"unknown embedding side request {op!r}")
         (texts,) = args
         return [len(self.llm.tokenize(t.encode("utf-8"), add_bos=False)) for t in texts]
+
+    def _detokenize(self, seqs: list[list[int]]) -> dict[str, Any]:
+        """``{"texts": [...]}``, or ``{"bad": (i, j, id), "n_vocab": n}`` for the first id outside the
+        vocabulary (llama.cpp does not check ids: one out of range reads past its tables)."""
+        n = int(self.llm.n_vocab())
+        for i, ids in enumerate(seqs):
+            for j, t in enumerate(ids):
+                if not 0 <= t < n:
+                    return {"bad": (i, j, t), "n_vocab": n}
+        return {"texts": [self.llm.detokenize(ids).decode("utf-8", errors="replace") for ids in seqs]}
 
     def _embed_batched(self, texts: list[str], emit: Any) -> tuple[np.ndarray, int]:
         """Pack the texts, in order, into batches of at most ``batch_tokens`` tokens and ``max_seqs``

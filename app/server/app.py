@@ -25,7 +25,7 @@ from app.server import convert, embeddings, messages, ollama, responses, securit
 from app.server.documents import Documents
 from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for
 from app.server.metrics import ServerMetrics
-from app.server.models import ModelCatalog, loaded_id
+from app.server.models import ModelCatalog, anthropic_model, anthropic_page, loaded_id
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.server.reasoning import Defaults, PortOptions, model_default
 from app.server.service import Answer, Service
@@ -150,8 +150,13 @@ def _status_routes(app: FastAPI, st: State) -> None:
         return PlainTextResponse(st.metrics.render(st.provider()), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
-    async def list_models() -> dict:
+    async def list_models(request: Request) -> dict:
+        """Every model a request may name, the default first; Anthropic's shape (paged by ``limit``,
+        ``after_id``, ``before_id``) when the request carries an ``anthropic-version`` header."""
         data = await run_in_threadpool(st.source.listing, st.embedder)
+        if "anthropic-version" in request.headers:
+            q = request.query_params
+            return anthropic_page(data, q.get("limit"), q.get("after_id"), q.get("before_id"))
         out: dict[str, Any] = {"object": "list", "data": data}
         pool = st.source.pool_status()
         if pool is not None:
@@ -159,11 +164,11 @@ def _status_routes(app: FastAPI, st: State) -> None:
         return out
 
     @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str) -> dict:
+    async def get_model(model_id: str, request: Request) -> dict:
         data = await run_in_threadpool(st.source.listing, st.embedder)
         for m in data:
             if model_id == m["id"] or model_id == m["hearth"]["file"]:
-                return m
+                return anthropic_model(m) if "anthropic-version" in request.headers else m
         raise ModelNotFound(model_id, [m["id"] for m in data])
 
 

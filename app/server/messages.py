@@ -17,8 +17,10 @@ from typing import Any, AsyncIterator, Literal, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.structured.schema_check import check_schema, unenforceable
 from app.errors import InvalidRequest
 from app.server import convert
 from app.server import format as fmt
@@ -28,6 +30,7 @@ from app.server.openai_schema import ChatCompletionRequest, HearthOptions
 from app.server.service import ChoiceStart, Thought
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort: checked, not used
 
 
 class MessageIn(BaseModel):
@@ -54,9 +57,17 @@ class MessagesRequest(BaseModel):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
     thinking: Optional[dict[str, Any]] = None
+    output_config: Optional[dict[str, Any]] = None
+    output_format: Optional[dict[str, Any]] = None
     metadata: Optional[dict[str, Any]] = None
     keep_alive: Any = None
     hearth: Optional[HearthOptions] = None
+
+
+class CountTokensRequest(MessagesRequest):
+    """``POST /v1/messages/count_tokens``' body: a Messages body without ``max_tokens`` (ignored if sent)."""
+
+    max_tokens: Optional[StrictInt] = None  # type: ignore[assignment]
 
 
 def chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
@@ -148,9 +159,38 @@ def _tool_choice(raw: Optional[dict]) -> tuple[Any, Optional[bool]]:
     return choice, (False if raw.get("disable_parallel_tool_use") else None)
 
 
+def _output_format(body: MessagesRequest) -> Optional[dict]:
+    """The chat ``response_format`` of ``output_config.format`` (structured outputs, ``{"type": "json_schema",
+    "schema": {...}}``) or the older top-level ``output_format``; ``output_config.effort`` is checked and not
+    used (thinking is asked for with ``thinking``, docs/server.md). The schema passes ``response_format``'s
+    gates here, so errors name ``output_config.format``; Anthropic's structured outputs are guaranteed, so a
+    keyword the grammar would not enforce is refused, not ignored. Raises ``InvalidRequest``."""
+    cfg = body.output_config or {}
+    param = "output_config.format" if cfg.get("format") is not None else "output_format"
+    f = cfg.get("format") if cfg.get("format") is not None else body.output_format
+    effort = cfg.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequest(f"output_config.effort must be one of {', '.join(EFFORTS)}, got {effort!r:.40}",
+                             param="output_config.effort")
+    if f is None:
+        return None
+    if not isinstance(f, dict) or f.get("type") != "json_schema":
+        raise InvalidRequest(f'{param} must be {{"type": "json_schema", "schema": {{...}}}}, got {f!r:.80}',
+                             param=f"{param}.type")
+    schema = f.get("schema")
+    check_schema(schema, f"{param}.schema", f"{param}.schema")
+    ignored = unenforceable(schema)
+    if ignored:
+        raise InvalidRequest(f"{param}.schema: the grammar cannot enforce " + ", ".join(ignored[:5])
+                             + "; remove these keywords (the anthropic SDK's messages.parse does)",
+                             param=f"{param}.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
 def chat_body(body: MessagesRequest) -> ChatCompletionRequest:
-    """The chat-completions request an Anthropic body means. Raises ``InvalidRequest``."""
-    if body.max_tokens < 1:
+    """The chat-completions request an Anthropic body means (``max_tokens`` None: a ``CountTokensRequest``,
+    up to the end of the context). Raises ``InvalidRequest``."""
+    if body.max_tokens is not None and body.max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {body.max_tokens}", param="max_tokens")
     if body.hearth is not None and body.hearth.documents:
         raise InvalidRequest("hearth.documents is only supported on /v1/chat/completions", param="hearth.documents")
@@ -168,10 +208,12 @@ def chat_body(body: MessagesRequest) -> ChatCompletionRequest:
         effort = "none"
     elif t:
         raise InvalidRequest("thinking.type must be enabled or disabled", param="thinking.type")
+    response_format = _output_format(body)
     out = {"model": body.model, "messages": chat_messages(body), "max_tokens": body.max_tokens,
            "stop": body.stop_sequences, "stream": body.stream, "temperature": body.temperature,
            "top_p": body.top_p, "top_k": body.top_k, "tools": _tools(body.tools), "tool_choice": choice,
-           "parallel_tool_calls": parallel, "reasoning_effort": effort, "hearth": hearth or None}
+           "parallel_tool_calls": parallel, "reasoning_effort": effort, "response_format": response_format,
+           "hearth": hearth or None}
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in out.items() if v is not None})
     except ValidationError as exc:
@@ -187,6 +229,17 @@ def _usage(plan: Plan, choice: fmt.Choice) -> dict[str, Any]:
     return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
             "cache_read_input_tokens": u["prompt_tokens_details"]["cached_tokens"],
             "cache_creation_input_tokens": 0}
+
+
+def stop_of(plan: Plan, choice: fmt.Choice) -> tuple[str, Optional[str]]:
+    """``(stop_reason, stop_sequence)`` of a finished choice: ``"stop_sequence"`` and the string when the
+    engine reports (``Done.info["stop_sequence"]``) that one of the request's ``stop_sequences`` ended the
+    answer; a template's own stop string or the end-of-turn token is ``end_turn``."""
+    matched = choice.done.info.get("stop_sequence")
+    asked = plan.requests[0].decoding.stop if plan.requests else ()
+    if choice.finish_reason == "stop" and isinstance(matched, str) and matched in asked:
+        return "stop_sequence", matched
+    return STOP_REASONS.get(choice.finish_reason, "end_turn"), None
 
 
 def content_blocks(choice: fmt.Choice) -> list[dict[str, Any]]:
@@ -224,7 +277,7 @@ class MessagesAnswer:
                                "content": content, "stop_reason": None, "stop_sequence": None,
                                "usage": {"input_tokens": 0, "output_tokens": 0}}
         if choice is not None:
-            out["stop_reason"] = STOP_REASONS.get(choice.finish_reason, "end_turn")
+            out["stop_reason"], out["stop_sequence"] = stop_of(frame.plan, choice)
             out["usage"] = _usage(frame.plan, choice)
             out["hearth"] = fmt.choice_hearth(frame.plan, choice)
         return out
@@ -243,8 +296,8 @@ class MessagesAnswer:
             if isinstance(p, fmt.Choice):
                 for data in blocks.finish():
                     yield data
-                stop = STOP_REASONS.get(p.finish_reason, "end_turn")
-                yield _sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
+                stop, sequence = stop_of(frame.plan, p)
+                yield _sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": sequence},
                                              "usage": _usage(frame.plan, p),
                                              "hearth": fmt.choice_hearth(frame.plan, p)})
                 yield _sse("message_stop", {})
@@ -305,8 +358,16 @@ class _Blocks:
 ANSWER = MessagesAnswer()
 
 
+def count_tokens(engine: Any, plan: Plan) -> int:
+    """Blocking: the tokens of the prompt ``plan``'s first request would be given (template applied, tools and
+    the BOS token included), counted with ``engine``'s tokenizer (``Backend.render`` then ``tokenize``; a remote
+    engine's count is its estimate)."""
+    rendered = engine.render(plan.requests[0])
+    return len(engine.tokenize(rendered.text, add_bos=rendered.add_bos, special=True))
+
+
 def routes(app: FastAPI, st: Any) -> None:
-    """``POST /v1/messages`` on ``app`` (``st``: the app's ``State``)."""
+    """``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on ``app`` (``st``: the app's ``State``)."""
 
     @app.post("/v1/messages")
     async def create_message(body: MessagesRequest, request: Request):
@@ -317,3 +378,15 @@ def routes(app: FastAPI, st: Any) -> None:
         async def plan() -> Plan:
             return convert.chat_plan(chat, held.model, st.options(held.model))
         return await st.answer(held, plan, request, ANSWER)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(body: CountTokensRequest) -> dict:
+        """``{"input_tokens": N}``: the prompt ``POST /v1/messages`` would give the model, in its tokens."""
+        convert.check_text(body.model_dump(exclude_none=True))
+        chat = chat_body(body)
+        held = await st.hold(body)
+        try:
+            plan = convert.chat_plan(chat, held.model, st.options(held.model))
+            return {"input_tokens": await run_in_threadpool(count_tokens, held.engine, plan)}
+        finally:
+            held.release()

@@ -57,9 +57,11 @@ class ModelCatalog:
         self._load_for = load_for
         self._infos: dict[str, tuple[tuple, Any]] = {}  # path -> (file stamp, ModelInfo | None)
 
-    def entries(self, engine: Optional[Backend], embedder: Any, extra_paths: Iterable[str] = ()) -> list[Entry]:
-        """The models to list: the registry's, the loaded ``engine``'s and ``extra_paths`` when they live
-        elsewhere, and the served ``embedder``'s."""
+    def entries(self, engine: Optional[Backend], embedder: Any, extra_paths: Iterable[str] = (),
+                remotes: Iterable[str] = ()) -> list[Entry]:
+        """The models to list, the served one first: the loaded ``engine``'s (else the first of
+        ``extra_paths``, the default model's file), then the registry's, the other ``extra_paths`` when they
+        live elsewhere, the remote engines ``remotes`` (path ``""``) and the served ``embedder``'s."""
         try:
             found = list(self._entries())
         except Exception:  # noqa: BLE001 - a broken models folder must not break /v1/models
@@ -67,23 +69,29 @@ class ModelCatalog:
             found = []
         paths = [str(engine.model_path)] if engine is not None else []
         for path in [*paths, *extra_paths]:
-            if not any(Path(p) == Path(path) for _, p, _ in found):
+            if not any(_same(p, path) for _, p, _ in found):
                 from app.catalog.registry import model_id
 
-                found.insert(0, (model_id(path), path, "chat"))
+                found.append((model_id(path), path, "chat"))
+        first = next(iter([*paths, *extra_paths]), None)
+        if first is not None:  # clients pick the first model listed: the one an absent ``model`` means
+            found.sort(key=lambda e: not _same(e[1], first))
+        found += [(name, "", "chat") for name in remotes if not any(e[0] == name for e in found)]
         if embedder is not None:
             found = [e for e in found if e[0] != _stem(embedder.model_id)]
             found.append((embedder.model_id, "", "embedding"))
         return found
 
     def listing(self, engine: Optional[Backend], embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,
-                extra_paths: Iterable[str] = ()) -> list[dict[str, Any]]:
-        """``/v1/models``' ``data``. ``pool``: a ``ModelPool.status()`` (then ``loaded``, ``state`` and the
-        pool's figures come from it); ``engine``: the window's engine (its model is loaded too), or None."""
+                extra_paths: Iterable[str] = (), remotes: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """``/v1/models``' ``data``, in ``entries``' order. ``pool``: a ``ModelPool.status()`` (then ``loaded``,
+        ``state`` and the pool's figures come from it); ``engine``: the window's engine (its model is loaded
+        too), or None; ``extra_paths``, ``remotes``: as ``entries``. A remote's ``hearth.remote`` is true."""
         now = int(time.time())
         loaded = str(engine.model_path) if engine is not None else None
+        remotes = tuple(remotes)
         out = []
-        for mid, path, kind in self.entries(engine, embedder, extra_paths):
+        for mid, path, kind in self.entries(engine, embedder, extra_paths, remotes):
             try:
                 created = int(Path(path).stat().st_mtime) if path else now
             except OSError:
@@ -97,6 +105,8 @@ class ModelCatalog:
                     **self.describe(mid, path, kind)}
             if pool is not None and kind == "chat":
                 meta["pool"] = slot or {"state": "unloaded", "loaded": False}
+            if not path and mid in remotes:
+                meta["remote"] = True
             out.append({"id": mid, "object": "model", "created": created, "owned_by": "hearth", "hearth": meta})
         return out
 
@@ -191,6 +201,49 @@ def chat_capabilities(info: Any) -> dict[str, Any]:
     caps = ["chat", "tools"] + (["thinking"] if native else [])
     return {"capabilities": caps, "tool_format": tool_format(template, info.architecture, info.chat_template).name,
             "thinking": {"family": markers.family, "native": native}}
+
+
+def anthropic_model(m: dict[str, Any]) -> dict[str, Any]:
+    """One ``/v1/models`` entry in Anthropic's shape (``ModelInfo``: ``type``, ``id``, ``display_name``,
+    ``created_at`` as RFC 3339 UTC); the ``hearth`` object stays."""
+    from datetime import datetime, timezone
+
+    created = datetime.fromtimestamp(m["created"], timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": m["id"], "display_name": m["id"], "created_at": created, "hearth": m["hearth"]}
+
+
+def anthropic_page(data: list[dict[str, Any]], limit: Any = None, after_id: Optional[str] = None,
+                   before_id: Optional[str] = None) -> dict[str, Any]:
+    """``GET /v1/models`` in Anthropic's shape: ``data`` (``anthropic_model`` each, in ``data``'s order),
+    ``has_more``, ``first_id``, ``last_id``; ``limit`` (1-1000, default 20), ``after_id`` / ``before_id``
+    page through it as Anthropic's API does. Raises ``InvalidRequest`` for a bad limit or an unknown id."""
+    try:
+        n = 20 if limit is None else int(limit)
+    except (TypeError, ValueError):
+        n = 0
+    if not 1 <= n <= 1000:
+        raise InvalidRequest(f"limit must be a whole number from 1 to 1000, got {limit!r:.40}", param="limit")
+    ids = [m["id"] for m in data]
+    for name, at in (("after_id", after_id), ("before_id", before_id)):
+        if at is not None and at not in ids:
+            raise InvalidRequest(f"{name} {at!r:.80} is not a listed model id", param=name)
+    if after_id is not None:
+        page = data[ids.index(after_id) + 1:]
+        more = len(page) > n
+        page = page[:n]
+    elif before_id is not None:
+        head = data[:ids.index(before_id)]
+        page, more = head[-n:], len(head) > n
+    else:
+        page, more = data[:n], len(data) > n
+    out = [anthropic_model(m) for m in page]
+    return {"data": out, "has_more": more, "first_id": out[0]["id"] if out else None,
+            "last_id": out[-1]["id"] if out else None}
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether two model paths name one file (as written: nothing is looked up on disk)."""
+    return bool(a) and bool(b) and Path(a) == Path(b)
 
 
 def _stem(model_id: str) -> str:

@@ -131,7 +131,10 @@ class CompletionRequest(_Sampling):
 
 
 class EmbeddingRequest(_Allow):
-    input: Union[str, list[str], list[int], list[list[int]]]
+    """``POST /v1/embeddings``. ``input``: a string, a list of strings, a list of token ids (one input) or a
+    list of lists of token ids; checked item by item in ``app.server.embeddings.inputs`` so errors name it."""
+
+    input: Union[str, list[Any]] = Field(..., description="text, texts, token ids or lists of token ids")
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None

@@ -124,11 +124,16 @@ class PoolSource:
                                  "model here)", param="model")
 
     def _ids(self) -> list[str]:
-        return [m[0] for m in self.catalog.entries(None, None) if m[2] == "chat"]
+        return [m[0] for m in self.catalog.entries(None, None, self._defaults(), _remotes(self.pool))
+                if m[2] == "chat"]
+
+    def _defaults(self) -> list[str]:
+        return [self.default] if self.default else []
 
     def listing(self, embedder: Any) -> list[dict[str, Any]]:
-        """``/v1/models``' ``data``: every installed model, ``loaded`` from the pool."""
-        return self.catalog.listing(None, embedder, self.pool.status())
+        """``/v1/models``' ``data``: the default model first (``hearth serve --model FILE``'s file, listed even
+        outside the models folder), every installed model and every remote engine, ``loaded`` from the pool."""
+        return self.catalog.listing(None, embedder, self.pool.status(), self._defaults(), _remotes(self.pool))
 
     def pool_status(self) -> Optional[dict[str, Any]]:
         """The pool's ``status()``, its budget and what it uses."""
@@ -163,11 +168,18 @@ class WindowSource(EngineSource):
         return self.pooled.acquire(requested, keep_alive_s, embedder)
 
     def listing(self, embedder: Any) -> list[dict[str, Any]]:
-        """``/v1/models``: every installed model; ``loaded`` for the window's and the pool's."""
-        return self.catalog.listing(self.provider(), embedder, self.pooled.pool.status())
+        """``/v1/models``: the window's model first, every installed model and remote engine; ``loaded`` for
+        the window's and the pool's."""
+        pool = self.pooled.pool
+        return self.catalog.listing(self.provider(), embedder, pool.status(), remotes=_remotes(pool))
 
     def pool_status(self) -> Optional[dict[str, Any]]:
         return self.pooled.pool_status()
+
+
+def _remotes(pool: Any) -> tuple[str, ...]:
+    """The names of the remote engines ``pool`` serves (``local_pool``'s ``remote_names``; none for others)."""
+    return tuple(getattr(pool, "remote_names", ()))
 
 
 def _aliases(default: str) -> set[str]:
