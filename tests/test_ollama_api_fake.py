@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import httpx
 import ollama
@@ -12,8 +13,11 @@ import pytest
 from fakes import FakeEmbedder, FakeEngine, default_reply
 from gguf_writer import write_gguf
 
+from app.engine.pool import GIB, ModelPool
+from app.errors import ModelNotFound
 from app.server import ServerThread, create_app
 from app.server.models import ModelCatalog
+from app.server.ollama import model_name
 from app.settings import ServerSettings
 
 WEATHER = {"type": "function", "function": {
@@ -255,3 +259,37 @@ def test_metrics_count_ollama_generations(fake):
     client(srv).generate(model="fake-model", prompt="count me", stream=False)
     after = httpx.get(f"{srv.url}/metrics").text
     assert before != after and "hearth_" in after
+
+
+# -- many models (`hearth serve`: a pool) --------------------------------------------------------------------
+def test_pool_loads_by_name_ps_expiry_and_unload():
+    paths = {"alpha": "/m/alpha.gguf", "beta": "/m/beta.gguf"}
+    engines: list = []
+
+    def make(key, path):
+        engines.append(FakeEngine(path, reply=lambda req, k=key: f"{k}: {req.messages[-1].content}"))
+        return engines[-1]
+
+    def resolve(name):
+        name = model_name(name) or "alpha"
+        if name not in paths:
+            raise ModelNotFound(name, list(paths))
+        return name, paths[name]
+
+    pool = ModelPool(resolve, make, lambda key, path: GIB, reaper_interval_s=0)
+    app = create_app(settings=ServerSettings(), pool=pool,
+                     catalog=ModelCatalog(lambda: [(k, v, "chat") for k, v in paths.items()]))
+    try:
+        with ServerThread(app) as srv:
+            c = client(srv)
+            assert [m.model for m in c.ps().models] == []
+            r = c.chat(model="beta:latest", messages=HI, keep_alive="5m", stream=False)
+            assert r.message.content == "beta: hi" and r.model == "beta"
+            (run,) = c.ps().models
+            assert run.model == "beta" and run.size == GIB
+            left = (run.expires_at - datetime.now(timezone.utc)).total_seconds()
+            assert 200 < left <= 300
+            assert c.chat(model="alpha", messages=[], keep_alive=0).done_reason == "unload"
+            assert [m.model for m in c.ps().models] == ["beta"] and not pool.status()["alpha"]["loaded"]
+    finally:
+        pool.close()

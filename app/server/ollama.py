@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional, Union
@@ -500,15 +501,17 @@ class Models:
                 "modified_at": now_iso(m["created"])}
 
     def running(self) -> list[dict[str, Any]]:
-        """Blocking: ``/api/ps``' models: the loaded ones, with when they unload (``expires_at``) and the
-        loaded context (``context_length``) where known."""
+        """Blocking: ``/api/ps``' models: the loaded ones, ``size`` their memory (the pool's figure, else the
+        estimate, else the file's size, bytes), when they unload (``expires_at``) and the loaded context
+        (``context_length``, tokens) where known."""
         pool = self.st.source.pool_status() or {}
         out = []
         for m, path, info in self.rows():
             if not m["hearth"].get("loaded"):
                 continue
             slot = (pool.get("models") or {}).get(m["id"])
-            size = m["hearth"].get("memory_estimate_bytes") or (info.size_bytes if info is not None else 0)
+            size = ((slot or {}).get("memory_bytes") or m["hearth"].get("memory_estimate_bytes")
+                    or (info.size_bytes if info is not None else 0))
             row = {**self.tag(m, path, info), "size": size, "size_vram": 0, "expires_at": _expires(slot)}
             n_ctx = self._n_ctx(m["id"])
             if n_ctx:
@@ -631,12 +634,19 @@ async def _run(st: Any, req: Any, request: Request, answer: OllamaAnswer, option
     return out
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """What ``State.hold`` reads of a request: the model's name and ``keep_alive``."""
+
+    model: Optional[str]
+    keep_alive: Any
+    hearth: None = None
+
+
 async def _load_only(st: Any, body: _Generating, kind: str) -> JSONResponse:
     """No messages (or prompt): load the model (``done_reason`` "load"), or with ``keep_alive`` 0 unload it
     ("unload"), as Ollama does."""
-    req = _validated(ChatCompletionRequest, {"model": model_name(body.model), "keep_alive": body.keep_alive,
-                                             "messages": [{"role": "user", "content": ""}]})
-    held = await st.hold(req)
+    held = await st.hold(_Ask(model_name(body.model), body.keep_alive))
     held.release()
     reply = {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
     unload = parse_keep_alive(body.keep_alive) == 0
