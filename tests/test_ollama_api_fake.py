@@ -226,6 +226,8 @@ def test_embed_without_an_embedder_says_how():
     ("/api/chat", {"messages": [{"role": "tool", "content": "18C"}]}, "messages[0]"),
     ("/api/chat", {"messages": HI, "keep_alive": "soon"}, "keep_alive"),
     ("/api/embed", {"model": "mini"}, "input"),
+    ("/api/embed", {"model": "mini", "input": "x", "dimensions": 7}, "dimensions"),
+    ("/api/embed", {"model": "mini", "input": "x", "truncate": False}, "truncate"),
     ("/api/pull", {"model": "llama3.2"}, "hearth models"),
 ])
 def test_bad_requests_are_400_naming_the_field(fake, path, body, needle):
