@@ -253,3 +253,21 @@ def test_the_desktop_port_serves_the_windows_model_and_loads_the_others_from_its
     finally:
         pool.close()
         window.close()
+
+
+def test_the_desktop_port_lists_the_windows_model_first_and_the_pools_remotes():
+    """Clients pick the first model listed: the window's (what an absent ``model`` means), then the installed
+    models and the remote engines the pool serves (``hearth.remote``)."""
+    window = FakeEngine("/m/beta.gguf")
+    pool, _ = make_pool()
+    pool.remote_names = ("gpu-box",)
+    c = TestClient(create_app(lambda: window, ServerSettings(), pool=pool, catalog=CATALOG),
+                   base_url="http://127.0.0.1:8765")
+    try:
+        data = c.get("/v1/models").json()["data"]
+        assert [m["id"] for m in data] == ["beta", "alpha", "broken", "gpu-box"]
+        assert data[-1]["hearth"]["remote"] is True and "remote" not in data[0]["hearth"]
+        assert c.get("/v1/models/gpu-box").json()["id"] == "gpu-box"
+    finally:
+        pool.close()
+        window.close()
