@@ -14,10 +14,11 @@ from fakes import FakeEmbedder, FakeEngine, default_reply
 from gguf_writer import write_gguf
 
 from app.engine.pool import GIB, ModelPool
-from app.errors import ModelNotFound
+from app.errors import InvalidRequest, ModelNotFound
 from app.server import ServerThread, create_app
+from app.server.errors import ApiError
 from app.server.models import ModelCatalog
-from app.server.ollama import model_name
+from app.server.ollama import OllamaAnswer, message, model_name, sampling
 from app.settings import ServerSettings
 
 WEATHER = {"type": "function", "function": {
@@ -295,3 +296,29 @@ def test_pool_loads_by_name_ps_expiry_and_unload():
             assert [m.model for m in c.ps().models] == ["beta"] and not pool.status()["alpha"]["loaded"]
     finally:
         pool.close()
+
+
+# -- pure logic ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("param,text,want", [
+    ("temperature", "invalid value for temperature: too big", "invalid value for options.temperature: too big"),
+    ("stop", "stop must be a list; nonstop", "options.stop must be a list; nonstop"),
+    ("response_format", "only local $ref are supported", "only local $ref are supported (param: format)"),
+    ("messages[0].images", "messages[0].images: no", "messages[0].images: no"),
+    (None, "boom", "boom"),
+])
+def test_error_messages_use_ollama_names(param, text, want):
+    assert message(ApiError(400, "invalid_request_error", text, param)) == want
+
+
+def test_an_error_in_a_stream_is_one_json_line_the_client_raises_on():
+    line = OllamaAnswer("chat", 0.0, 0.0).error_event(ApiError(503, "server_error", "engine crashed"))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1 and json.loads(line) == {"error": "engine crashed"}
+
+
+def test_options_map_and_refuse():
+    assert sampling({"num_predict": -1, "temperature": 0, "mirostat": 0, "num_ctx": 64}, 128) == {"temperature": 0}
+    assert sampling({"num_predict": 5, "stop": ["x"]}) == {"max_tokens": 5, "stop": ["x"]}
+    for bad in ({"num_ctx": 256}, {"num_ctx": True}, {"tfs_z": 1.0}, {"num_predict": -3}):
+        with pytest.raises(InvalidRequest) as e:
+            sampling(bad, 128)
+        assert e.value.param.startswith("options.")

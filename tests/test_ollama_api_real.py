@@ -76,3 +76,13 @@ def test_real_embed(real):
     assert v[0] @ v[1] > v[0] @ v[2]
     legacy = c.embeddings(model=embedder.model_id, prompt="The cat sat on the mat.").embedding
     assert np.allclose(legacy, r.embeddings[0], atol=1e-5)
+
+
+def test_real_raw_generate_streamed_matches_whole(real):
+    srv, _ = real
+    c = client(srv)
+    opts = {"temperature": 0, "num_predict": 8, "seed": 3}
+    whole = c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=opts, stream=False)
+    parts = list(c.generate(model=MODEL, prompt="The capital of France is", raw=True, options=opts, stream=True))
+    assert whole.response and "".join(p.response for p in parts) == whole.response
+    assert parts[-1].done and parts[-1].eval_count == whole.eval_count <= 8

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -314,8 +315,8 @@ class OllamaAnswer:
         """``model`` and ``created_at``, first in every object."""
         return {"model": frame.plan.model, "created_at": now_iso()}
 
-    def piece(self, frame: fmt.Frame, text: str = "", thinking: str = "", calls: Optional[list] = None,
-              done: bool = False) -> dict[str, Any]:
+    def piece(self, frame: fmt.Frame, text: str = "", thinking: str = "",
+              calls: Optional[list] = None) -> dict[str, Any]:
         """One object: a chat ``message`` or a generate ``response``, with ``thinking`` / ``tool_calls``."""
         if self.kind == "chat":
             msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -323,8 +324,8 @@ class OllamaAnswer:
                 msg["thinking"] = thinking
             if calls:
                 msg["tool_calls"] = calls
-            return {**self.head(frame), "message": msg, "done": done}
-        out = {**self.head(frame), "response": text, "done": done}
+            return {**self.head(frame), "message": msg, "done": False}
+        out = {**self.head(frame), "response": text, "done": False}
         if thinking:
             out["thinking"] = thinking
         return out
@@ -378,8 +379,9 @@ def message(err: ApiError) -> str:
     head = err.param.split(".")[0].split("[")[0]
     name = NAMES.get(head)
     param = err.param.replace(head, name, 1) if name else err.param
-    if head in err.message:
-        return err.message.replace(head, name, 1) if name else err.message
+    word = re.compile(rf"\b{re.escape(head)}\b")
+    if word.search(err.message):
+        return word.sub(name, err.message, count=1) if name else err.message
     return f"{err.message} (param: {param})"
 
 
