@@ -122,8 +122,20 @@ def test_forced_and_none_ignore_the_answer_grammar(name):
 
 def test_an_answer_grammar_the_reader_cannot_take_apart_is_a_400_naming_response_format():
     with pytest.raises(InvalidRequest) as ei:
-        FORMATS["json"].grammar([LOOKUP], ToolChoice("auto"), False, "root ::=\n  object")
+        FORMATS["json"].grammar([LOOKUP], ToolChoice("auto"), False, "object\nroot ::= object")
     assert ei.value.param == "response_format"
+
+
+def test_the_json_object_grammar_joins_too():
+    """``json_object``'s grammar spans lines and has comments (llama-cpp-python's ``JSON_GBNF``): its rules
+    are read whole and renamed like the converter's (it is recursive, so llama.cpp checks what it accepts:
+    test_structured_tools_real.py)."""
+    g = FORMATS["json"].grammar([LOOKUP], ToolChoice("auto"), False,
+                                grammar_for(ResponseFormat.model_validate({"type": "json_object"})))
+    rules = dict(line.split(" ::= ", 1) for line in g.splitlines())
+    assert rules["root"] == "calls | a-root" and rules["a-root"] == "a-object"
+    assert rules["a-object"].startswith('"{" a-ws ( a-string ":" a-ws a-value') and "#" not in g
+    assert rules["a-ws"] == '| " " | "\\n" [ \\t]{0,20}'
 
 
 # -- integer ranges the grammar enforces --------------------------------------------------------------------------

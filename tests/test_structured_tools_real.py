@@ -55,6 +55,13 @@ def test_llama_cpp_takes_the_joined_grammar_for_a_call_or_a_formatted_answer(bun
                          (fmt.render_calls([ToolCall("c1", "lookup", '{"product": "kettle"}')]), False)]:
             cases.append((g, text))
             expect.append((name, text, ok))
+    any_object = grammar_for(ResponseFormat.model_validate({"type": "json_object"}))  # recursive, over lines
+    g = FORMATS["json"].grammar([tool], ToolChoice("auto"), True, any_object)
+    call = FORMATS["json"].render_calls([ToolCall("c1", "lookup_reviews", '{"product": "kettle"}')])
+    for text, ok in [(call, True), ('{"a": [1, {"b": null}], "c": "d"}', True), ("[1, 2]", False),
+                     ("Four stars.", False)]:
+        cases.append((g, text))
+        expect.append(("json_object", text, ok))
     results = llama_cpp_check(str(bundled_model), cases)
     wrong = [(e, r) for e, r in zip(expect, results) if (r == "ok") != e[2] or r == "does not compile"]
     assert not wrong, wrong

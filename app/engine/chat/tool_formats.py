@@ -17,7 +17,7 @@ from app.engine.chat.tools import forced_tools, parameters_gbnf
 from app.errors import InvalidRequest
 from app.protocol.tools import ToolCall, ToolChoice, ToolSpec, new_call_id
 
-_RULE_LINE = re.compile(r"([a-zA-Z0-9-]+) ::= (.*)")
+_RULE_LINE = re.compile(r"([a-zA-Z0-9-]+)\s*::=(.*)")
 _WORD = re.compile(r"[a-zA-Z0-9-]+")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -40,16 +40,44 @@ def prefixed_rules(gbnf: str, prefix: str) -> list[str]:
     """The rules of ``gbnf`` (as written by the schema converter: one ``name ::= body`` per line) with every
     rule name, defined or referenced, prefixed by ``prefix``. String literals, character classes and
     ``{m,n}`` repetitions are left alone, except that a string character may not be a control character."""
-    gbnf = gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
-    rules = []
-    for line in gbnf.splitlines():
-        if line.strip():
-            m = _RULE_LINE.fullmatch(line.strip())
-            if m is None:
-                raise ValueError(f"unexpected line in converted grammar: {line!r}")
-            rules.append((m.group(1), m.group(2)))
+    rules = _rules(gbnf.replace(_LOOSE_CHAR, _JSON_CHAR))
     names = {name for name, _ in rules}
     return [f"{prefix}{name} ::= {_rename(body, names, prefix)}" for name, body in rules]
+
+
+def _rules(gbnf: str) -> list[tuple[str, str]]:
+    """``(name, body)`` of each rule of ``gbnf``: one ``name ::= body`` per line as the converter writes
+    them, or a rule over several lines with ``#`` comments (llama-cpp-python's ``JSON_GBNF``, the
+    ``json_object`` grammar). Raises ``ValueError`` for text before the first rule."""
+    rules: list[list[str]] = []
+    for raw in gbnf.splitlines():
+        line = _uncommented(raw).strip()
+        if not line:
+            continue
+        m = _RULE_LINE.fullmatch(line)
+        if m is not None:
+            rules.append([m.group(1), m.group(2).strip()])
+        elif rules:
+            rules[-1][1] = f"{rules[-1][1]} {line}".strip()
+        else:
+            raise ValueError(f"unexpected line in converted grammar: {raw!r}")
+    return [(name, body) for name, body in rules]
+
+
+def _uncommented(line: str) -> str:
+    """``line`` up to a ``#`` comment (one outside string literals and character classes)."""
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in '"[':
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and line[i] != close:
+                i += 2 if line[i] == "\\" else 1
+        elif c == "#":
+            return line[:i]
+        i += 1
+    return line
 
 
 def _rename(body: str, names: set[str], prefix: str) -> str:
