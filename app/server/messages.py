@@ -1,8 +1,9 @@
-"""``POST /v1/messages``: Anthropic's Messages API on the chat machinery.
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API on the chat machinery.
 
 The same one mechanism as ``app.server.responses``: an Anthropic body is mapped onto a chat-completions body
-(``chat_body``) and runs through ``convert.chat_plan`` and ``Service``; ``MessagesAnswer`` writes the result
-as Anthropic content blocks and events.
+(``chat_body``; ``output_config.format`` becomes ``response_format``) and runs through ``convert.chat_plan``
+and ``Service``; ``MessagesAnswer`` writes the result as Anthropic content blocks and events;
+``count_tokens`` renders the same plan's prompt and counts it with the model's tokenizer.
 
 The reasoning: docs/server.md, 'app/server/messages.py'.
 """
@@ -20,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
-from app.engine.structured.schema_check import check_schema, unenforceable
 from app.errors import InvalidRequest
 from app.server import convert
 from app.server import format as fmt
@@ -28,6 +28,7 @@ from app.server.convert import Plan
 from app.server.errors import ApiError
 from app.server.openai_schema import ChatCompletionRequest, HearthOptions
 from app.server.service import ChoiceStart, Thought
+from app.server.structured import check_schema, unenforceable
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort: checked, not used
