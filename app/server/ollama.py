@@ -14,8 +14,7 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
@@ -33,6 +32,7 @@ from app.server import convert, embeddings
 from app.server import format as fmt
 from app.server.convert import Plan
 from app.server.errors import ApiError, from_exception, from_http, from_validation
+from app.server.models import loaded_id
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from app.server.service import ChoiceStart, Thought
 from app.server.source import parse_keep_alive
@@ -40,10 +40,8 @@ from app.server.source import parse_keep_alive
 VERSION = "0.6.0"  # the Ollama API version Hearth answers like (clients gate features on it)
 NDJSON = "application/x-ndjson"
 # options Hearth honours per request -> the chat-completions field they become
-SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-            "typical_p": "typical_p", "seed": "seed", "num_predict": "max_tokens", "stop": "stop",
-            "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty"}
+SAMPLING = {**{k: k for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", "repeat_penalty",
+                              "presence_penalty", "frequency_penalty")}, "num_predict": "max_tokens"}
 # chat-completions parameter names -> the Ollama names errors give
 NAMES = {**{v: f"options.{k}" for k, v in SAMPLING.items()}, "response_format": "format", "reasoning_effort": "think",
          "max_completion_tokens": "options.num_predict"}
@@ -63,7 +61,6 @@ class ModelRequest(_Body):
 
     model: Optional[str] = None
     name: Optional[str] = None
-    verbose: Optional[bool] = None
 
 
 class _Generating(_Body):
@@ -103,7 +100,6 @@ class EmbedRequest(_Body):
     truncate: Optional[bool] = None
     dimensions: Optional[int] = None
     options: Optional[dict[str, Any]] = None
-    keep_alive: Any = None
 
 
 async def read_body(request: Request, cls: type[BaseModel]) -> Any:
@@ -124,9 +120,7 @@ async def read_body(request: Request, cls: type[BaseModel]) -> Any:
 
 def model_name(name: Optional[str]) -> Optional[str]:
     """A request's model name as Hearth knows it: Ollama's default tag ``:latest`` dropped."""
-    if name and name.endswith(":latest"):
-        return name[: -len(":latest")]
-    return name or None
+    return (name[: -len(":latest")] if name.endswith(":latest") else name) if name else None
 
 
 # -- mapping onto the chat machinery -------------------------------------------------------------------------
@@ -311,24 +305,16 @@ class OllamaAnswer:
         """An id for the registry of running requests (Ollama's objects carry none)."""
         return fmt.Frame.new(plan)
 
-    def head(self, frame: fmt.Frame) -> dict[str, Any]:
-        """``model`` and ``created_at``, first in every object."""
-        return {"model": frame.plan.model, "created_at": now_iso()}
-
     def piece(self, frame: fmt.Frame, text: str = "", thinking: str = "",
               calls: Optional[list] = None) -> dict[str, Any]:
-        """One object: a chat ``message`` or a generate ``response``, with ``thinking`` / ``tool_calls``."""
+        """One object (``model``, ``created_at``, ``done: false``): a chat ``message`` or a generate
+        ``response``, with ``thinking`` / ``tool_calls`` when there are any."""
+        head = {"model": frame.plan.model, "created_at": now_iso()}
+        extra = {"thinking": thinking} if thinking else {}
         if self.kind == "chat":
-            msg: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                msg["thinking"] = thinking
-            if calls:
-                msg["tool_calls"] = calls
-            return {**self.head(frame), "message": msg, "done": False}
-        out = {**self.head(frame), "response": text, "done": False}
-        if thinking:
-            out["thinking"] = thinking
-        return out
+            msg = {"role": "assistant", "content": text, **extra, **({"tool_calls": calls} if calls else {})}
+            return {**head, "message": msg, "done": False}
+        return {**head, "response": text, **extra, "done": False}
 
     def final(self, obj: dict[str, Any], choice: fmt.Choice) -> dict[str, Any]:
         """``obj`` made the last one: ``done``, ``done_reason`` and the durations (nanoseconds, from the
@@ -385,11 +371,6 @@ def message(err: ApiError) -> str:
     return f"{err.message} (param: {param})"
 
 
-def error_response(err: ApiError) -> JSONResponse:
-    """Ollama's error body, ``{"error": "..."}``, with the error's status and headers."""
-    return JSONResponse({"error": message(err)}, status_code=err.status, headers=err.headers)
-
-
 def api_error(exc: BaseException) -> ApiError:
     """The ``ApiError`` for an exception raised while answering an ``/api/*`` request."""
     if isinstance(exc, RequestValidationError):
@@ -413,7 +394,7 @@ class OllamaRoute(APIRoute):
             except Exception as exc:  # noqa: BLE001 - every error becomes an answer (bugs are logged)
                 err = api_error(exc)
                 request.app.state.hearth.metrics.error(err.type, err.code)
-                return error_response(err)
+                return JSONResponse({"error": message(err)}, status_code=err.status, headers=err.headers)
         return run
 
 
@@ -425,11 +406,10 @@ def parameter_size(n: int) -> str:
 
 def details(info: Any) -> dict[str, Any]:
     """``details`` from a ``ModelInfo`` (None: the file could not be read)."""
-    if info is None:
-        return {"parent_model": "", "format": "gguf", "family": "", "families": None, "parameter_size": "",
-                "quantization_level": ""}
-    return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
-            "parameter_size": parameter_size(info.parameter_count), "quantization_level": info.quantization}
+    arch = info.architecture if info is not None else ""
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": parameter_size(info.parameter_count) if info is not None else "",
+            "quantization_level": info.quantization if info is not None else ""}
 
 
 def digest(path: str, mid: str) -> str:
@@ -470,11 +450,8 @@ class Models:
         st = self.st
         data = st.source.listing(st.embedder)
         paths = {mid: path for mid, path, _ in st.catalog.entries(st.provider(), st.embedder)}
-        out = []
-        for m in data:
-            path = paths.get(m["id"], "")
-            out.append((m, path, st.catalog.info(path) if path else None))
-        return out
+        rows = [(m, paths.get(m["id"], "")) for m in data]
+        return [(m, path, st.catalog.info(path) if path else None) for m, path in rows]
 
     def find(self, name: Optional[str]) -> tuple[dict[str, Any], str, Any]:
         """Blocking: the row ``name`` names (id or file name, ``:latest`` allowed); ``ModelNotFound``."""
@@ -514,27 +491,19 @@ class Models:
             slot = (pool.get("models") or {}).get(m["id"])
             size = ((slot or {}).get("memory_bytes") or m["hearth"].get("memory_estimate_bytes")
                     or (info.size_bytes if info is not None else 0))
-            row = {**self.tag(m, path, info), "size": size, "size_vram": 0, "expires_at": _expires(slot)}
-            n_ctx = self._n_ctx(m["id"])
-            if n_ctx:
-                row["context_length"] = n_ctx
-            out.append(row)
+            out.append({**self.tag(m, path, info), "size": size, "size_vram": 0, "expires_at": _expires(slot),
+                        "context_length": self._n_ctx(m["id"])})
         return out
 
     def _n_ctx(self, mid: str) -> Optional[int]:
-        from app.server.models import loaded_id
-
         eng = self.st.provider()
-        if eng is not None and loaded_id(eng) == mid:
-            return eng.settings.n_ctx
-        return None
+        return eng.settings.n_ctx if eng is not None and loaded_id(eng) == mid else None
 
 
 def _expires(slot: Optional[dict[str, Any]]) -> str:
     if not slot or slot.get("ttl_s") is None or slot.get("idle_s") is None:
         return FOREVER
-    left = max(0.0, slot["ttl_s"] - slot["idle_s"])
-    return (datetime.now(timezone.utc) + timedelta(seconds=left)).isoformat().replace("+00:00", "Z")
+    return now_iso(time.time() + max(0.0, slot["ttl_s"] - slot["idle_s"]))
 
 
 # -- routes --------------------------------------------------------------------------------------------------
@@ -582,19 +551,14 @@ def _model_routes(router: APIRouter, st: Any, models: Models) -> None:
     async def ps() -> dict:
         return {"models": await run_in_threadpool(models.running)}
 
-    @router.post("/api/pull")
-    async def pull(request: Request) -> JSONResponse:
+    @router.api_route("/api/pull", methods=["POST"])
+    @router.api_route("/api/delete", methods=["DELETE"])
+    async def manage(request: Request) -> JSONResponse:
         body = await read_body(request, ModelRequest)
-        raise InvalidRequest(f"Hearth does not download models through the Ollama API (asked for "
-                             f"{body.model or body.name!r}): put a .gguf file in the models folder (`hearth models` "
-                             "shows where, and lists what is installed), or add one in Hearth's window")
-
-    @router.delete("/api/delete")
-    async def delete(request: Request) -> JSONResponse:
-        body = await read_body(request, ModelRequest)
-        raise InvalidRequest(f"Hearth does not delete models through the Ollama API (asked for "
-                             f"{body.model or body.name!r}): remove the .gguf file from the models folder "
-                             "(`hearth models` shows where)")
+        what = "download" if request.url.path == "/api/pull" else "delete"
+        raise InvalidRequest(f"Hearth does not {what} models through the Ollama API (asked for "
+                             f"{body.model or body.name!r}): add or remove .gguf files in the models folder "
+                             "(`hearth models` shows where and lists what is installed)")
 
 
 def _generation_routes(router: APIRouter, st: Any) -> None:
@@ -636,25 +600,15 @@ async def _run(st: Any, req: Any, request: Request, answer: OllamaAnswer, option
     return out
 
 
-@dataclass(frozen=True)
-class _Ask:
-    """What ``State.hold`` reads of a request: the model's name and ``keep_alive``."""
-
-    model: Optional[str]
-    keep_alive: Any
-    hearth: None = None
-
-
 async def _load_only(st: Any, body: _Generating, kind: str) -> JSONResponse:
     """No messages (or prompt): load the model (``done_reason`` "load"), or with ``keep_alive`` 0 unload it
     ("unload"), as Ollama does."""
-    held = await st.hold(_Ask(model_name(body.model), body.keep_alive))
+    held = await st.hold(body.model_copy(update={"model": model_name(body.model)}))
     held.release()
     reply = {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
     unload = parse_keep_alive(body.keep_alive) == 0
-    obj = {"model": held.model, "created_at": now_iso(), **reply, "done": True,
-           "done_reason": "unload" if unload else "load"}
-    return JSONResponse(obj)
+    return JSONResponse({"model": held.model, "created_at": now_iso(), **reply, "done": True,
+                         "done_reason": "unload" if unload else "load"})
 
 
 def _embedding_routes(router: APIRouter, st: Any) -> None:
