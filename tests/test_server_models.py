@@ -271,3 +271,13 @@ def test_the_desktop_port_lists_the_windows_model_first_and_the_pools_remotes():
     finally:
         pool.close()
         window.close()
+
+
+def test_a_served_file_is_listed_once_first_even_when_an_installed_model_has_its_id():
+    """``hearth serve --model /elsewhere/beta.gguf``: ``beta`` in a request means that file (an alias of the
+    default), so the listing names it once, first, with its own path; a file outside the folder is added."""
+    entries = CATALOG.entries(None, None, ["/elsewhere/beta.gguf"], ["gpu-box"])
+    assert entries[0] == ("beta", "/elsewhere/beta.gguf", "chat")
+    assert [e[0] for e in entries] == ["beta", "alpha", "broken", "gpu-box"]
+    assert CATALOG.entries(None, None, ["/own/mine.gguf"])[0] == ("mine", "/own/mine.gguf", "chat")
+    assert [e[0] for e in CATALOG.entries(None, None, ["/m/broken.gguf"])] == ["broken", "alpha", "beta"]

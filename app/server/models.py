@@ -72,7 +72,8 @@ class ModelCatalog:
             if not any(_same(p, path) for _, p, _ in found):
                 from app.catalog.registry import model_id
 
-                found.append((model_id(path), path, "chat"))
+                # its id means this file in a request (an alias of the served model): listed once, as it
+                found = [e for e in found if e[0] != model_id(path)] + [(model_id(path), path, "chat")]
         first = next(iter([*paths, *extra_paths]), None)
         if first is not None:  # clients pick the first model listed: the one an absent ``model`` means
             found.sort(key=lambda e: not _same(e[1], first))
