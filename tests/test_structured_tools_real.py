@@ -100,3 +100,17 @@ def test_a_forced_call_then_a_bounded_answer_after_the_tool_result(real):
     strict = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {
         "name": "Rating", "schema": Rating.model_json_schema(), "strict": True}})
     assert answer_problem(ch.message.content, strict) is None
+
+
+@pytest.mark.xfail(strict=True, reason="the engine's renderer (templates._with_tool_decoding, prompting.render) "
+                   "does not pass the response_format grammar to ToolFormat.grammar yet: under auto the format's "
+                   "grammar alone applies (docs/server.md, 'Tools with structured output'); remove this marker "
+                   "when it does")
+def test_auto_with_a_format_can_still_call_the_tool(real):
+    msgs = [{"role": "system", "content": "Rate products from their reviews."},
+            {"role": "user", "content": "How good is the Acme kettle? Look up its reviews, then rate it."}]
+    r = real.chat.completions.create(model="gemma-3-270m-q4_k_m", messages=msgs, tools=[TOOL],
+                                     response_format={"type": "json_object"}, temperature=0, max_tokens=60)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch.message.content  # the grammar let the model choose the call
+    jsonschema.validate(json.loads(ch.message.tool_calls[0].function.arguments), LOOKUP_PARAMS)
