@@ -322,3 +322,15 @@ def test_options_map_and_refuse():
         with pytest.raises(InvalidRequest) as e:
             sampling(bad, 128)
         assert e.value.param.startswith("options.")
+
+
+def test_key_refusal_is_in_ollama_shape():
+    """The security middleware answers before any route: on /api/* it answers in Ollama's shape too."""
+    with ServerThread(create_app(FakeEngine(), ServerSettings(api_key="sekrit"))) as srv:
+        r = httpx.get(f"{srv.url}/api/tags")
+        assert r.status_code == 401 and isinstance(r.json()["error"], str) and "API key" in r.json()["error"]
+        with pytest.raises(ollama.ResponseError) as ei:
+            client(srv).list()
+        assert ei.value.status_code == 401 and "API key" in ei.value.error
+        ok = ollama.Client(host=srv.url, headers={"Authorization": "Bearer sekrit"}).list()
+        assert [m.model for m in ok.models] == ["fake-model"]

@@ -101,9 +101,11 @@ class ApiError:
     extra: dict[str, Any] | None = None
 
     def response(self, shape: str = "openai") -> JSONResponse:
-        """The JSON answer in ``shape``: "openai" or "anthropic"."""
+        """The JSON answer in ``shape``: "openai", "anthropic" or "ollama" (``{"error": "message"}``)."""
         if shape == "anthropic":
             return JSONResponse(self.anthropic(), status_code=self.status, headers=self.headers)
+        if shape == "ollama":
+            return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
         body: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param,
                                 "code": self.code}
         if self.extra:
@@ -125,7 +127,10 @@ ANTHROPIC_PATHS = ("/v1/messages",)
 
 
 def shape_for(path: str) -> str:
-    """The error shape a request path answers: "anthropic" for the Messages API, else "openai"."""
+    """The error shape a request path answers: "anthropic" for the Messages API, "ollama" for Ollama's
+    ``/api/*``, else "openai"."""
+    if path.startswith("/api/"):
+        return "ollama"
     return "anthropic" if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS) else "openai"
 
 
