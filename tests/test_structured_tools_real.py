@@ -102,10 +102,6 @@ def test_a_forced_call_then_a_bounded_answer_after_the_tool_result(real):
     assert answer_problem(ch.message.content, strict) is None
 
 
-@pytest.mark.xfail(strict=True, reason="the engine's renderer (templates._with_tool_decoding, prompting.render) "
-                   "does not pass the response_format grammar to ToolFormat.grammar yet: under auto the format's "
-                   "grammar alone applies (docs/server.md, 'Tools with structured output'); remove this marker "
-                   "when it does")
 def test_auto_with_a_format_can_still_call_the_tool(real):
     msgs = [{"role": "system", "content": "Rate products from their reviews."},
             {"role": "user", "content": "How good is the Acme kettle? Look up its reviews, then rate it."}]

@@ -296,18 +296,18 @@ def _uses_tools(messages: Sequence[Any], tools: Sequence[ToolSpec]) -> bool:
 
 
 def _with_tool_decoding(rp: RenderedPrompt, fmt: ToolFormat, tools: Sequence[ToolSpec],
-                        choice: ToolChoice | None, parallel: bool) -> RenderedPrompt:
+                        choice: ToolChoice | None, parallel: bool, answer: str | None = None) -> RenderedPrompt:
     if not tools:
         return rp
     choice = choice or ToolChoice("auto")
     stop = rp.stop + tuple(s for s in fmt.stop if s not in rp.stop)
-    return replace(rp, stop=stop, grammar=fmt.grammar(tools, choice, parallel), tool_format=fmt.name)
+    return replace(rp, stop=stop, grammar=fmt.grammar(tools, choice, parallel, answer), tool_format=fmt.name)
 
 
 def render(messages: Sequence[Any], name: str, *, chat_template: str | None = None, bos_token: str = "",
            eos_token: str = "", tools: Sequence[ToolSpec] = (), tool_choice: ToolChoice | None = None,
            parallel_tool_calls: bool = True, architecture: str = "",
-           template_vars: Mapping[str, Any] | None = None) -> RenderedPrompt:
+           template_vars: Mapping[str, Any] | None = None, answer_grammar: str | None = None) -> RenderedPrompt:
     """Render ``messages`` (``ChatMessage``s, or objects with ``role`` and ``content``) with template ``name``.
 
     With ``tools``, or calls and results in the history, the model's ``ToolFormat`` (``tool_format(name,
@@ -325,7 +325,7 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
     if len(messages) > 1 and messages[-1].role == "assistant" and not getattr(messages[-1], "tool_calls", ()):
         head = render(messages[:-1], name, chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
                       tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                      architecture=architecture, template_vars=template_vars)
+                      architecture=architecture, template_vars=template_vars, answer_grammar=answer_grammar)
         return replace(head, text=head.text + messages[-1].content)
     if name == "gguf" and not chat_template:
         raise InvalidRequest("template 'gguf' requested but the model has no chat template", param="template")
@@ -345,5 +345,5 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
         rp = _gguf_tools(messages, chat_template, bos_token, eos_token, fmt, tools, template_vars)
     else:
         rp = fn(_format_turns(messages, fmt, tools))
-    return _with_tool_decoding(rp, fmt, tools, tool_choice, parallel_tool_calls)
+    return _with_tool_decoding(rp, fmt, tools, tool_choice, parallel_tool_calls, answer_grammar)
 

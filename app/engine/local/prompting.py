@@ -110,7 +110,8 @@ class PromptMixin:
         return render(request.messages, name, chat_template=self.chat_template, bos_token=self.bos_text,
                       eos_token=self.eos_text, tools=request.tools, tool_choice=request.tool_choice,
                       parallel_tool_calls=request.parallel_tool_calls, architecture=self.architecture,
-                      template_vars=render_kwargs(self.markers, self._budget(request, budget)))
+                      template_vars=render_kwargs(self.markers, self._budget(request, budget)),
+                      answer_grammar=request.decoding.grammar)
 
     def _budget(self, request: GenerateRequest, budget: ReasoningBudget) -> ReasoningBudget:
         """A request decoding through a grammar (response_format, a forced tool call) does not think: the
