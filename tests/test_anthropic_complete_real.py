@@ -77,8 +77,6 @@ def test_a_stop_sequence_cuts_the_answer(real):
     assert stop not in m.content[0].text and text.startswith(m.content[0].text)
 
 
-@pytest.mark.xfail(strict=True, reason="the engine does not report which stop string matched yet "
-                   "(Done.info['stop_sequence'], docs/server.md 'Anthropic Messages API')")
 def test_a_stop_sequence_is_reported_with_its_string(real):
     c = client(real)
     free = c.messages.create(model=MODEL, max_tokens=24, messages=ASK, extra_body={"temperature": 0})

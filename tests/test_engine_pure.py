@@ -125,3 +125,15 @@ def test_utf8_never_split():
     out, text = _stream([s[i:i + 1] for i in range(len(s))], [])
     assert text.encode() == s
     assert all("\ufffd" not in o for o in out)
+
+
+def test_the_streamer_names_the_stop_string_that_ended_the_answer():
+    from app.engine.local.textstream import StopStreamer
+
+    s = StopStreamer(("END", "ND", "\nUser:"))
+    assert s.feed(b"abc E")[0] == "abc " and s.matched is None
+    out, stopped = s.feed(b"ND more")
+    assert stopped and out == "" and s.text == "abc " and s.matched == "END"  # "ND" begins later
+    plain = StopStreamer(("x",))
+    plain.feed(b"no stop here")
+    assert plain.flush() == "" and plain.matched is None

@@ -114,7 +114,8 @@ class Seq:
 
     def result(self) -> tuple[str, str, dict, dict]:
         """``(finish_reason, text, child_metrics, info)`` of an ended request (flushes held-back text). With
-        thinking, ``info["reasoning"]`` is the thinking text and the metrics carry the forcer's counts."""
+        thinking, ``info["reasoning"]`` is the thinking text and the metrics carry the forcer's counts; an answer
+        ended by a stop string has it in ``info["stop_sequence"]``."""
         if self.forcer is not None:
             rest = self._text.decode(b"", final=True)
             last = self.forcer.splitter.feed(rest) if rest else []  # an incomplete character: U+FFFD
@@ -131,6 +132,8 @@ class Seq:
         tail = self.streamer.flush()
         if tail:
             self.emit("delta", tail, (), ())
+        if self.streamer.matched is not None:
+            self.info["stop_sequence"] = self.streamer.matched
         self.metrics["completion_tokens"] = self.n_out
         self.metrics["decode_s"] = time.perf_counter() - self.t_first if self.t_first else 0.0
         self.metrics["batch_peak"] = self.batch_peak

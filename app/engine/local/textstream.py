@@ -17,7 +17,8 @@ class StopStreamer:
     ``feed(piece) -> (text, stopped)``: ``text`` is new safe text (may be ""), ``stopped`` is True once a
     stop string was found (the stop string and anything after it are dropped). ``flush() -> str``: the
     held-back text at the end of a generation that did not stop on a stop string.
-    Matching uses the earliest occurrence of any stop string in the whole answer.
+    Matching uses the earliest occurrence of any stop string in the whole answer; ``matched`` is the stop string
+    found (the first of ``stop`` among those that begin there), None before one is.
     """
 
     def __init__(self, stop: tuple[str, ...] | list[str] = ()) -> None:
@@ -28,6 +29,7 @@ class StopStreamer:
         self._emitted_tail = ""  # last few emitted chars, for stop strings that straddle an emission
         self.text = ""  # everything emitted so far
         self.stopped = False
+        self.matched: str | None = None
 
     def feed(self, piece: bytes) -> tuple[str, bool]:
         if self.stopped:
@@ -49,7 +51,7 @@ class StopStreamer:
         for s in self._stop:
             i = self._pending.find(s)
             if i != -1 and (best == -1 or i < best):
-                best = i
+                best, self.matched = i, s
         if best != -1:
             out = self._pending[:best]
             self._pending = ""
