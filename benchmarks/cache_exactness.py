@@ -31,6 +31,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 MAX_TOKENS = 20  # greedy tokens per run: the flips before the fix came within the first 15
@@ -177,6 +178,7 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
     flash attention on). Returns ``{"kv", "prompts", "cold_ttft_s_p50", "paths": {path: PathTally.to_dict()}}``.
     Raises ``RuntimeError`` if a cold run reused a prefix (the prompts were not independent)."""
     from app.engine.local.engine import Engine
+    from app.engine.local.settle import SAVE_GRACE_S
     from app.protocol.types import LoadSettings
 
     settings = LoadSettings(n_ctx=n_ctx, type_k=kv, type_v=kv, flash_attn=True).validate()
@@ -197,6 +199,8 @@ def sweep(model_path: str, prompts: list[str], kv: str, *, n_ctx: int = 4096, ma
                 _record(tally["live"], run(e, p, max_tokens), ref, True, labels[i])
                 if _derive(ref, derived_every, settings.n_batch, picked):
                     derived.add(i)
+                    time.sleep(SAVE_GRACE_S + 0.2)  # saved to disk, as a pause leaves it, before a next turn
+                    # extends it in the same slot (its last partial chunk would not be saved otherwise)
                     ext, pre = _derived(p)
                     got_ext, got_pre = run(e, ext, max_tokens), run(e, pre, max_tokens)
                     _record(tally["live-next-turn"], got_ext, run(e, ext, max_tokens, reuse=False), False, labels[i])

@@ -111,9 +111,16 @@ def test_live_prefix_is_reused(engine):
     assert same_len.metrics.prompt_tokens == first.metrics.prompt_tokens
     assert same_len.metrics.cached_tokens == same_len.metrics.prompt_tokens - 1
     assert same_len.metrics.cache_source == "memory"
-    # Longer prompt: only whole prefill chunks (n_batch = 256 here) are reused.
+    # Longer prompt: whole prefill chunks (n_batch = 256 here), then into the next chunk as far as leaves its
+    # rest one batch of 64+ tokens, 4-aligned (layout.usable_within; docs/prefix-cache.md).
+    deadline = time.monotonic() + 30  # the idle engine measures once whether it may (Runtime._probe_split)
+    while not engine.cache_stats()["split_probed"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     longer = engine.complete(raw(long + "The Amazon river basin is", max_tokens=2))
-    assert longer.metrics.cached_tokens == (first.metrics.prompt_tokens - 1) // 256 * 256 == 512
+    whole = (first.metrics.prompt_tokens - 1) // 256 * 256
+    assert whole == 512 and engine.cache_stats()["split_rows"] == 64
+    assert whole < longer.metrics.cached_tokens <= longer.metrics.prompt_tokens - 1 - 64
+    assert (longer.metrics.cached_tokens - whole) % 4 == 0 and "inside a chunk" in longer.metrics.cache_reuse_reason
 
 
 def test_an_idle_engine_lays_the_answer_out_again_so_the_next_turn_reuses_it(engine):

@@ -114,3 +114,23 @@ def test_a_cut_after_the_answer_lets_the_next_turn_reuse_the_answer_laid_out_aga
     assert 4 in b1 and 4 in b2  # the answer's turn opens at a cut in both
     kv = {b for b in layout_bounds(settled + [70], 4, brk) if b <= len(settled)}  # the idle re-prefill's cuts
     assert len(settled) in b2 and usable(b2, len(settled), kv) == len(settled)
+
+
+def test_reuse_goes_into_a_chunk_only_when_both_batches_are_big():
+    """``usable_within``: past the last shared cut c, the KV's chunk [c, e) and the prompt's [c, b) both hold at
+    least ``rows`` tokens: reuse up to the largest c + 4k <= min(n, the KV batch's 4-row part, b - rows), so the
+    rest of the prompt's chunk is one big batch with a cold prefill's tail of (size mod 4) tokens; else c."""
+    from app.engine.local.layout import usable_within
+
+    prompt = [256, 512, 768, 899]  # the new prompt's layout (its last chunk ends at L - 1 = 899)
+    have = {256, 512, 700}  # the KV: the previous prompt ended a chunk at 700 (its L - 1)
+    assert usable_within(prompt, 700, have, 0) == 512  # no probe: chunk ends only
+    assert usable_within(prompt, 700, have, 64) == 700  # [512, 700) and [512, 768): both big, 188 = 47 * 4
+    assert usable_within(prompt, 701, {256, 512, 701}, 64) == 700  # the KV batch's last token went apart
+    assert usable_within(prompt, 703, {256, 512, 710}, 64) == 700  # m - c stays a multiple of 4
+    assert usable_within(prompt, 740, {256, 512, 760}, 64) == 768 - 64  # the prompt's batch keeps 64 tokens
+    assert usable_within(prompt, 700, {256, 512, 560}, 64) == 512  # the KV's chunk [512, 560) is small
+    assert usable_within([256, 512, 540], 700, have, 64) == 512  # the prompt's chunk [512, 540) is small
+    assert usable_within(prompt, 600, have, 64) == 600  # the common prefix ends first
+    assert usable_within(prompt, 700, {256, 300, 512}, 64) == 256  # cuts differ below: the base rule's answer
+    assert usable_within([100, 400], 390, {300}, 64) == 36  # from token 0: [36, 100) is still 64 tokens

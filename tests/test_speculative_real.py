@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_runs import ids_and_done
 
 from app.engine.local.engine import Engine
 from app.engine.local.speculative import chi_square_sf, chi_square_two_sample
@@ -70,14 +71,7 @@ def test_stop_strings_and_max_tokens_end_inside_a_step(engine):
     assert engine.complete(greedy(prompt, "off")).text == engine.complete(greedy(prompt, "prompt_lookup")).text
 
 
-def _ids(engine: Engine, request: GenerateRequest):
-    ids: list[int] = []
-    for ev in engine.generate(request):
-        if isinstance(ev, Delta):
-            ids += ev.token_ids
-        else:
-            return ids, ev
-    raise AssertionError("the stream ended without Done")
+_ids = ids_and_done
 
 
 @pytest.mark.parametrize("which", ["quote", "free"])

@@ -2,8 +2,8 @@
 
 Every prompt is prefilled in one layout that depends on its tokens alone (cuts at turn breaks, after an
 answer, every ``chunk`` tokens, and at L−1 when the tail after the last cut is long), and only a prefix that ends
-at a cut both layouts share, with the same cuts below it, is reused, so reused KV is bit for bit a cold
-prefill's.
+at a cut both layouts share, with the same cuts below it, is reused (or, where the kernels allow it, one that
+ends inside the next chunk: ``usable_within``), so reused KV is bit for bit a cold prefill's.
 
 The reasoning: docs/prefix-cache.md, 'Exactness: the canonical prefill layout' and 'The answer, laid out
 again while idle'.
@@ -72,6 +72,34 @@ def usable(bounds: list[int], n: int, have: set[int] | frozenset[int] | None = N
         else:
             break
     return best
+
+
+def usable_within(bounds: list[int], n: int, have: set[int] | frozenset[int], rows: int, align: int = 4) -> int:
+    """``usable(bounds, n, have)``, extended into the chunk that starts there when llama.cpp's kernels give a
+    token the same bits in any batch of at least ``rows`` tokens, except a batch's last (size mod ``align``)
+    tokens (``rows`` > 0: measured by ``Runtime._probe_split``; 0: not, no extension).
+
+    Let c be the shared cut, [c, e) the KV's own chunk from c (``have``: it was evaluated as one batch) and
+    [c, b) the prompt's (``bounds``). When both hold at least ``rows`` tokens, every token in [c, e′) has a cold
+    prefill's bits, e′ = c + ``align``·⌊(e − c)/``align``⌋ (the KV batch's last e − e′ tokens went through
+    another kernel). The KV is reused up to m, the largest c + ``align``·k ≤ min(``n``, e′, b − ``rows``): the
+    rest of the prompt's chunk, [m, b), is then one batch of at least ``rows`` tokens whose last
+    (b − m) mod ``align`` = (b − c) mod ``align`` tokens are the ones a cold prefill also evaluates apart.
+    Returns c when m would not pass it. An agent's next step (its previous prompt, the answer, a new turn) then
+    reuses its previous prompt up to near its last token instead of up to the last whole chunk
+    (docs/prefix-cache.md, "Reuse inside a chunk")."""
+    c = usable(bounds, n, have)
+    if rows <= 0:
+        return c
+    i = bisect.bisect_right(bounds, c)
+    own = [h for h in have if h > c]
+    if i == len(bounds) or not own:
+        return c
+    b, e = bounds[i], min(own)
+    if b - c < rows or e - c < rows:
+        return c
+    top = min(n, c + (e - c) // align * align, b - rows)
+    return c + max(0, top - c) // align * align
 
 
 def turn_break_token(tokens_a: list[int], tokens_b: list[int], is_control: Callable[[int], bool],

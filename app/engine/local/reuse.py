@@ -3,11 +3,21 @@ the disk cache, the cut back to the reused prefix, and why a prompt ran cold (do
 
 from __future__ import annotations
 
-from app.engine.local.layout import usable
+import logging
+
+from app.engine.local.layout import usable_within
 from app.engine.local.seqs import LlamaSeq, _Slot
 
 MIN_LIVE_REUSE = 16  # a shorter live prefix (the BOS before the first turn break) is prefilled, not reused
 MIN_COPY_TOKENS = 32  # a shorter prefix is prefilled rather than copied from another slot (measured below)
+SPLIT_ROWS = 64  # batches this big give each token the same bits, wherever the batch starts, but for its last
+SPLIT_ALIGN = 4  # (size mod 4) tokens, when ``_probe_split`` confirms it: ggml's CPU flash attention is tiled
+# from GGML_FA_TILE_Q = 64 query rows on; the repacked matmuls take 4 rows at a time, the rest one by one
+
+SPLIT_PROBE_TEXT = ("The keeper climbed the stairs at dusk, trimmed the wick and wrote the wind, the sea and the "
+                    "ships that passed into the log. ")
+
+log = logging.getLogger("app.engine.local.runtime")
 
 
 class ReuseMixin:
@@ -16,14 +26,17 @@ class ReuseMixin:
     def live_prefix(self, slot: _Slot, tokens: list[int], bounds: list[int] | None = None) -> int:
         """Tokens of ``tokens`` that ``slot``'s live KV gives back exactly (see ``begin``): the common prefix
         cut down to the last chunk end of ``tokens``' layout (``bounds``, ``layout``) that the slot's KV also
-        ends a chunk at (``layout.usable``); all but the last token for a repeat of the same prompt."""
+        ends a chunk at, or into the next chunk when both chunks are big enough (``layout.usable_within`` with
+        ``split_rows``); all but the last token for a repeat of the same prompt."""
         L = len(tokens)
         have = slot.tokens
         limit = min(len(have), L - 1)
         n = 0
         while n < limit and have[n] == tokens[n]:
             n += 1
-        got = usable(self.layout(tokens) if bounds is None else bounds, n, slot.bounds) if n else 0
+        got = (usable_within(self.layout(tokens) if bounds is None else bounds, n, slot.bounds, self.split_rows,
+                             SPLIT_ALIGN)
+               if n else 0)
         return got if got >= MIN_LIVE_REUSE or got == L - 1 else 0
 
     def _copy_longer(self, dst: _Slot, tokens: list[int], have: int, bounds: list[int]) -> int | None:
@@ -72,7 +85,7 @@ class ReuseMixin:
         metrics["cached_tokens"] = reuse
         metrics["cache_source"] = source
         metrics["cache_reuse"], metrics["cache_reuse_reason"] = self._reuse_note(reuse, source, L, metrics,
-                                                                                 allow_reuse)
+                                                                                 allow_reuse, seq.bounds)
 
     def _keep_prefix(self, slot: _Slot, tokens: list[int], n: int) -> int:
         """Cut ``slot``'s KV back to its first ``n`` tokens (``tokens[:n]``, which it holds) and its cuts to
@@ -92,14 +105,61 @@ class ReuseMixin:
         slot.tokens.extend(tokens[start:end])
         slot.bounds.add(end)
 
-    def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, allow_reuse: bool) -> tuple[str, str]:
+    def _probe_split(self) -> bool:
+        """Measure once whether tokens get the same bits in any batch of ``SPLIT_ROWS`` tokens or more, but for
+        a batch's last (size mod ``SPLIT_ALIGN``): 143 tokens evaluated in an empty slot as one batch and as
+        72 + 71 (another attention tiling; the same 3 last tokens apart), the sequence's KV state compared byte
+        for byte, then removed. Sets ``split_rows`` (``SPLIT_ROWS`` when equal, else 0) and returns True once
+        measured; False when no slot is empty (try again later). Measured on the CPU build: equal; a last batch
+        under 64 tokens, or a split that moves the (size mod 4) tail, differs (docs/prefix-cache.md)."""
+        import ctypes
+
+        n, cut = 2 * SPLIT_ROWS + 15, SPLIT_ROWS + 8
+        if n > min(self.settings.n_ctx, self.settings.n_batch) or not self.reuse_ok:
+            self.split_probed = True
+            return True
+        slot = next((s for s in self.slots if not s.tokens), None)
+        if slot is None:
+            return False
+        lib, sid = self._lib, slot.seq_id
+        toks = self.tokenize(SPLIT_PROBE_TEXT * 8, add_bos=True, special=False)[:n]
+        if len(toks) < n:
+            self.split_probed = True
+            return True
+
+        def state(splits: list[int]) -> bytes:
+            lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
+            a = 0
+            for b in splits:
+                self._decode([(sid, a, toks[a:b])])
+                a = b
+            size = lib.llama_state_seq_get_size(self.ctx, sid)
+            buf = (ctypes.c_uint8 * size)()
+            got = lib.llama_state_seq_get_data(self.ctx, buf, size, sid)
+            return bytes(buf[:got])
+
+        try:
+            same = state([n]) == state([cut, n])
+        finally:
+            lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
+            slot.forget()
+        self.split_rows = SPLIT_ROWS if same else 0
+        self.split_probed = True
+        log.info("prefix reuse: batches of %d tokens or more %s", SPLIT_ROWS,
+                 "give every token the same bits: reuse may end inside a chunk" if same
+                 else "do not give the same bits: reuse ends at chunk ends")
+        return True
+
+    def _reuse_note(self, reuse: int, source: str, L: int, metrics: dict, allow_reuse: bool,
+                    bounds: list[int] = ()) -> tuple[str, str]:
         """``("exact", which path)`` when a prefix was reused, else ``("cold", why not)``: every reuse path
         that ``begin`` takes gives the cold run's bits, so a path that could not does not run at all."""
         C = self.settings.n_batch
         if reuse:
             where = "restored from disk" if source == "disk" else "live KV cache"
             part = ("all but the last prompt token" if reuse == L - 1
-                    else f"{reuse} tokens, up to a chunk end of the prompt's layout")
+                    else f"{reuse} tokens, up to a chunk end of the prompt's layout" if reuse in bounds
+                    else f"{reuse} tokens, inside a chunk of at least {self.split_rows} tokens")
             return "exact", f"{where}: {part}"
         if not allow_reuse:
             return "cold", "prefix reuse off for this request"

@@ -78,6 +78,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self._settling: dict[int, _Settle] = {}
         self.settled = {"settled_answers": 0, "settled_tokens": 0}
         self._save_wanted: set[int] = set()  # slots whose chunks the disk cache may not hold yet (``idle_step``)
+        self.split_rows = 0  # batches this big give each token the same bits (``_probe_split``; 0: unknown/no)
+        self.split_probed = False
         self._warm_up()
         self.released_bytes = release_zero_pages()  # the zero-filled KV is resident only as it is written
         self.load_s = time.perf_counter() - t0
@@ -128,8 +130,11 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
 
     def cache_stats(self) -> dict:
         """The disk prefix cache's counters (``PrefixCache.stats``; none without one) and the answers laid
-        out again while idle (``settled_answers``, ``settled_tokens``: ``idle_step``)."""
-        return {**(self.prefix_cache.stats() if self.prefix_cache else {}), **self.settled}
+        out again while idle (``settled_answers``, ``settled_tokens``: ``idle_step``), and whether reuse may end
+        inside a chunk (``split_rows``: batches of that many tokens give the same bits, 0: no or not measured
+        yet; ``split_probed``: ``_probe_split`` ran)."""
+        return {**(self.prefix_cache.stats() if self.prefix_cache else {}), **self.settled,
+                "split_rows": self.split_rows, "split_probed": self.split_probed}
 
     def close(self) -> None:
         """Finish the prefix cache's pending writes and close its index (the engine process is ending)."""
@@ -149,8 +154,9 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         long (then the last token alone; a short tail goes in with it), each chunk
         in a ``llama_decode`` of its own (never merged with other slots' tokens). A reused prefix ends where a
         chunk of this layout ends and the reused KV was laid out the same way up to there (a chat's next turn
-        reuses its previous prompt up to the turn that now holds the answer); so the KV and the last token's
-        logits are bit for bit those of a cold prefill. Each position also sits in the same KV
+        reuses its previous prompt up to the turn that now holds the answer), or inside the next chunk where
+        batches of 64 tokens give every token the same bits (``layout.usable_within``, ``_probe_split``); so the
+        KV and the last token's logits are bit for bit those of a cold prefill. Each position also sits in the same KV
         cell as in the cold prefill (position p in cell p of the slot's stream, head after the last): attention
         sums cells in cell order (``PrefixCache._set_state``; live reuse frees the tail cells and the head goes
         back to the reuse point). The slot's chunks are saved to the disk cache once the engine is idle
@@ -169,6 +175,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
                    key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
         self._settle_wanted.pop(slot.seq_id, None)
         self._settling.pop(slot.seq_id, None)  # its KV is consistent after every chunk: reused as it is
+        if slot.seq_id in self._save_wanted and _drops_other_chunks(slot.bounds, slot.tokens, tokens):
+            self._save_one(slot.seq_id)  # chunks this request would drop, not saved yet (``SAVE_GRACE_S``)
         copied = self._copy_longer(slot, tokens, live[slot.seq_id], bounds) if allowed else None
         if copied is not None:
             live[slot.seq_id] = len(slot.tokens)
@@ -360,6 +368,16 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
             why = "no free KV cell" if rc == 1 else "aborted" if rc == 2 else f"error {rc}"
             raise HearthError(f"llama_decode failed ({why}) on a batch of {n} tokens")
         return lasts
+
+
+def _drops_other_chunks(bounds: set[int], have: list[int], tokens: list[int]) -> bool:
+    """Whether a KV holding ``have`` (its chunks ending at ``bounds``) ends a chunk past its common prefix with
+    the prompt ``tokens``: a chunk the prompt does not contain, which giving the slot to it would drop. (A next
+    step that extends the KV's prompt drops at most the answer and the part of a chunk it computes again.)"""
+    n, top = 0, min(len(have), len(tokens))
+    while n < top and have[n] == tokens[n]:
+        n += 1
+    return any(b > n for b in bounds)
 
 
 def _runs(ids: set[int]) -> int:

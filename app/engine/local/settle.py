@@ -50,7 +50,8 @@ class SettleMixin:
         """One step of idle work (the scheduler calls it while no request waits or runs): lay the last
         answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call, then
         save the chunks of the slots used since to the disk cache, one slot per call (``_save_one``), each once
-        it has been unused ``SAVE_GRACE_S`` (``idle_delay``). Returns True while more remains.
+        it has been unused ``SAVE_GRACE_S`` (``idle_delay``); once, as early, ``_probe_split``. Returns True while
+        more remains.
 
         Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
         decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
@@ -65,10 +66,13 @@ class SettleMixin:
         (regenerate) reuses the prompt up to its assistant break instead of all but its last token.
         ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
         try:
-            if not self._settling and not self._settle_wanted and self._save_wanted:
+            if not self._settling and not self._settle_wanted and (self._save_wanted or not self.split_probed):
                 if self.idle_delay() <= 0:
-                    self._save_one()
-                return bool(self._save_wanted)
+                    if not self.split_probed and self._probe_split():
+                        return True
+                    if self._save_wanted:
+                        self._save_one()
+                return bool(self._save_wanted) or not self.split_probed
             if not self._settling:
                 while self._settle_wanted and not self._settling:
                     sid, seq = self._settle_wanted.popitem()
@@ -85,15 +89,16 @@ class SettleMixin:
                 self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
                 self.slots[sid].forget()
             self._settling.clear()
-        return bool(self._settling or self._settle_wanted or self._save_wanted)
+        return bool(self._settling or self._settle_wanted or self._save_wanted or not self.split_probed)
 
     def idle_delay(self) -> float:
         """Seconds until the next idle step is due: 0 while an answer is being laid out or waits to be, else
-        until the least recently used slot waiting for a save has been unused ``SAVE_GRACE_S``."""
-        if self._settling or self._settle_wanted or not self._save_wanted:
+        until the least recently used slot waiting for a save (or, before ``_probe_split`` ran, the last slot
+        used) has been unused ``SAVE_GRACE_S``."""
+        if self._settling or self._settle_wanted or (not self._save_wanted and self.split_probed):
             return 0.0
-        due = min(self.slots[sid].last_used for sid in self._save_wanted) + SAVE_GRACE_S
-        return max(0.0, due - time.perf_counter())
+        used = [self.slots[sid].last_used for sid in self._save_wanted] or [max(s.last_used for s in self.slots)]
+        return max(0.0, min(used) + SAVE_GRACE_S - time.perf_counter())
 
     def _save_one(self, sid: int | None = None) -> None:
         """Save one slot's chunks that the disk cache does not hold yet (``PrefixCache.save_slot``): ``sid``,

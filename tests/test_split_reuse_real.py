@@ -1,0 +1,48 @@
+"""Reuse inside a chunk on the real bundled model (``layout.usable_within``, ``Runtime._probe_split``;
+docs/prefix-cache.md, "Batches of 64 tokens and more"): an agent's next step reuses its previous prompt past
+the last whole chunk, and its answer equals a cold run's token for token."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from engine_runs import ids_and_done
+
+from app.engine.local.engine import Engine
+from app.protocol.types import DecodingParams, GenerateRequest, LoadSettings
+
+pytestmark = pytest.mark.model
+
+PREAMBLE = ("You are a harbour agent. Tools: ledger(ship) returns the cargo; berth(ship) returns the berth. "
+            "Always call a tool before you answer, then quote its result.\n")
+STEP = "Step {i}: the {ship} came in with crates of {cargo}; the harbour master asked where it should berth.\n"
+SHIPS = ("Heron", "Marigold", "Kestrel", "Juniper", "Swift", "Patience")
+CARGO = ("salt", "tea", "rope", "grain", "wool", "lamp oil")
+
+
+def _run(engine: Engine, prompt: str, cache: bool = True):
+    return ids_and_done(engine, GenerateRequest(prompt=prompt, prefix_cache=cache,
+                                                decoding=DecodingParams.make(temperature=0.0, max_tokens=24)))
+
+
+def test_an_agent_step_reuses_the_previous_prompt_past_its_last_chunk(bundled_model):
+    with Engine(bundled_model, LoadSettings(n_ctx=4096, n_parallel=2), prefix_cache=None) as engine:
+        prompt = PREAMBLE + "".join(STEP.format(i=i, ship=SHIPS[i % 6], cargo=CARGO[i % 6]) for i in range(24))
+        first_ids, first = _run(engine, prompt)
+        deadline = time.monotonic() + 30
+        while not engine.cache_stats()["split_probed"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.cache_stats()["split_rows"] == 64  # measured on this CPU build (docs/prefix-cache.md)
+        L = first.metrics.prompt_tokens
+        assert L % 256 >= 64 + 1  # the previous prompt's last chunk is big: [256k, L - 1)
+        for step in range(2):
+            prompt = prompt + first.text + "\n" + STEP.format(i=30 + step, ship="Old Grey", cargo="timber") * 3
+            warm_ids, warm = _run(engine, prompt)
+            cold_ids, cold = _run(engine, prompt, cache=False)
+            m = warm.metrics
+            assert m.cache_reuse == "exact" and m.cached_tokens > L // 256 * 256  # past the last whole chunk
+            assert "inside a chunk" in m.cache_reuse_reason or m.cached_tokens % 256 == 0
+            assert cold.metrics.cached_tokens == 0
+            assert warm_ids == cold_ids and warm.text == cold.text
+            first, L = warm, m.prompt_tokens
