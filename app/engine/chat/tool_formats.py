@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from app.engine.chat.tool_parser import WS, Chars, ParsedOutput, ToolCallParser
 from app.engine.chat.tools import forced_tools, parameters_gbnf
+from app.engine.structured.schema_check import gbnf_code
 from app.errors import InvalidRequest
 from app.protocol.tools import ToolCall, ToolChoice, ToolSpec, new_call_id
 
@@ -66,18 +67,7 @@ def _rules(gbnf: str) -> list[tuple[str, str]]:
 
 def _uncommented(line: str) -> str:
     """``line`` up to a ``#`` comment (one outside string literals and character classes)."""
-    i, n = 0, len(line)
-    while i < n:
-        c = line[i]
-        if c in '"[':
-            close = '"' if c == '"' else "]"
-            i += 1
-            while i < n and line[i] != close:
-                i += 2 if line[i] == "\\" else 1
-        elif c == "#":
-            return line[:i]
-        i += 1
-    return line
+    return next((line[:i] for i, c in gbnf_code(line) if c == "#"), line)
 
 
 def _rename(body: str, names: set[str], prefix: str) -> str:

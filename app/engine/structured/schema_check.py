@@ -10,7 +10,7 @@ The reasoning: docs/tools.md, 'app/engine/structured/schema_check.py'.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from app.engine.structured.grammar import RANGE_KEYS, int_range
 from app.errors import InvalidRequest
@@ -114,9 +114,9 @@ def check_grammar(gbnf: str, param: str) -> None:
                              "maxItems or similar bounds)", param=param)
 
 
-def grammar_nesting(gbnf: str) -> int:
-    """Deepest parenthesis nesting in GBNF text, skipping string literals and character classes."""
-    depth = deepest = 0
+def gbnf_code(gbnf: str) -> Iterator[tuple[int, str]]:
+    """``(index, character)`` of every character of GBNF text outside string literals and character classes
+    (an escaped character inside them is skipped with its backslash)."""
     i, n = 0, len(gbnf)
     while i < n:
         c = gbnf[i]
@@ -125,12 +125,20 @@ def grammar_nesting(gbnf: str) -> int:
             i += 1
             while i < n and gbnf[i] != close:
                 i += 2 if gbnf[i] == "\\" else 1
-        elif c == "(":
+        else:
+            yield i, c
+        i += 1
+
+
+def grammar_nesting(gbnf: str) -> int:
+    """Deepest parenthesis nesting in GBNF text, skipping string literals and character classes."""
+    depth = deepest = 0
+    for _, c in gbnf_code(gbnf):
+        if c == "(":
             depth += 1
             deepest = max(deepest, depth)
         elif c == ")":
             depth -= 1
-        i += 1
     return deepest
 
 
