@@ -12,10 +12,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from engine_runs import served
 from pydantic import BaseModel
 
-from app.engine.local.engine import Engine
-from app.protocol.types import LoadSettings
 from app.server import ServerThread, create_app
 from app.settings import ServerSettings
 
@@ -35,13 +34,8 @@ class Capital(BaseModel):
 
 @pytest.fixture(scope="module")
 def real(bundled_model):
-    eng = Engine(bundled_model, LoadSettings(n_ctx=2048), max_queue=4)
-    eng.load()
-    try:
-        with ServerThread(create_app(eng, ServerSettings())) as srv:
-            yield srv
-    finally:
-        eng.close()
+    with served(bundled_model, max_queue=4) as srv:
+        yield srv
 
 
 def client(srv) -> anthropic.Anthropic:

@@ -14,17 +14,14 @@ import json
 import jsonschema
 import openai
 import pytest
+from engine_runs import served
 from pydantic import BaseModel, Field
 from test_tool_formats import llama_cpp_check
 
 from app.engine.chat.tool_formats import FORMATS
-from app.engine.local.engine import Engine
 from app.protocol.tools import ToolCall, ToolChoice, ToolSpec
-from app.protocol.types import LoadSettings
-from app.server import ServerThread, create_app
 from app.server.openai_schema import ResponseFormat
 from app.server.structured import answer_problem, grammar_for
-from app.settings import ServerSettings
 
 pytestmark = pytest.mark.model
 
@@ -69,13 +66,8 @@ def test_llama_cpp_takes_the_joined_grammar_for_a_call_or_a_formatted_answer(bun
 
 @pytest.fixture(scope="module")
 def real(bundled_model):
-    eng = Engine(bundled_model, LoadSettings(n_ctx=2048), max_queue=8)
-    eng.load()
-    try:
-        with ServerThread(create_app(eng, ServerSettings())) as srv:
-            yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=300)
-    finally:
-        eng.close()
+    with served(bundled_model, max_queue=8) as srv:
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def test_a_forced_call_then_a_bounded_answer_after_the_tool_result(real):
