@@ -46,3 +46,23 @@ def test_an_agent_step_reuses_the_previous_prompt_past_its_last_chunk(bundled_mo
             assert cold.metrics.cached_tokens == 0
             assert warm_ids == cold_ids and warm.text == cold.text
             first, L = warm, m.prompt_tokens
+
+
+def test_an_engine_whose_slots_all_hold_kv_waits_for_the_probe_without_spinning(bundled_model):
+    """One slot holding the last prompt's KV: the split probe has no empty slot, and the idle engine waits for
+    a request to leave instead of asking again at once (it spun a whole core before)."""
+    import os
+
+    with Engine(bundled_model, LoadSettings(n_ctx=2048, n_parallel=1), prefix_cache=None) as engine:
+        _run(engine, PREAMBLE)
+        time.sleep(1.0)  # past the save grace: the probe was tried
+
+        def cpu_s() -> float:
+            fields = open(f"/proc/{engine.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        before = cpu_s()
+        time.sleep(2.0)
+        assert cpu_s() - before < 0.5  # CPU seconds in 2 s of idling: a loop would take ~2
+        stats = engine.cache_stats()
+        assert not stats["split_probed"] and stats["split_rows"] == 0  # reuse keeps to chunk ends meanwhile

@@ -80,6 +80,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self._save_wanted: set[int] = set()  # slots whose chunks the disk cache may not hold yet (``idle_step``)
         self.split_rows = 0  # batches this big give each token the same bits (``_probe_split``; 0: unknown/no)
         self.split_probed = False
+        self._probe_waits = False  # the probe found no empty slot: it waits for a request to leave
         self._warm_up()
         self.released_bytes = release_zero_pages()  # the zero-filled KV is resident only as it is written
         self.load_s = time.perf_counter() - t0
@@ -329,6 +330,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         ``idle_step``."""
         slot = self.slots[seq.slot]
         slot.last_used = time.perf_counter()
+        self._probe_waits = False
         self._settling.pop(slot.seq_id, None)
         if not clean:
             self._lib.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)

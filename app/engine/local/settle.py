@@ -66,13 +66,15 @@ class SettleMixin:
         (regenerate) reuses the prompt up to its assistant break instead of all but its last token.
         ``cache_stats`` counts ``settled_answers`` and ``settled_tokens``."""
         try:
-            if not self._settling and not self._settle_wanted and (self._save_wanted or not self.split_probed):
+            if not self._settling and not self._settle_wanted and self._deferred_work():
                 if self.idle_delay() <= 0:
-                    if not self.split_probed and self._probe_split():
-                        return True
+                    if self._probe_wanted():
+                        if self._probe_split():
+                            return True
+                        self._probe_waits = True  # no empty slot: again once a request has left
                     if self._save_wanted:
                         self._save_one()
-                return bool(self._save_wanted) or not self.split_probed
+                return self._deferred_work()
             if not self._settling:
                 while self._settle_wanted and not self._settling:
                     sid, seq = self._settle_wanted.popitem()
@@ -89,13 +91,21 @@ class SettleMixin:
                 self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
                 self.slots[sid].forget()
             self._settling.clear()
-        return bool(self._settling or self._settle_wanted or self._save_wanted or not self.split_probed)
+        return bool(self._settling or self._settle_wanted) or self._deferred_work()
+
+    def _probe_wanted(self) -> bool:
+        """``_probe_split`` has not run, and has not found every slot holding KV since a request last left."""
+        return not self.split_probed and not self._probe_waits
+
+    def _deferred_work(self) -> bool:
+        """Idle work that waits for ``SAVE_GRACE_S``: slots to save, or the split probe."""
+        return bool(self._save_wanted) or self._probe_wanted()
 
     def idle_delay(self) -> float:
         """Seconds until the next idle step is due: 0 while an answer is being laid out or waits to be, else
         until the least recently used slot waiting for a save (or, before ``_probe_split`` ran, the last slot
         used) has been unused ``SAVE_GRACE_S``."""
-        if self._settling or self._settle_wanted or (not self._save_wanted and self.split_probed):
+        if self._settling or self._settle_wanted or not self._deferred_work():
             return 0.0
         used = [self.slots[sid].last_used for sid in self._save_wanted] or [max(s.last_used for s in self.slots)]
         return max(0.0, min(used) + SAVE_GRACE_S - time.perf_counter())
