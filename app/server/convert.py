@@ -45,6 +45,7 @@ class Plan:
     logprobs: Optional[int] = None
     grounding: Any = None
     consistency: Any = None
+    mcp_tools: bool = False  # hearth.mcp_tools: the port's MCP tools are offered and run (Service, mcp_tools)
 
 
 def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
@@ -68,7 +69,7 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
     sc = reasoning.self_consistency(body, options, base, logprobs=lp is not None, tools=bool(tools))
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp,
-                consistency=sc)
+                consistency=sc, mcp_tools=bool(body.hearth is not None and body.hearth.mcp_tools))
 
 
 def completion_plan(body: CompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:

@@ -80,6 +80,8 @@ class HearthOptions(BaseModel):
                              'model\'s default: adaptive prompt lookup where it pays)')
     self_consistency: Any = Field(default=None, description="{n, extract, verifier}: sample n, vote")
     keep_alive: Any = Field(default=None, description='how long the model stays loaded after: seconds or "5m"')
+    mcp_tools: Optional[StrictBool] = Field(default=None, description="run the mcp.json tools server-side (needs "
+                                            "`hearth serve --mcp-tools`; only alwaysAllow tools run)")
 
 
 class _Sampling(_Allow):
