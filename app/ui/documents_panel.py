@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.ui.labels import ElidedLabel, fit_width
 from app.ui.models import DocumentListModel, IdRole
 
 _BAR_STEPS = 1000  # the overall bar's range: its value is the fraction done in thousandths
@@ -42,7 +43,7 @@ class FileProgress(QWidget):
         super().__init__(parent)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.label = QLabel()
+        self.label = ElidedLabel()
         self.bar = QProgressBar(maximumWidth=120, textVisible=False)
         lay.addWidget(self.label, 1)
         lay.addWidget(self.bar)
@@ -81,7 +82,7 @@ class DocumentsPanel(QWidget):
 
     def _build(self) -> None:
         lay = QVBoxLayout(self)
-        self.notice = QLabel(wordWrap=True)
+        self.notice = fit_width(QLabel())
         self.hint = QLabel("Drop files or folders here. Checked documents are used to answer in this chat.",
                            wordWrap=True)
         self.view = QListView()
@@ -90,8 +91,8 @@ class DocumentsPanel(QWidget):
         self.cancel_btn = QPushButton("Cancel", visible=False,
                                       toolTip="Stop after the document being written; the next run goes on")
         self.cancel_btn.clicked.connect(self.docs.cancel)
-        self.state = QLabel(wordWrap=True)
-        self.eta = QLabel(wordWrap=True, visible=False)
+        self.state = fit_width(QLabel())
+        self.eta = fit_width(QLabel(visible=False))
         self.active_box = QWidget()
         self.active_lay = QVBoxLayout(self.active_box)
         self.active_lay.setContentsMargins(0, 0, 0, 0)

@@ -38,6 +38,7 @@ from app.ui.chat_header import ChatHeader
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import file_name
+from app.ui.labels import fit_width
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
 from app.ui.port_panel import PortPanel
@@ -115,6 +116,8 @@ class MainWindow(QMainWindow):
         col.setSpacing(theme.SPACE[1])
         for w in (self.header, self.banner, self.chat, self.notice, self.error):
             col.addWidget(w, 1 if w is self.chat else 0)
+        for label in (self.banner, self.notice, self.error):
+            fit_width(label)  # a long line wraps; it never widens the window
         self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
         self.tabs = QTabWidget()
         for w, name in ((self.models, "Models"), (self.documents, "Documents"), (self.port, "Port")):

@@ -28,6 +28,7 @@ from app.catalog.files import link_model
 from app.catalog.recommended import Recommendation, load_catalog, recommend
 from app.ui.engine_ctl import remote_job
 from app.ui.formatting import human_bytes
+from app.ui.labels import ElidedLabel, fit_width
 from app.ui.models import ItemRole, ModelListModel
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class ModelPanel(QWidget):
             row.addWidget(b)
         for w in (self.view, self.details, self.load_bar, self.error):
             lay.addWidget(w)
+        fit_width(self.details)
+        fit_width(self.error)
         lay.addLayout(row)
         return box
 
@@ -161,7 +164,7 @@ class ModelPanel(QWidget):
         lists.addWidget(self.files)
         prog = QHBoxLayout()
         self.dl_bar = QProgressBar(visible=False)
-        self.dl_label = QLabel()
+        self.dl_label = fit_width(QLabel())  # a long error wraps, never widens the window
         self.dl_btn, self.cancel_btn = QPushButton("Download file"), QPushButton("Cancel", visible=False)
         for w in (self.dl_bar, self.dl_label, self.dl_btn, self.cancel_btn):
             prog.addWidget(w)

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.catalog import registry
+from app.ui.labels import fit_width
 from app.ui.server_ctl import base_url, curl_example, new_api_key
 
 
@@ -31,7 +32,7 @@ class PortPanel(QWidget):
         super().__init__(parent)
         self.ctx, self.server = ctx, ctx.server
         lay = QVBoxLayout(self)
-        self.state = QLabel(wordWrap=True)
+        self.state = fit_width(QLabel())
         lay.addWidget(self.state)
         if not self.server.available:
             self.state.setText("<b>The local port is not available in this build</b> (app.server is missing).")

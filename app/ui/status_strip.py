@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.ui import theme
 from app.ui.formatting import context_bar, context_tooltip, speculative_text, status_texts
+from app.ui.labels import ElidedLabel
 
 THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled tokens; inserted text counts in "
                 "neither).\nTTFAT, time to first answer token: from the request entering its slot in the engine to "
@@ -38,13 +39,13 @@ class StatusStrip(QWidget):
         lay = QHBoxLayout(self)
         lay.setContentsMargins(theme.SPACE[2], theme.SPACE[0], theme.SPACE[2], theme.SPACE[0])
         lay.setSpacing(theme.SPACE[1])
-        self.model = QLabel("No model loaded")
+        self.model = ElidedLabel("No model loaded")  # a long line is cut, never widens the window
         self.service = QLabel(visible=False, textFormat=Qt.TextFormat.RichText)
         self.service.setObjectName("serviceStatus")
         self.service.setToolTip("The Hearth service (hearth service install) answers /health on this port. "
                                 "Connect: chat through it instead of loading a model in the window.")
         self.service.linkActivated.connect(lambda _l: self.connect_service.emit())
-        self.ttft, self.decode, self.reused, self.thinking = QLabel(), QLabel(), QLabel(), QLabel()
+        self.ttft, self.decode, self.reused, self.thinking = ElidedLabel(), ElidedLabel(), ElidedLabel(), ElidedLabel()
         self.thinking.setObjectName("thinkingMetrics")
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
         self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer

@@ -1,0 +1,68 @@
+"""Labels that never widen the window.
+
+A ``QLabel``'s minimum width is its text's width (one line) or its longest word (word-wrapped), and a layout
+passes that up to the top-level window, which then grows past the screen and never shrinks back (issue 27: a
+long status line took the window from 1280 to 1544 px). Status and error lines therefore ignore their text's
+width: one-line labels are cut with "…" and carry the whole text as their tooltip (``ElidedLabel``); wrapped
+labels have a minimum width of 1 px instead of their longest word's (``fit_width``).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QWidget
+
+
+class ElidedLabel(QLabel):
+    """One line of plain text cut with "…" to the label's width; when cut, the whole text is the tooltip.
+    ``text()`` is the whole text."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self._tip = ""  # a tooltip set by the owner, shown while the text fits
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt API
+        """Show ``text`` (cut to the width)."""
+        self._full = text
+        self._elide()
+
+    def text(self) -> str:
+        """The whole text, cut or not."""
+        return self._full
+
+    def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt API
+        """The owner's tooltip (the whole text replaces it while the text is cut)."""
+        self._tip = tip
+        self._elide()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        """No minimum width: the label never pushes its window wider."""
+        return QSize(0, super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        """The whole text's width, so that a roomy layout shows it uncut."""
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 2 * self.margin() + 8,
+                     super().sizeHint().height())
+
+    def resizeEvent(self, e: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(e)
+        self._elide()
+
+    def _elide(self) -> None:
+        room = self.contentsRect().width() - 2 * self.margin()
+        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(room, 0))
+        QLabel.setText(self, shown)
+        QLabel.setToolTip(self, self._full if shown != self._full else self._tip)
+
+
+def fit_width(label: QLabel) -> QLabel:
+    """Make a word-wrapped ``label`` take the width its layout gives it, whatever its text (a word longer than
+    the width is clipped). Returns ``label``."""
+    label.setWordWrap(True)
+    label.setMinimumWidth(1)  # an explicit minimum replaces the longest word's width in the layout
+    return label
+
