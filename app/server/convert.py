@@ -19,7 +19,7 @@ from app.protocol.types import ChatMessage, DecodingParams, GenerateRequest
 from app.server import reasoning
 from app.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from app.server.reasoning import PortOptions
-from app.server.structured import grammar_for
+from app.server.structured import checked_format, grammar_for
 
 MAX_GENERATIONS = 16  # prompts × n in one /v1/completions request
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -34,7 +34,9 @@ class Plan:
     or how many alternatives to report per token (0: only the chosen token's logprob); ``grounding``: the
     evidence given to the model (``app.server.documents.Grounding``), None unless ``hearth.documents``;
     ``consistency``: the ``hearth.self_consistency`` spec (``app.engine.policies.consistency.SelfConsistencySpec``):
-    each request is then sampled ``consistency.n`` times and the vote's choice answers it."""
+    each request is then sampled ``consistency.n`` times and the vote's choice answers it; ``answer_format``:
+    the ``response_format`` each whole answer is checked against after generation (``structured.check_answer``;
+    None: nothing the grammar leaves out to check, or the format waits for a forced call)."""
 
     kind: str  # "chat" | "text"
     model: str
@@ -46,6 +48,7 @@ class Plan:
     grounding: Any = None
     consistency: Any = None
     mcp_tools: bool = False  # hearth.mcp_tools: the port's MCP tools are offered and run (Service, mcp_tools)
+    answer_format: Any = None
 
 
 def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
@@ -69,7 +72,8 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
     sc = reasoning.self_consistency(body, options, base, logprobs=lp is not None, tools=bool(tools))
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp,
-                consistency=sc, mcp_tools=bool(body.hearth is not None and body.hearth.mcp_tools))
+                consistency=sc, mcp_tools=bool(body.hearth is not None and body.hearth.mcp_tools),
+                answer_format=checked_format(body.response_format) if grammar else None)
 
 
 def completion_plan(body: CompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
@@ -97,7 +101,8 @@ def completion_plan(body: CompletionRequest, model: str, options: Optional[PortO
         reqs.extend(_choices(_request(body, options, prompt=text, decoding=dec, want_logprobs=_want(lp)), body.n))
         index.extend([i] * body.n)
     sc = reasoning.self_consistency(body, options, reqs[0], prompts=len(prompts), logprobs=lp is not None)
-    return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp, consistency=sc)
+    return Plan("text", model, tuple(reqs), tuple(index), body.stream, _include_usage(body), lp, consistency=sc,
+                answer_format=checked_format(body.response_format))
 
 
 def tools_with_format(messages: tuple[ChatMessage, ...], choice: ToolChoice,

@@ -88,6 +88,19 @@ class ResponseNotFound(HearthError):
         return (self.__class__, (self.response_id, self.param))
 
 
+class AnswerMismatch(HearthError):
+    """A whole answer breaks its ``response_format`` schema where the grammar could not enforce it (a bound, a
+    ``multipleOf``...): 422 naming ``param`` and the ``problem`` (``structured.check_answer``)."""
+
+    def __init__(self, problem: str, param: str = "response_format") -> None:
+        super().__init__(f"the model's answer does not match the {param} schema: {problem}. The grammar cannot "
+                         "enforce this keyword while decoding; retry (another seed or temperature) or loosen it")
+        self.problem, self.param = problem, param
+
+    def __reduce__(self):
+        return (self.__class__, (self.problem, self.param))
+
+
 @dataclass(frozen=True)
 class ApiError:
     """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
@@ -160,6 +173,8 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, ResponseNotFound):
         code = "previous_response_not_found" if exc.param == "previous_response_id" else "response_not_found"
         return ApiError(404, "invalid_request_error", exc.message, exc.param, code)
+    if isinstance(exc, AnswerMismatch):
+        return ApiError(422, "invalid_request_error", exc.message, exc.param, "answer_schema_mismatch")
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):

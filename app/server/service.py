@@ -21,6 +21,7 @@ from app.errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from app.protocol.backend import Backend
 from app.protocol.types import Delta, Done, GenerateRequest
 from app.server import format as fmt
+from app.server import structured
 from app.server.convert import Plan
 from app.server.errors import ApiError, from_exception
 from app.server.metrics import ServerMetrics
@@ -105,6 +106,7 @@ class Service:
                 choices = [await self._collect(call, req) for req in plan.requests]
             for choice in choices:
                 await _check_citations(plan, choice)
+                _check_answer(plan, choice)
             return JSONResponse(await answer.whole(frame, choices, piece))
         finally:
             if not handed_over:
@@ -179,6 +181,7 @@ class Service:
                     yield p
             self.metrics.generation(ev)
             await _check_citations(plan, choice)
+            _check_answer(plan, choice)
             yield choice
         call.entry.close()  # before the end: a client that read the end finds the id gone (404)
 
@@ -207,6 +210,14 @@ async def _check_citations(plan: Plan, choice: fmt.Choice) -> None:
     ~0.2 s per citation on the loaded 2-core dev machine, docs/retrieval.md; never on the event loop)."""
     if plan.grounding is not None:
         choice.citations = await run_in_threadpool(plan.grounding.checked_citations, choice.text)
+
+
+def _check_answer(plan: Plan, choice: fmt.Choice) -> None:
+    """A 422 for an answer that breaks its ``response_format`` schema where the grammar could not enforce it
+    (``structured.check_answer``; a stream has sent the text already, so the 422 goes in-band). A call, or a
+    failed one (``hearth.tool_call_error`` says why), is not an answer in the format."""
+    if plan.answer_format is not None and not (choice.tools and (choice.tools.calls or choice.tools.errors)):
+        structured.check_answer(choice.text, choice.finish_reason, plan.answer_format)
 
 
 def _once(call: _Call, release: Callable[[], None]) -> Callable[[], None]:

@@ -25,10 +25,12 @@ from app.engine.structured.schema_check import (
 )
 from app.engine.structured.schema_check import grammar_nesting as _nesting
 from app.errors import InvalidRequest
+from app.server.errors import AnswerMismatch
 from app.server.openai_schema import ResponseFormat
 
 # The gates' names stay importable from here, where they were first defined.
-__all__ = ["grammar_for", "answer_problem", "check_schema", "unenforceable", "UNENFORCED", "ENFORCED_FORMATS",
+__all__ = ["grammar_for", "answer_problem", "checked_format", "check_answer",
+           "check_schema", "unenforceable", "UNENFORCED", "ENFORCED_FORMATS",
            "MAX_SCHEMA_CHARS", "MAX_SCHEMA_DEPTH", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING", "PARAM", "_nesting"]
 
 PARAM = "response_format"
@@ -48,9 +50,10 @@ def grammar_for(fmt: ResponseFormat | None) -> str | None:
     schema = fmt.json_schema.schema_
     check_schema(schema)
     if fmt.json_schema.strict:
-        # Nothing on the chat path checks an answer after generation yet (``answer_problem`` is that check):
-        # a strict schema keeps only what the grammar enforces.
-        refuse_unenforceable(schema, PARAM, checked_after=frozenset())
+        # The port checks every whole answer against what the grammar leaves out (``check_answer``, a 422), so
+        # a strict schema takes those keywords, as strict tools do; only a ``format`` the grammar does not know
+        # stays refused (the format checker does not assert every format).
+        refuse_unenforceable(schema, PARAM)
     gbnf = schema_to_gbnf(schema)
     check_grammar(gbnf, PARAM)
     return gbnf
@@ -71,3 +74,25 @@ def answer_problem(text: str, fmt: ResponseFormat | None) -> str | None:
         return None if isinstance(value, dict) else f"the answer is a JSON {type(value).__name__}, not an object"
     schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
     return value_problem(value, schema) if isinstance(schema, dict) else None
+
+
+def checked_format(fmt: ResponseFormat | None) -> ResponseFormat | None:
+    """``fmt`` when its answers need the check after generation: a ``json_schema`` with keywords the grammar
+    does not enforce (``unenforceable``: a wide or ``number`` bound, ``multipleOf``, ``uniqueItems``...); None
+    when the grammar enforces the whole schema, or for ``json_object`` / ``text`` / no format."""
+    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
+        return None
+    schema = fmt.json_schema.schema_
+    return fmt if isinstance(schema, dict) and unenforceable(schema) else None
+
+
+def check_answer(text: str, finish_reason: str, fmt: ResponseFormat | None) -> None:
+    """Raise ``AnswerMismatch`` (a 422 naming ``response_format`` and ``answer_problem``'s line: the place, the
+    keyword, the value) when an answer written under ``fmt`` breaks its schema. An answer cut off by
+    ``max_tokens`` (``finish_reason`` "length") is not checked: it goes back as it is, and its finish reason
+    says why it is incomplete, as OpenAI answers it. No retry: greedy decoding would write the same answer."""
+    if fmt is None or finish_reason == "length":
+        return
+    problem = answer_problem(text, fmt)
+    if problem is not None:
+        raise AnswerMismatch(problem, PARAM)
