@@ -4,6 +4,8 @@ the window, with the check that failed before its fix. Offscreen, with the fake 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QApplication
@@ -76,3 +78,92 @@ def test_a_cut_status_line_keeps_its_whole_text_in_the_tooltip(qtbot, window):
     w.status.show_model("Model: short")
     settle(qtbot)
     assert w.status.model.toolTip() == ""
+
+
+# -- 2: a failed load is never the startup model; the start falls back ------------------------------------
+@pytest.fixture
+def fake_loads(monkeypatch):
+    """Model files that "load" on the fake engine unless their name says broken (truncated); the bundled one
+    is a placeholder file (not assembled). Returns the models folder."""
+    from app import paths
+    from app.errors import ModelLoadError
+    from app.ui import engine_ctl
+
+    def inspect(path: str):
+        if "broken" in path or not Path(path).exists():
+            raise ModelLoadError(f"{path}: truncated file", path=path)
+        return {}
+
+    monkeypatch.setattr(engine_ctl, "_inspect", inspect)
+    monkeypatch.setattr(engine_ctl.backends, "build", lambda plan: FakeEngine(plan.path, n_ctx=2048))
+    folder = paths.models_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("good-model.gguf", "broken-model.gguf"):
+        (folder / name).write_bytes(b"GGUF")
+    paths.bundled_model_path().write_bytes(b"GGUF")
+    return folder
+
+
+def loaded_name(w) -> str:
+    job = w.ctx.engine.job
+    return Path(job.path).name if job else ""
+
+
+def test_a_failed_load_is_not_saved_and_the_start_falls_back(qtbot, fake_loads):
+    from app.settings import load_user_settings
+
+    w = open_window(qtbot, autoload=True)  # nothing saved: the bundled model
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
+    w.ctx.load_model(str(fake_loads / "good-model.gguf"), "good-model")
+    qtbot.waitUntil(lambda: loaded_name(w) == "good-model.gguf", timeout=10_000)
+    assert load_user_settings().model == str(fake_loads / "good-model.gguf")
+    w.ctx.load_model(str(fake_loads / "broken-model.gguf"), "broken-model")
+    qtbot.waitUntil(lambda: w.models.error.isVisible() and w.ctx.engine.state == "ready", timeout=10_000)
+    assert load_user_settings().model == str(fake_loads / "good-model.gguf")  # the failed one is not saved
+    close_window(w)
+    w = open_window(qtbot, autoload=True)  # "restart": the good one again
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
+    assert loaded_name(w) == "good-model.gguf" and w.chat.send_btn.isEnabled()
+    close_window(w)
+
+
+def test_a_saved_model_that_fails_falls_back_to_the_last_that_worked_then_the_bundled(qtbot, fake_loads):
+    from app.settings import load_user_settings, save_user_settings
+    from app.ui.prefs import UiPrefs, save_prefs
+
+    save_user_settings(replace(load_user_settings(), model=str(fake_loads / "broken-model.gguf")))
+    save_prefs(UiPrefs(last_model=str(fake_loads / "good-model.gguf")))
+    w = open_window(qtbot, autoload=True)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
+    assert loaded_name(w) == "good-model.gguf" and w.chat.send_btn.isEnabled()
+    text = w.status.model.text()
+    assert "broken-model could not be loaded" in text and "loaded good-model instead" in text
+    close_window(w)
+    (fake_loads / "good-model.gguf").unlink()  # the last that worked is gone too: the bundled one
+    w = open_window(qtbot, autoload=True)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
+    assert loaded_name(w) == paths_bundled_name() and "instead" in w.status.model.text()
+    close_window(w)
+
+
+def paths_bundled_name() -> str:
+    from app import paths
+
+    return paths.bundled_model_path().name
+
+
+# -- 3: the Models list follows the bundled model being assembled ------------------------------------------
+def test_the_models_list_is_refreshed_when_the_model_that_answers_was_listed_as_not_installed(qtbot, fake_loads):
+    from app import paths
+
+    bundled = paths.bundled_model_path()
+    bundled.unlink()  # a first start: the list is built before the bundled model is assembled
+    w = open_window(qtbot)
+    qtbot.waitUntil(lambda: w.models.model.rowCount() > 0, timeout=10_000)
+    row = w.models.model.row_of_path(str(bundled))
+    assert not w.models.model.item(row).installed
+    bundled.write_bytes(b"GGUF")  # assembled
+    w.ctx.engine.load(w.ctx.job_for(str(bundled), "bundled"))
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
+    qtbot.waitUntil(lambda: w.models.model.item(w.models.model.row_of_path(str(bundled))).installed, timeout=10_000)
+    close_window(w)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from PySide6.QtCore import QObject
 
 from app.catalog.hub import HubClient
-from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
+from app.catalog.registry import BUNDLED_MODEL_ID
 from app.settings import UserSettings, load_user_settings, save_user_settings
 from app.ui.chat_ctl import ChatController
 from app.ui.docs_ctl import DocumentsController
@@ -44,6 +44,9 @@ class AppContext(QObject):
                                        embedder=self.docs.embedder, parent=self)
         self.downloads = DownloadController(self.pool, hub, self)
         self.engine.about_to_change.connect(self.chat.stop)
+        self._remember: tuple[str, str] | None = None  # the model to save as the startup one once it loads
+        self.engine.loaded.connect(self._loaded)
+        self.engine.load_failed.connect(self._forget_load)
 
     # -- settings -----------------------------------------------------------------------------------------
     def save_settings(self, settings: UserSettings) -> None:
@@ -58,18 +61,30 @@ class AppContext(QObject):
         return job_for(self.settings, path, model_id)
 
     def load_model(self, path: str, model_id: str, remember: bool = True) -> None:
-        if remember:
-            self.save_settings(replace(self.settings, model=None if model_id == BUNDLED_MODEL_ID else path))
+        """Load the model file ``path``; with ``remember`` it becomes the startup model once it has loaded (a
+        file that fails to load is never saved as the startup model)."""
+        self._remember = (path, model_id) if remember else None
         self.engine.load(self.job_for(path, model_id))
 
-    def startup_job(self) -> LoadJob | None:
-        """The model chosen last time (the bundled one by default), or None when it cannot be found."""
-        try:
-            path = resolve_model(self.settings.model)
-        except Exception as exc:  # noqa: BLE001 - a missing model must not stop the app from opening
-            log.warning("cannot find the model chosen last time (%s): %s", self.settings.model, exc)
-            return None
-        return self.job_for(str(path), model_id(path))
+    def _forget_load(self, _exc: BaseException) -> None:
+        self._remember = None
+
+    def _loaded(self, _info: dict) -> None:
+        """A model loaded: save it as the startup model when the person chose it, and remember it in ui.json as
+        the last model that worked (``app.ui.startup`` falls back to it)."""
+        from app.ui.prefs import load_prefs, save_prefs
+
+        job, (remember, self._remember) = self.engine.job, (self._remember, None)
+        if job is None or job.remote:
+            return
+        if remember is not None and remember[0] == job.path:
+            self.save_settings(replace(self.settings, model=None if remember[1] == BUNDLED_MODEL_ID else job.path))
+        prefs = load_prefs()
+        if prefs.last_model != job.path:
+            try:
+                save_prefs(replace(prefs, last_model=job.path))
+            except OSError as exc:
+                log.warning("cannot save ui.json: %s", exc)
 
     # -- the documents chosen for a conversation (turns search only these; None: all) ---------------------
     def conversation_documents(self, conversation_id: str) -> list[str] | None:

@@ -46,6 +46,7 @@ from app.ui.presets_dialog import PresetsDialog
 from app.ui.service_ctl import ServiceController, service_text
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.sidebar import Sidebar
+from app.ui.startup import StartupLoader
 from app.ui.status_strip import StatusStrip
 
 log = logging.getLogger(__name__)
@@ -182,11 +183,16 @@ class MainWindow(QMainWindow):
 
     # -- model --------------------------------------------------------------------------------------------
     def load_startup_model(self) -> None:
-        job = self.ctx.startup_job()
-        if job is not None:
-            self.ctx.engine.load(job)
-        else:
-            self.status.show_model("No model: choose one in the Models tab")
+        """The saved model, else the last one that worked, else the bundled one (``app.ui.startup``); the
+        status line says when a fallback was loaded, or that none could be."""
+        self.startup = StartupLoader(self.ctx, self)
+        self.startup.done.connect(self._startup_done)
+        self.startup.gave_up.connect(self.status.show_model)
+        self.startup.start()
+
+    def _startup_done(self, note: str) -> None:
+        if note:
+            self.status.show_model(f"{note} · {self.status.model.text()}")
 
     def _engine_state(self, state: str) -> None:
         job = self.ctx.engine.job
@@ -225,11 +231,12 @@ class MainWindow(QMainWindow):
 
     def apply_theme(self, mode: str) -> None:
         """Save and show theme ``mode`` (system / light / dark)."""
-        from app.ui.prefs import UiPrefs, load_prefs, save_prefs
+        from app.ui.prefs import load_prefs, save_prefs
 
-        if mode != load_prefs().theme:
+        saved = load_prefs()
+        if mode != saved.theme:
             try:
-                save_prefs(UiPrefs(theme=mode))
+                save_prefs(replace(saved, theme=mode))
             except OSError as exc:
                 log.warning("cannot save ui.json: %s", exc)
         theme.manager().set_mode(mode)

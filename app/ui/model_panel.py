@@ -182,7 +182,7 @@ class ModelPanel(QWidget):
         self.abort_btn.clicked.connect(eng.abort_load)
         eng.state_changed.connect(self._engine_state)
         eng.load_failed.connect(self.show_error)
-        eng.loaded.connect(lambda _info: self.model.set_loaded(eng.job.path if eng.job else None))
+        eng.loaded.connect(self._loaded)
         self.rec_btn.clicked.connect(self._download_recommended)
         self.search_btn.clicked.connect(lambda: dl.search(self.query.text()))
         self.query.returnPressed.connect(lambda: dl.search(self.query.text()))
@@ -205,6 +205,26 @@ class ModelPanel(QWidget):
         self.model.set_entries(entries)
         job = self.ctx.engine.job
         self.model.set_loaded((REMOTE + job.path if job.remote else job.path) if job else None)
+        if job is not None and not job.remote and self._listed_missing(job.path, absent=False):
+            self.refresh()  # listed before the loaded model's file was written (the bundled one, assembled)
+
+    def _loaded(self, _info: dict) -> None:
+        """A model loaded: mark it, and list again if the list has it as not installed, or not at all (on a
+        first start the list is built before the bundled model is assembled)."""
+        job = self.ctx.engine.job
+        self.model.set_loaded(job.path if job else None)
+        if job is not None and not job.remote and self._listed_missing(job.path, absent=True):
+            self.refresh()
+
+    def _listed_missing(self, path: str, absent: bool) -> bool:
+        """Whether the row of ``path`` says "not installed" (or, with ``absent``, there is no row) while the file
+        is there."""
+        from pathlib import Path
+
+        row = self.model.row_of_path(path)
+        entry = self.model.item(row) if row >= 0 else None
+        missing = (entry is None and absent) or (entry is not None and not entry.installed)
+        return missing and Path(path).exists()
 
     def _selected(self, row: int) -> None:
         entry = self.model.item(row)

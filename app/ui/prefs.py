@@ -23,9 +23,11 @@ THEMES = ("system", "light", "dark")
 
 @dataclass(frozen=True)
 class UiPrefs:
-    """``theme``: system (follow the OS), light or dark."""
+    """``theme``: system (follow the OS), light or dark. ``last_model``: the file of the last model that loaded
+    in the window (the start falls back to it when the saved model cannot be loaded)."""
 
     theme: str = "system"
+    last_model: str | None = None
 
 
 def prefs_file() -> Path:
@@ -47,11 +49,13 @@ def load_prefs() -> UiPrefs:
     if theme not in THEMES:
         log.warning("ui.json: theme=%r is not one of %s; using system", theme, ", ".join(THEMES))
         theme = "system"
-    return UiPrefs(theme=theme)
+    last = data.get("last_model") if isinstance(data, dict) else None
+    return UiPrefs(theme=theme, last_model=last if isinstance(last, str) and last else None)
 
 
 def save_prefs(prefs: UiPrefs) -> None:
     """Write ``ui.json`` atomically (``OSError`` when the folder is not writable; the old file stays)."""
     if prefs.theme not in THEMES:
         raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {prefs.theme!r}")
-    atomic_write_text(prefs_file(), json.dumps(asdict(prefs), indent=2), prefix=".ui-")
+    data = {k: v for k, v in asdict(prefs).items() if v is not None}
+    atomic_write_text(prefs_file(), json.dumps(data, indent=2), prefix=".ui-")

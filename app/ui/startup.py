@@ -1,0 +1,104 @@
+"""The model the window loads at start, with fallbacks.
+
+A model is saved as the startup model only after it loaded (``AppContext.load_model``), and every model that
+loads is remembered in ``ui.json`` as the last one that worked (``app.ui.prefs``). At start the window tries, in
+order: the saved model, the last model that worked, the bundled one; a candidate that cannot be found or fails
+to load is skipped for the next, and the status line says which was loaded instead and why (issue 27: one
+truncated GGUF left every later start with no model).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def candidates(saved: str | None, last_good: str | None) -> list[str | None]:
+    """The models to try at start, in order (None: the bundled one), without repeats."""
+    out: list[str | None] = []
+    for name in (saved or None, last_good or None, None):
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def name_of(name: str | None) -> str:
+    """How the status line names a candidate (a path by its model id)."""
+    return BUNDLED_MODEL_ID if not name else model_id(name) if name.lower().endswith(".gguf") else name
+
+
+class StartupLoader(QObject):
+    """Loads the first candidate that works (see the module docstring). ``done(note)`` once a model loaded
+    (``note``: "" when it was the first candidate, else what failed and what was loaded instead);
+    ``gave_up(note)`` when none could be loaded. An abort (Esc) ends the fallbacks."""
+
+    done = Signal(str)
+    gave_up = Signal(str)
+
+    def __init__(self, ctx: Any, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        from app.ui.prefs import load_prefs
+
+        self.queue = candidates(ctx.settings.model, load_prefs().last_model)
+        self.failures: list[tuple[str, str]] = []  # (model, why)
+        self.current = ""
+        self.active = False
+        self._paths: set[str] = set()
+
+    def start(self) -> None:
+        """Load the first candidate (the engine's signals drive the rest)."""
+        eng = self.ctx.engine
+        eng.loaded.connect(self._loaded)
+        eng.load_failed.connect(self._failed)
+        eng.state_changed.connect(self._state)
+        self.active = True
+        self._next()
+
+    def _next(self) -> None:
+        while self.queue:
+            name = self.queue.pop(0)
+            try:
+                path = str(resolve_model(name))
+            except Exception as exc:  # noqa: BLE001 - a missing model must not stop the window from opening
+                self.failures.append((name_of(name), f"not found: {exc}"))
+                continue
+            if path in self._paths:
+                continue
+            self._paths.add(path)
+            self.current = name_of(name)
+            self.ctx.engine.load(self.ctx.job_for(path, model_id(path)))
+            return
+        self._finish()
+        self.gave_up.emit(f"No model: {self._failed_text()}; choose one in the Models tab")
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.active:
+            log.warning("the start model %s did not load (%s); trying the next", self.current, exc)
+            self.failures.append((self.current, str(exc)))
+            self._next()
+
+    def _loaded(self, _info: dict) -> None:
+        if self.active:
+            self._finish()
+            self.done.emit(f"{self._failed_text()}; loaded {self.current} instead" if self.failures else "")
+
+    def _state(self, state: str) -> None:
+        if self.active and state == "idle":  # aborted: no fallbacks after an Esc
+            self._finish()
+
+    def _failed_text(self) -> str:
+        return "; ".join(f"{name} could not be loaded ({why})" for name, why in self.failures)
+
+    def _finish(self) -> None:
+        self.active = False
+        eng = self.ctx.engine
+        eng.loaded.disconnect(self._loaded)
+        eng.load_failed.disconnect(self._failed)
+        eng.state_changed.disconnect(self._state)
