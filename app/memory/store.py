@@ -5,6 +5,7 @@ projects ``app.memory.library`` (mixins). The design decisions it holds: docs/me
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from app.errors import InvalidRequest, StoreError
+from app.errors import InvalidRequest, StoreError, open_store_db, store_error
 from app.memory import transfer
 from app.memory.annotations import INSERT_CITATION, SummariesCitations, citation_values
 from app.memory.library import PresetsProjects
@@ -74,8 +75,8 @@ class Store(SummariesCitations, PresetsProjects):
             path = conversations_db()
         self.path = str(path)
         self._lock = threading.RLock()
+        conn = open_store_db(self.path, "conversation store")  # a damaged or empty file: StoreDamaged
         try:
-            conn = sqlite3.connect(self.path, check_same_thread=False, timeout=10.0)
             self.db = Database(conn, execute_plugins=False)
             if self.path != ":memory:":
                 self.db.enable_wal()
@@ -83,8 +84,8 @@ class Store(SummariesCitations, PresetsProjects):
             self.db.execute("PRAGMA foreign_keys=ON")
             migrations.apply(self.db)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the conversation store {self.path}: {exc} "
-                             "(the file was left untouched)") from exc
+            conn.close()
+            raise store_error(exc, self.path, "cannot open the conversation store") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -98,21 +99,31 @@ class Store(SummariesCitations, PresetsProjects):
 
     @contextmanager
     def _tx(self) -> Iterator[Database]:
-        """One write transaction, with database errors turned into ``StoreError``."""
+        """One write transaction (a savepoint inside ``transaction``), with database errors turned into
+        ``StoreError`` (``DiskFull``, ``StoreDamaged``: ``store_error``)."""
         with self._lock:
             try:
                 with self.db.atomic():
                     yield self.db
             except sqlite3.IntegrityError as exc:
                 raise StoreError(f"conversation store refused a write: {exc}") from exc
-            except sqlite3.OperationalError as exc:
-                raise StoreError(f"conversation store error: {exc}") from exc
+            except (sqlite3.DatabaseError, OSError) as exc:
+                raise store_error(exc, self.path, "conversation store") from exc
+
+    def transaction(self) -> contextlib.AbstractContextManager[Database]:
+        """Everything the store writes inside ``with store.transaction():`` is one transaction: all of it or,
+        when anything raises, none (a new conversation and its first message: no empty conversation is left
+        by a failed turn). Other threads' calls wait until it ends."""
+        return self._tx()
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict]:
         with self._lock:
-            cur = self.db.conn.execute(sql, list(params))
-            keys = [d[0] for d in cur.description]
-            return [dict(zip(keys, row)) for row in cur.fetchall()]
+            try:
+                cur = self.db.conn.execute(sql, list(params))
+                keys = [d[0] for d in cur.description]
+                return [dict(zip(keys, row)) for row in cur.fetchall()]
+            except sqlite3.DatabaseError as exc:
+                raise store_error(exc, self.path, "conversation store") from exc
 
     # ---- conversations ---------------------------------------------------------------------------------------
 
@@ -506,10 +517,7 @@ class Store(SummariesCitations, PresetsProjects):
             params.append(conversation_id)
         sql += " ORDER BY rank LIMIT ?"
         params.append(int(limit))
-        try:
-            rows = self._rows(sql, params)
-        except sqlite3.OperationalError as exc:
-            raise StoreError(f"search failed: {exc}") from exc
+        rows = self._rows(sql, params)  # a failure: StoreError
         return [SearchHit(r["id"], r["conversation_id"], r["title"] or "", r["role"], r["status"], r["created"],
                           r["snip"] or "") for r in rows]
 

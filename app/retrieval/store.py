@@ -24,7 +24,7 @@ import numpy as np
 import sqlite_utils
 
 from app import paths
-from app.errors import StoreError
+from app.errors import StoreError, open_store_db, store_error
 from app.retrieval.chunking import LEAD_MIN_TOKENS, LEAD_RECIPE, lead_text
 from app.retrieval.schema import migrations
 from app.retrieval.types import Evidence
@@ -76,14 +76,15 @@ class DocumentStore:
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path else paths.documents_db()
+        conn = open_store_db(self.path, "documents database")  # a damaged or empty file: StoreDamaged
         try:
-            conn = sqlite3.connect(str(self.path), timeout=10.0, check_same_thread=False)
             self.db = sqlite_utils.Database(conn)
             self.db.enable_wal()
             self.db.execute("PRAGMA synchronous=NORMAL")  # safe with WAL: a crash loses no committed doc
             migrations.apply(self.db)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the documents database {self.path}: {exc}") from exc
+            conn.close()
+            raise store_error(exc, self.path, "cannot open the documents database") from exc
         self._matrix_lock = threading.Lock()
         # model -> (version, ids, chunk vectors, lead vectors or None)
         self._matrix: dict[str, tuple[int, np.ndarray, np.ndarray, np.ndarray | None]] = {}
