@@ -1,7 +1,8 @@
 """``hearth chat``: chat in the terminal, every turn stored (``app.memory``).
 
 Interactive by default, or one message with ``--message`` (``--json`` for machines); the thinking streams to
-stderr, so stdout carries the answer only.
+stderr, so stdout carries the answer only. The tools of ``mcp.json`` are offered as in the window, each call
+asked on stderr (``_mcp_terminal``; docs/tools.md, 'MCP in the terminal and on the port').
 
 The reasoning: docs/memory.md, 'app/cli/chat.py'.
 """
@@ -33,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "tokens; default: the conversation's setting, else the model's)")
     p.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
                    help="thinking tokens allowed (beats --reasoning-effort)")
+    p.add_argument("--no-mcp", action="store_true", help="do not start the MCP servers of mcp.json (no tools)")
+    p.add_argument("--yes-tools", action="store_true",
+                   help="allow every MCP tool call without asking (else each call of a tool not in alwaysAllow is "
+                   "asked; with --message or without a terminal it is refused)")
+    p.add_argument("--tool-choice", default=None, choices=("auto", "required"),
+                   help="with MCP tools: required makes the model call a tool on every step but the last "
+                   "(default auto: the model decides)")
     add_load_args(p)
     add_decoding_args(p)
     p.set_defaults(func=run_terminal_chat)
@@ -41,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _defaults(args: argparse.Namespace) -> None:
     for name, default in (("max_tokens", None), ("system", None), ("prefix_cache", True), ("new", False),
                           ("conversation", None), ("message", None), ("json", False), ("docs", False), ("k", 4),
-                          ("reasoning_effort", None), ("reasoning_budget", None)):
+                          ("reasoning_effort", None), ("reasoning_budget", None), ("no_mcp", False),
+                          ("yes_tools", False), ("tool_choice", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
 
@@ -63,10 +72,11 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
 
         check_k(args.k, "--k")  # before the model loads
     args.reasoning = _reasoning_layer(args)  # checked before the model loads
-    system = args.system if args.system is not None else load_user_settings().system_prompt
-    with Store() as store, _documents(args) as docs, make_engine(args) as eng:
+    user = load_user_settings()
+    system = args.system if args.system is not None else user.system_prompt
+    with Store() as store, _documents(args) as docs, _tools(args, user.tools) as box, make_engine(args) as eng:
         assistant = Assistant(eng, store, decoding=decoding(args), system_prompt=system or "", documents=docs,
-                              k=args.k)
+                              k=args.k, tools=box)
         cid = store.resolve_conversation_id(args.conversation) if args.conversation else \
             assistant.new_conversation()
         if args.message is not None:
@@ -121,6 +131,44 @@ def _thinking_line(m: dict) -> str:
 
 
 @contextlib.contextmanager
+def _tools(args: argparse.Namespace, settings):
+    """The ``ToolBox`` over the mcp.json servers (None with ``--no-mcp`` or none configured), the servers
+    stopped at the end."""
+    from app.cli._mcp_terminal import TerminalPermission, start_hub, toolbox
+    from app.protocol.tools import ToolChoice
+
+    hub = None if args.no_mcp else start_hub(settings.start_timeout_s)
+    ask = TerminalPermission(args.message is None and sys.stdin.isatty(), args.yes_tools)
+    choice = ToolChoice(args.tool_choice) if args.tool_choice else None
+    try:
+        yield toolbox(hub, ask, settings, choice)
+    finally:
+        if hub is not None:
+            hub.close()
+
+
+def _send(assistant, cid: str, text: str, shown: "_Thinking | None", reasoning=None):
+    """One turn: the answer and the thinking to ``shown`` (None: nothing streams, ``--json``), tool calls and
+    results as lines on stderr; returns the ``TurnDone``."""
+    from app.assistant import ReasoningDelta, TextDelta, TurnDone
+    from app.cli._mcp_terminal import show_event
+
+    done = None
+    for item in assistant.turn(cid, text, reasoning=reasoning):
+        if isinstance(item, TurnDone):
+            done = item
+        elif isinstance(item, (TextDelta, ReasoningDelta)):
+            if shown is not None:
+                (shown.answer if isinstance(item, TextDelta) else shown)(item.text)
+        else:
+            if shown is not None:
+                shown.close()
+            show_event(item)
+    assert done is not None
+    return done
+
+
+@contextlib.contextmanager
 def _documents(args: argparse.Namespace):
     """The document index for ``--docs`` (None without it), closed at the end."""
     if not args.docs:
@@ -137,8 +185,7 @@ def _documents(args: argparse.Namespace):
 
 def _one_message(assistant, cid: str, args) -> int:
     shown = _Thinking()
-    done = assistant.send(cid, args.message, on_delta=None if args.json else shown.answer,
-                          on_reasoning=None if args.json else shown, reasoning=args.reasoning)
+    done = _send(assistant, cid, args.message, None if args.json else shown, args.reasoning)
     shown.close()
     if args.json:
         out = done.to_dict()
@@ -193,7 +240,7 @@ def _stream_turn(assistant, cid: str, text: str, reasoning=None) -> None:
     sys.stdout.flush()
     shown = _Thinking()
     try:
-        done = assistant.send(cid, text, on_delta=shown.answer, on_reasoning=shown, reasoning=reasoning)
+        done = _send(assistant, cid, text, shown, reasoning)
     except (KeyboardInterrupt, Cancelled):
         shown.close()
         print("\n  [stopped]", file=sys.stderr)

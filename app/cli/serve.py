@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttl", type=float, default=300.0, metavar="SECONDS",
                    help="unload a model idle this long (default 300; negative: never; a request's keep_alive and "
                         "per_model[id].ttl_s in settings.json override it)")
+    p.add_argument("--mcp-tools", action="store_true",
+                   help='run the tools of mcp.json server-side for chat requests that ask with "hearth": '
+                        '{"mcp_tools": true}; only tools in alwaysAllow run (nobody is there to ask). Off loopback '
+                        "it needs --api-key")
     p.add_argument(EXPOSE_FLAG, dest="expose", action="store_true",
                    help="allow binding a non-loopback address (anyone who can reach it can use your machine's "
                         "model; set --api-key)")
@@ -75,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
               f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
+    refused = mcp_refusal(getattr(args, "mcp_tools", False), settings.host, settings.api_key)
+    if refused:
+        print(f"hearth: error: {refused}", file=sys.stderr)
+        return 2
     user = replace(user, load=load_settings(args, user))  # a bad load flag is one line before anything starts
     budget = _budget_bytes(args.models_budget_gb)
     _check_port_free(settings.host, settings.port)  # before a model loads: fail fast with one line
@@ -83,6 +91,17 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args, user, settings, pool, default)
     finally:
         pool.close()
+
+
+def mcp_refusal(mcp_tools: bool, host: str, api_key: str | None) -> str | None:
+    """Why ``--mcp-tools`` may not run on ``host`` (None: it may): off loopback the tools run on this machine
+    for whoever reaches the port, so an API key must be configured."""
+    from app.server.run import is_loopback
+
+    if not mcp_tools or is_loopback(host) or api_key:
+        return None
+    return (f"--mcp-tools on {host} (not a loopback address) needs an API key: set --api-key or "
+            "$HEARTH_API_KEY, so that only clients holding it can run this machine's MCP tools")
 
 
 def _budget_bytes(gb: float | None) -> int | None:
@@ -122,10 +141,12 @@ def _serve(args: argparse.Namespace, user, settings, pool, default: str) -> int:
 
     embedder = _embedder() if args.embeddings else None
     documents = _documents(embedder) if args.documents else None
+    tools = _port_tools(user) if getattr(args, "mcp_tools", False) else None
     app = create_app(settings=settings, pool=pool, default_model=default, embedder=embedder,
                      allow_hosts=args.allow_host, documents=documents, catalog=ModelCatalog(load_for=user.load_for),
                      reasoning_defaults=settings_reasoning_defaults(user),
-                     allow_command_verifier=settings.allow_command_verifier, responses_store=_responses_store())
+                     allow_command_verifier=settings.allow_command_verifier, responses_store=_responses_store(),
+                     mcp_tools=tools)
     budget = "no limit" if pool.budget_bytes is None else f"{pool.budget_bytes / (1 << 30):.1f} GiB"
     ttl = f"after {pool.ttl_s:g} s" if pool.ttl_s is not None else "never"
     print(f"hearth: serving every installed model on http://{settings.host}:{settings.port}/v1 (default "
@@ -142,7 +163,25 @@ def _serve(args: argparse.Namespace, user, settings, pool, default: str) -> int:
             embedder.close()
         if documents is not None:
             documents.close()
+        if tools is not None:
+            tools.close()
     return 0
+
+
+def _port_tools(user):
+    """The mcp.json servers started for ``--mcp-tools`` (``PortTools``), or None when there are none or the
+    file is malformed (one line on stderr each, the port runs without them)."""
+    from app.cli._mcp_terminal import start_hub
+    from app.server.mcp_tools import PortTools
+
+    hub = start_hub(user.tools.start_timeout_s)
+    if hub is None:
+        return None
+    tools = hub.tools()
+    allowed = sorted(t.qualified_name for t in tools if t.always_allowed)
+    print(f"hearth: MCP tools for hearth.mcp_tools requests: {len(tools)} tools; run without asking (alwaysAllow): "
+          f"{', '.join(allowed) or 'none, so every call is answered as not allowed'}", file=sys.stderr)
+    return PortTools(hub, max_steps=user.tools.max_steps, call_timeout_s=user.tools.call_timeout_s)
 
 
 def _responses_store():

@@ -90,7 +90,8 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
                default_model: Optional[str] = None, embedder: Any = None, allow_hosts: Iterable[str] = (),
                catalog: Optional[ModelCatalog] = None, metrics: Optional[ServerMetrics] = None,
                documents: Any = None, reasoning_defaults: Defaults = None,
-               allow_command_verifier: Optional[bool] = None, responses_store: Any = None) -> FastAPI:
+               allow_command_verifier: Optional[bool] = None, responses_store: Any = None,
+               mcp_tools: Any = None) -> FastAPI:
     """The ASGI app. ``engine_provider``: the current engine (a callable or the engine itself); or ``pool``:
     a ``ModelPool`` serving every installed model by name, ``default_model`` the one an absent ``model``
     means (None: the bundled model). ``settings``: host (for the Host check), api_key, cors_origins
@@ -99,7 +100,9 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
     such requests get a 400 ``documents_unavailable``). ``reasoning_defaults``: the model layer of thinking
     budgets (module docstring). ``allow_command_verifier``: let ``hearth.self_consistency`` run command
     verifiers (None: the settings' ``allow_command_verifier``, off when absent). ``responses_store``: the
-    ``app.memory.Store`` that keeps /v1/responses chains (None: an in-memory store)."""
+    ``app.memory.Store`` that keeps /v1/responses chains (None: an in-memory store). ``mcp_tools``: the
+    ``app.server.mcp_tools.PortTools`` run for requests with ``hearth.mcp_tools`` (None: such requests get a
+    400)."""
     settings = settings or ServerSettings()
     allow_command = (allow_command_verifier if allow_command_verifier is not None
                      else bool(getattr(settings, "allow_command_verifier", False)))
@@ -107,6 +110,7 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
     st = State(source_for(engine_provider, pool, catalog, default_model), embedder, catalog,
                metrics or ServerMetrics(), documents, reasoning_defaults, allow_command,
                responses.ResponseChains(responses_store))
+    st.service.mcp = mcp_tools
     app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
                   redoc_url=None)
     app.state.hearth = st
@@ -147,7 +151,10 @@ def _status_routes(app: FastAPI, st: State) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(st.metrics.render(st.provider()), media_type="text/plain; version=0.0.4")
+        text = st.metrics.render(st.provider())
+        if st.service.mcp is not None:
+            text += "\n".join(st.service.mcp.metric_lines()) + "\n"
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:

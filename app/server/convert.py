@@ -48,6 +48,7 @@ class Plan:
     grounding: Any = None
     consistency: Any = None
     mcp_tools: bool = False  # hearth.mcp_tools: the port's MCP tools are offered and run (Service, mcp_tools)
+    mcp_choice: Any = None  # with mcp_tools and no tools of the client's: its tool_choice, checked by mcp_tools
     answer_format: Any = None
 
 
@@ -63,7 +64,9 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
     max_tokens = _max_tokens(body, body.max_completion_tokens, "max_completion_tokens")
     lp = _chat_logprobs(body)
     tools = parse_tools(body.tools)
-    choice, grammar = tools_with_format(messages, parse_tool_choice(body.tool_choice, tools),
+    mcp = bool(body.hearth is not None and body.hearth.mcp_tools)
+    mcp_choice = body.tool_choice if mcp and not tools else None  # checked against the MCP tools (mcp_tools)
+    choice, grammar = tools_with_format(messages, parse_tool_choice(None if mcp_choice else body.tool_choice, tools),
                                         grammar_for(body.response_format))
     dec = _decoding(body, max_tokens, grammar)
     check_tool_grammars(tools, ToolChoice("required") if grammar and choice.mode == "auto" and tools else choice)
@@ -72,7 +75,7 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
     sc = reasoning.self_consistency(body, options, base, logprobs=lp is not None, tools=bool(tools))
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp,
-                consistency=sc, mcp_tools=bool(body.hearth is not None and body.hearth.mcp_tools),
+                consistency=sc, mcp_tools=mcp, mcp_choice=mcp_choice,
                 answer_format=checked_format(body.response_format) if grammar else None)
 
 

@@ -24,6 +24,7 @@ from app.server import format as fmt
 from app.server import structured
 from app.server.convert import Plan
 from app.server.errors import ApiError, from_exception
+from app.server.mcp_tools import BoxStopper, PortTools, prepare
 from app.server.metrics import ServerMetrics
 from app.server.pump import DisconnectWatcher, Pump
 from app.server.running import Entry, Running
@@ -77,17 +78,27 @@ class Answer(Protocol):
 
 
 class Service:
-    """Runs plans on an engine and answers them; ``running`` is the registry of answers in progress."""
+    """Runs plans on an engine and answers them; ``running`` is the registry of answers in progress; ``mcp``:
+    the MCP tools a plan with ``mcp_tools`` runs (None: such plans are refused)."""
 
-    def __init__(self, metrics: ServerMetrics, running: Optional[Running] = None) -> None:
+    def __init__(self, metrics: ServerMetrics, running: Optional[Running] = None,
+                 mcp: Optional[PortTools] = None) -> None:
         self.metrics = metrics
         self.running = running or Running()
+        self.mcp = mcp
 
     async def respond(self, plan: Plan, engine: Backend, request: Request, answer: Optional[Answer] = None,
                       release: Callable[[], None] = lambda: None):
         """The answer to ``plan``: a ``JSONResponse`` or an ``SSEResponse``, written by ``answer`` (default
         ``CHAT``). ``release`` is called once when the answer is over (the model's lease)."""
         answer = answer or CHAT
+        boxes = None
+        if plan.mcp_tools:
+            try:
+                plan, boxes = await run_in_threadpool(prepare, self.mcp, plan)
+            except BaseException:
+                release()
+                raise
         piece: fmt.PieceFn | None = engine.token_piece_bytes if plan.logprobs is not None else None
         frame = answer.frame(plan)
         call = _Call(engine, DisconnectWatcher(request.receive, self.metrics.cancelled_by_client),
@@ -102,6 +113,8 @@ class Service:
                 return SSEResponse(self._events(frame, call, first, answer, piece), call.watcher, done)
             if plan.consistency is not None:
                 choices = [await self._consistent(call, req, plan.consistency) for req in plan.requests]
+            elif boxes is not None:
+                choices = [await self._with_mcp(call, req, box) for req, box in zip(plan.requests, boxes)]
             else:
                 choices = [await self._collect(call, req) for req in plan.requests]
             for choice in choices:
@@ -135,6 +148,24 @@ class Service:
             ev = await pump.next()
         self.metrics.generation(ev)
         return fmt.Choice(ev, lps, clamped, req.decoding.max_tokens, _read_tools(req, call.tool_fmt, ev))
+
+    async def _with_mcp(self, call: _Call, req: GenerateRequest, box: Any) -> fmt.Choice:
+        """``req`` answered with the port's MCP tools (``mcp_tools``): each step's calls run through the tool
+        loop, then the next step generates; the last step's choice is the answer."""
+        stopper, step, tools = BoxStopper(box), 1, self.mcp
+        assert tools is not None  # respond refused the plan otherwise
+        try:
+            while True:
+                choice = await self._collect(call, req)
+                call.watcher.track(stopper)  # type: ignore[arg-type]
+                calls = choice.tools.calls if choice.tools is not None else ()
+                nxt = await run_in_threadpool(tools.next_request, box, req, choice.text, calls, step,
+                                              call.engine.settings.n_ctx)
+                if nxt is None:
+                    return choice
+                req, step = nxt, step + 1
+        finally:
+            stopper.finished = True
 
     async def _consistent(self, call: _Call, req: GenerateRequest, spec: Any) -> fmt.Choice:
         """``req`` answered by self-consistency: its samples voted, the chosen one returned with the vote."""
