@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -46,7 +46,9 @@ from app.mcp.types import (
     ServerStatus,
     ToolError,
     ToolResult,
+    clash_text,
     content_to_text,
+    name_clashes,
     qualified_names,
 )
 
@@ -82,6 +84,7 @@ class McpHub:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._tasks: set[asyncio.Task] = set()  # background probes and re-listings (loop thread only)
+        self._clashes_logged: set[tuple[str, tuple]] = set()  # each name clash is logged once
 
     def __enter__(self) -> McpHub:
         return self
@@ -191,7 +194,8 @@ class McpHub:
             return {n: self._status_locked(s, names) for n, s in self._servers.items()}
 
     def tools(self, enabled_only: bool = True) -> list[McpTool]:
-        """Tools of the ready servers in config order (switched-off ones too unless ``enabled_only``)."""
+        """Tools of the ready servers in config order (switched-off ones too unless ``enabled_only``); never a
+        tool whose name clashes with another's (``name_clashes``)."""
         with self._lock:
             names = self._names_locked()
             return [t for s in self._servers.values() if s.state == "ready"
@@ -199,29 +203,50 @@ class McpHub:
 
     def tool(self, qualified_name: str) -> McpTool:
         """The enabled tool of a ready server named ``qualified_name``. Raises ``ToolError``: kind
-        ``unknown_tool`` when no listed tool has that name or it is switched off, ``unavailable`` when its
+        ``unknown_tool`` when no listed tool has that name, it is switched off, or the name was given to tools
+        of two servers (``name_clashes``: neither is called, the message names both), ``unavailable`` when its
         server is not ready (stopped, failed: the reason says why)."""
         with self._lock:
             names = self._names_locked()
-            for s in self._servers.values():
-                for t in self._tools_locked(s, names):
-                    if t.qualified_name != qualified_name:
-                        continue
-                    if s.state != "ready":
-                        raise ToolError(s.cfg.name, f"the server is {s.state}"
-                                        + (f": {s.error}" if s.error else ""), "unavailable", t.name)
-                    if not t.enabled:
-                        raise ToolError(s.cfg.name, "this tool is switched off in Settings", "unknown_tool",
-                                        t.name)
-                    return t
-        raise ToolError("", f"no tool of a running server is named {qualified_name!r}", "unknown_tool")
+            if qualified_name in names.clashes:
+                raise ToolError("", clash_text(qualified_name, names.clashes[qualified_name]), "unknown_tool")
+            found = self._usable_locked(lambda t: t.qualified_name == qualified_name, names)
+        if found is None:
+            raise ToolError("", f"no tool of a running server is named {qualified_name!r}", "unknown_tool")
+        return found
+
+    def _usable_locked(self, match: Callable[[McpTool], bool], names: _Names) -> McpTool | None:
+        """The first listed tool ``match`` accepts (None: none), checked callable: its server ready and the
+        tool switched on, else ``ToolError``."""
+        for s in self._servers.values():
+            for t in self._tools_locked(s, names):
+                if not match(t):
+                    continue
+                if s.state != "ready":
+                    raise ToolError(s.cfg.name, f"the server is {s.state}"
+                                    + (f": {s.error}" if s.error else ""), "unavailable", t.name)
+                if not t.enabled:
+                    raise ToolError(s.cfg.name, "this tool is switched off in Settings", "unknown_tool", t.name)
+                return t
+        return None
+
+    def _pair(self, tool: McpTool) -> McpTool:
+        """``tool``'s own (server, MCP name) as it stands now, whatever its qualified name resolves to."""
+        with self._lock:
+            found = self._usable_locked(lambda t: (t.server, t.name) == (tool.server, tool.name),
+                                        self._names_locked())
+        if found is None:
+            raise ToolError(tool.server, "no running server lists this tool now", "unknown_tool", tool.name)
+        return found
 
     # -- calling --------------------------------------------------------------------------------------------
 
-    def call(self, qualified_name: str, arguments: Mapping[str, Any] | None = None, *,
+    def call(self, qualified_name: str | McpTool, arguments: Mapping[str, Any] | None = None, *,
              timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> ToolResult:
         """Call tool ``qualified_name`` (``McpTool.qualified_name``) with ``arguments`` (a JSON object) and
-        wait for its result, at most ``timeout_s`` seconds (then the call is cancelled on the server).
+        wait for its result, at most ``timeout_s`` seconds (then the call is cancelled on the server). Given an
+        ``McpTool`` (the one the person was asked about), that tool's own (server, MCP name) pair is called,
+        never whatever its qualified name resolves to by now.
 
         Returns the ``ToolResult`` (``is_error`` when the tool reported failure, or the server answered with a
         JSON-RPC error such as invalid params). Raises ``ToolError``: kind ``unknown_tool``, ``unavailable``
@@ -232,7 +257,7 @@ class McpHub:
         if arguments is not None and not isinstance(arguments, Mapping):
             raise InvalidRequest(f"tool arguments must be a JSON object, got {type(arguments).__name__}",
                                  param="arguments")
-        t = self.tool(qualified_name)
+        t = self._pair(qualified_name) if isinstance(qualified_name, McpTool) else self.tool(qualified_name)
         fut = self._submit(self._call(t.server, t.name, dict(arguments or {}), timeout_s))
         try:
             return fut.result(timeout_s + _GRACE_S)
@@ -508,23 +533,41 @@ class McpHub:
         except Exception:  # noqa: BLE001 - a broken listener must not break the servers
             log.exception("MCP hub: on_status listener failed")
 
-    def _names_locked(self) -> dict[tuple[str, str], str]:
-        return qualified_names([(n, [t["name"] for t in s.tools]) for n, s in self._servers.items()])
+    def _names_locked(self) -> _Names:
+        names = qualified_names([(n, [t["name"] for t in s.tools]) for n, s in self._servers.items()])
+        clashes = name_clashes(names)
+        for name, pairs in clashes.items():
+            if (name, tuple(pairs)) not in self._clashes_logged:
+                self._clashes_logged.add((name, tuple(pairs)))
+                log.warning("MCP hub: %s", clash_text(name, pairs))
+        return _Names(names, clashes)
 
-    def _status_locked(self, srv: _Server, names: dict[tuple[str, str], str]) -> ServerStatus:
-        return ServerStatus(name=srv.cfg.name, state=srv.state, error=srv.error,
+    def _status_locked(self, srv: _Server, names: _Names) -> ServerStatus:
+        error = srv.error
+        if srv.state == "ready":  # a ready server says which of its tools are withheld, and why
+            notes = [clash_text(n, pairs) for n, pairs in names.clashes.items()
+                     if any(server == srv.cfg.name for server, _ in pairs)]
+            error = "; ".join([srv.error, *notes] if srv.error else notes) or None
+        return ServerStatus(name=srv.cfg.name, state=srv.state, error=error,
                             tools=tuple(self._tools_locked(srv, names)) if srv.state == "ready" else (),
                             server_info=srv.server_info,
                             transport=srv.cfg.transport, disabled=srv.cfg.disabled)
 
-    def _tools_locked(self, srv: _Server, names: dict[tuple[str, str], str]) -> list[McpTool]:
+    def _tools_locked(self, srv: _Server, names: _Names) -> list[McpTool]:
         cfg = srv.cfg
-        return [McpTool(server=cfg.name, name=t["name"], qualified_name=names[(cfg.name, t["name"])],
+        return [McpTool(server=cfg.name, name=t["name"], qualified_name=names.names[(cfg.name, t["name"])],
                         description=t.get("description") or t.get("title") or t["name"],
                         input_schema=copy.deepcopy(t.get("inputSchema") or {"type": "object"}),
                         title=t.get("title"), annotations=dict(t.get("annotations") or {}),
                         enabled=cfg.tool_enabled(t["name"]), always_allowed=t["name"] in cfg.always_allow)
-                for t in srv.tools]
+                for t in srv.tools if names.names[(cfg.name, t["name"])] not in names.clashes]
+
+
+class _Names(NamedTuple):
+    """Every listed tool's qualified name by (server, MCP name), and the names given to more than one pair."""
+
+    names: dict[tuple[str, str], str]
+    clashes: dict[str, list[tuple[str, str]]]
 
 
 def _resolve(fut: asyncio.Future | None) -> None:

@@ -1,5 +1,6 @@
 """The MCP client's values: ``McpTool``, ``ServerStatus``, ``ToolResult``, ``ToolError``, and the two pure
-functions that shape what the model sees (``content_to_text``, ``qualified_names``; docs/mcp.md, 'McpHub')."""
+functions that shape what the model sees (``content_to_text``, ``qualified_names`` with ``name_clashes``;
+docs/mcp.md, 'McpHub')."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ DEFAULT_CALL_TIMEOUT_S = 60.0
 _NAME_MAX = 64  # OpenAI function names: ^[a-zA-Z0-9_-]{1,64}$
 _PREFIX_MAX = 24
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_RUNS = re.compile(r"__+")
+SEPARATOR = "__"  # between a server's prefix and a tool's name
 
 
 class ToolError(HearthError):
@@ -143,20 +146,21 @@ def _b64_len(data: Any) -> int:
 
 
 def qualified_names(servers: Sequence[tuple[str, Sequence[str]]]) -> dict[tuple[str, str], str]:
-    """Model-facing names for ``(server, [tool names])`` in config order: ``<server>__<tool>`` with every
-    character outside ``[A-Za-z0-9_-]`` replaced by ``_``, at most 64 characters. Server prefixes are made unique
-    first (from the config alone, so a server going down never renames another's tools), then a tool name that
-    is too long or collides after sanitizing gets a stable hash suffix."""
+    """Model-facing names for ``(server, [tool names])`` in config order: ``<prefix>__<tool>``, at most 64
+    characters of ``[A-Za-z0-9_-]`` (every other character becomes ``_``). One name, one pair, by construction:
+    a prefix never contains ``__`` nor ends in ``_`` (runs of ``_`` collapse, ends are trimmed), so the first
+    ``__`` of a name always ends its prefix, and prefixes are unique. They are made unique from the config alone
+    (a server going down never renames another's tools): a prefix already taken gets a stable hash of the
+    server name. Within one server, a tool name that is too long or collides after sanitizing gets a stable
+    hash suffix (docs/mcp.md, 'Names the model sees')."""
     out: dict[tuple[str, str], str] = {}
     used_prefix: set[str] = set()
     for server, tools in servers:
-        prefix = _UNSAFE.sub("_", server)[:_PREFIX_MAX] or "_"
-        if prefix in used_prefix:
-            prefix = f"{prefix[:_PREFIX_MAX - 9]}_{_hash8(server)}"
+        prefix = _unique_prefix(server, used_prefix)
         used_prefix.add(prefix)
         used: set[str] = set()
         for tool in tools:
-            name = f"{prefix}__{_UNSAFE.sub('_', tool)}"
+            name = f"{prefix}{SEPARATOR}{_UNSAFE.sub('_', tool)}"
             if len(name) > _NAME_MAX or name in used:
                 name = f"{name[:_NAME_MAX - 9]}_{_hash8(server + '/' + tool)}"
             n = 2
@@ -166,6 +170,31 @@ def qualified_names(servers: Sequence[tuple[str, Sequence[str]]]) -> dict[tuple[
             used.add(name)
             out[(server, tool)] = name
     return out
+
+
+def _unique_prefix(server: str, used: set[str]) -> str:
+    base = _RUNS.sub("_", _UNSAFE.sub("_", server)).strip("_")[:_PREFIX_MAX].rstrip("_") or "mcp"
+    prefix, n = base, 1
+    while prefix in used:  # the base is never empty nor starts with "_", so the cut one is not empty either
+        prefix = f"{base[:_PREFIX_MAX - 9].rstrip('_')}_{_hash8(server if n == 1 else f'{server}#{n}')}"
+        n += 1
+    return prefix
+
+
+def name_clashes(names: Mapping[tuple[str, str], str]) -> dict[str, list[tuple[str, str]]]:
+    """The names of ``names`` given to more than one ``(server, tool)`` pair, each with its pairs in order.
+    ``qualified_names`` never makes one; the hub refuses the tools of any that still arises (it cannot know
+    which one the model meant, and the person's "always allow" of one must never run the other)."""
+    pairs: dict[str, list[tuple[str, str]]] = {}
+    for pair, name in names.items():
+        pairs.setdefault(name, []).append(pair)
+    return {name: p for name, p in pairs.items() if len(p) > 1}
+
+
+def clash_text(name: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """One line naming every tool and server a clashing ``name`` was given to, and what to do."""
+    owners = " and ".join(f"tool {tool!r} of server {server!r}" for server, tool in pairs)
+    return f"the tool name {name!r} would be given to {owners}; neither is offered (rename a server in mcp.json)"
 
 
 def _hash8(s: str) -> str:
