@@ -17,8 +17,8 @@ from app.errors import HearthError
 
 # Subcommand modules, in --help order. A module that fails to import is skipped with a warning, so one
 # broken optional part never takes the whole CLI down.
-_COMMANDS = ["setup", "generate", "chat", "models", "inspect", "serve", "remote", "ingest", "search", "history",
-             "bench", "gui", "doctor", "service"]
+_COMMANDS = ["setup", "generate", "chat", "models", "inspect", "serve", "mcp", "remote", "ingest", "search",
+             "history", "bench", "gui", "doctor", "service"]
 
 log = logging.getLogger("hearth")
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
 from app.protocol.reasoning import SETTING_KEYS
-from app.server import convert, embeddings, messages, ollama, responses, security
+from app.server import convert, embeddings, mcp_server, messages, ollama, responses, security
 from app.server.documents import Documents
 from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for
 from app.server.metrics import ServerMetrics
@@ -33,7 +33,7 @@ from app.server.source import Held, keep_alive_of, source_for
 from app.settings import ServerSettings
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
-             "/v1/messages", "/health", "/metrics")
+             "/v1/messages", "/health", "/metrics", "/mcp")
 STOP_THINKING = "/v1/hearth/requests/{request_id}/stop_thinking"
 
 
@@ -119,6 +119,7 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
     responses.routes(app, st)
     messages.routes(app, st)
     ollama.routes(app, st)
+    mcp_server.mount(app, st)  # /mcp: Hearth as an MCP server (docs/mcp.md), behind the guards below
     hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
     security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
                      on_error=lambda e: st.metrics.error(e.type, e.code))
