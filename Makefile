@@ -136,3 +136,18 @@ package: $(VENV)/.installed
 	$(BIN)/pip install -q "pyinstaller>=6.10"
 	$(BIN)/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/hearth.spec
 	$(BIN)/python packaging/check_bundle.py dist/hearth/hearth
+
+# A coding agent for `hearth launch` (docs/launch.md), in its own venv under .agents/ (git-ignored), never in
+# Hearth's: `make agent-aider`, then `hearth launch aider` finds it there. Downloads happen here only; the
+# agent runs offline against the port. tests/test_launch_real.py uses it and is skipped without it.
+AGENTS_DIR ?= .agents
+AIDER_VERSION ?= 0.86.2
+.PHONY: agent-aider
+agent-aider: $(AGENTS_DIR)/aider/.installed-$(AIDER_VERSION)
+
+$(AGENTS_DIR)/aider/.installed-$(AIDER_VERSION):
+	rm -rf $(AGENTS_DIR)/aider
+	$(PYTHON) -m venv $(AGENTS_DIR)/aider
+	$(AGENTS_DIR)/aider/bin/python -m pip install -q --upgrade pip
+	$(AGENTS_DIR)/aider/bin/python -m pip install -q "aider-chat==$(AIDER_VERSION)"
+	touch $@

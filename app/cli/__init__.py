@@ -18,7 +18,7 @@ from app.errors import HearthError
 # Subcommand modules, in --help order. A module that fails to import is skipped with a warning, so one
 # broken optional part never takes the whole CLI down.
 _COMMANDS = ["setup", "generate", "chat", "models", "inspect", "serve", "mcp", "remote", "ingest", "search",
-             "history", "bench", "gui", "doctor", "service"]
+             "history", "bench", "gui", "doctor", "service", "launch"]
 
 log = logging.getLogger("hearth")
 

@@ -1,0 +1,208 @@
+"""``hearth launch``: the plan per agent (--print), unknown and missing agents, a port found vs started.
+
+No real agent and no real server: the port is a faked ``probe`` / ``spawn_serve``, the agent a shell script
+that records its argv and environment. The real run (aider against the bundled model) is
+tests/test_launch_real.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import _agents, launch, main
+
+BUNDLED = "gemma-3-270m-q4_k_m"
+
+
+@pytest.fixture
+def no_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing answers on the port."""
+    monkeypatch.setattr(launch, "probe", lambda host, port: None)
+
+
+@pytest.fixture
+def empty_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """PATH and the agents folder hold only what a test puts in ``bin``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("HEARTH_AGENTS_DIR", str(tmp_path / "no-agents"))
+    return bin_dir
+
+
+def fake_agent(bin_dir: Path, name: str, rc: int = 0) -> Path:
+    """An executable called ``name`` that writes its argv and environment to ``<itself>.json`` and exits
+    ``rc``."""
+    exe = bin_dir / name
+    code = ("import json, os, sys; json.dump({'argv': sys.argv[2:], 'env': dict(os.environ)}, "
+            "open(sys.argv[1] + '.json', 'w'))")
+    exe.write_text(f"#!/bin/sh\n{shlex.quote(sys.executable)} -c {shlex.quote(code)} \"$0\" \"$@\"\nexit {rc}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe
+
+
+def printed(capsys: pytest.CaptureFixture, *argv: str) -> str:
+    assert main(["launch", "--print", *argv]) == 0
+    return capsys.readouterr().out
+
+
+# -- --print, per agent ------------------------------------------------------------------------------------
+def test_print_aider_points_litellm_at_chat_completions_and_would_start_serve(no_port, empty_path, capsys):
+    out = printed(capsys, "aider", "--", "--message", "hi there")
+    assert "export OPENAI_API_BASE=http://127.0.0.1:8765/v1" in out
+    assert "export LITELLM_LOCAL_MODEL_COST_MAP=True" in out
+    last = shlex.split(out.strip().splitlines()[-1])
+    assert last[:3] == ["aider", "--model", f"openai/{BUNDLED}"] and last[-2:] == ["--message", "hi there"]
+    assert "--no-check-update" in last and "--analytics-disable" in last
+    assert "NOT INSTALLED" in out and "make agent-aider" in out
+    assert "would start" in out and "serve --host 127.0.0.1 --port 8765 --n-ctx 8192" in out
+    assert '"max_input_tokens": 8192' in out  # the metadata file aider reads instead of downloading one
+
+
+def test_print_claude_uses_messages_and_removes_a_stray_anthropic_key(no_port, empty_path, capsys):
+    out = printed(capsys, "--port", "9001", "claude", "--", "-p", "hello")
+    assert "export ANTHROPIC_BASE_URL=http://127.0.0.1:9001" in out
+    assert f"export ANTHROPIC_MODEL={BUNDLED}" in out and "unset ANTHROPIC_API_KEY" in out
+    assert "export ANTHROPIC_AUTH_TOKEN=hearth" in out
+    assert "--n-ctx 32768" in out and out.strip().endswith("claude -p hello")
+
+
+def test_print_codex_gives_a_responses_provider_as_overrides(no_port, empty_path, capsys):
+    out = printed(capsys, "--api-key", "s3cret", "codex", "exec", "say hi")
+    argv = shlex.split(out.strip().splitlines()[-1])
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
+    assert 'model_providers.hearth.wire_api="responses"' in overrides
+    assert 'model_providers.hearth.base_url="http://127.0.0.1:8765/v1"' in overrides
+    assert 'model_provider="hearth"' in overrides and f'model="{BUNDLED}"' in overrides
+    assert argv[-2:] == ["exec", "say hi"] and "export HEARTH_API_KEY=s3cret" in out
+
+
+def test_print_opencode_writes_an_openai_compatible_provider(no_port, empty_path, capsys, hearth_home):
+    out = printed(capsys, "--model", "qwen2.5-coder", "opencode", "--", "run", "hi")
+    conf = hearth_home / "launch" / "opencode" / "opencode.json"
+    assert f"export OPENCODE_CONFIG={conf}" in out and "OPENCODE_DISABLE_AUTOUPDATE=1" in out
+    body = "\n".join(line[4:] for line in out.splitlines() if line.startswith("#   ") and "serve" not in line)
+    provider = json.loads(body)["provider"]["hearth"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == "http://127.0.0.1:8765/v1" and "qwen2.5-coder" in provider["models"]
+    assert not conf.exists()  # --print writes nothing
+
+
+def test_print_with_a_port_answering_uses_it_and_its_default_model(empty_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"})
+    monkeypatch.setattr(launch, "default_model", lambda root, key: "served-model")
+    out = printed(capsys, "aider")
+    assert "answers; used as it is" in out and "would start" not in out
+    assert "--model openai/served-model" in out
+
+
+# -- errors --------------------------------------------------------------------------------------------------
+def test_unknown_agent_lists_the_known_ones(capsys):
+    assert main(["launch", "vim"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown agent 'vim'" in err and "aider, claude, codex, opencode" in err
+
+
+def test_missing_agent_names_its_install_command_and_starts_nothing(no_port, empty_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "spawn_serve", lambda *a: pytest.fail("started a server for a missing agent"))
+    assert main(["launch", "codex", "--", "exec", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "codex is not installed" in err and "npm i -g @openai/codex" in err
+
+
+def test_an_agent_in_the_agents_folder_is_found(tmp_path, empty_path, monkeypatch):
+    folder = tmp_path / "agents"
+    (folder / "aider" / "bin").mkdir(parents=True)
+    exe = fake_agent(folder / "aider" / "bin", "aider")
+    monkeypatch.setenv("HEARTH_AGENTS_DIR", str(folder))
+    assert launch.find_executable(_agents.get("aider")) == str(exe)
+
+
+def test_plan_environ_sets_and_removes():
+    plan = _agents.Plan(("x",), {"A": "1", "B": None})
+    assert plan.environ({"B": "old", "C": "3"}) == {"A": "1", "C": "3"}
+
+
+# -- running: a port found, a port started -----------------------------------------------------------------
+class FakeServe:
+    """Stands in for the ``hearth serve`` process: alive until signalled."""
+
+    def __init__(self, exit_at_once: int | None = None) -> None:
+        self.returncode = exit_at_once
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.returncode = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode or 0
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+
+def test_a_port_found_is_used_and_nothing_is_started(empty_path, monkeypatch, hearth_home):
+    fake_agent(empty_path, "aider", rc=3)
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"})
+    monkeypatch.setattr(launch, "default_model", lambda root, key: "served-model")
+    monkeypatch.setattr(launch, "spawn_serve", lambda *a: pytest.fail("started a server although one answered"))
+    assert main(["launch", "aider", "--", "--message", "hi"]) == 3  # the agent's exit status
+    seen = json.loads((empty_path / "aider.json").read_text())
+    assert seen["argv"][:2] == ["--model", "openai/served-model"] and seen["argv"][-2:] == ["--message", "hi"]
+    assert seen["env"]["OPENAI_API_BASE"] == "http://127.0.0.1:8765/v1"
+    meta = Path(seen["argv"][seen["argv"].index("--model-metadata-file") + 1])
+    assert meta.parent == hearth_home / "launch" / "aider" and "openai/served-model" in json.loads(meta.read_text())
+
+
+def test_no_port_starts_serve_with_the_agents_n_ctx_and_stops_it_after(empty_path, monkeypatch):
+    fake_agent(empty_path, "claude")
+    proc, started = FakeServe(), []
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"} if started else None)
+    monkeypatch.setattr(launch, "default_model", lambda root, key: None)
+    monkeypatch.setattr(launch, "spawn_serve", lambda cmd, key, log: started.append((cmd, key)) or proc)
+    assert main(["launch", "--port", "9100", "--api-key", "k", "claude", "--", "-p", "hi"]) == 0
+    (cmd, key), = started
+    assert cmd[cmd.index("--n-ctx") + 1] == "32768" and cmd[cmd.index("--port") + 1] == "9100" and key == "k"
+    assert proc.signals == [launch.signal.SIGTERM]  # stopped when the agent exited
+    env = json.loads((empty_path / "claude.json").read_text())["env"]
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9100" and env["ANTHROPIC_AUTH_TOKEN"] == "k"
+    assert env["ANTHROPIC_MODEL"] == BUNDLED
+
+
+def test_n_ctx_flag_overrides_the_agents_minimum(empty_path, monkeypatch):
+    fake_agent(empty_path, "aider")
+    started: list = []
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"} if started else None)
+    monkeypatch.setattr(launch, "default_model", lambda root, key: None)
+    monkeypatch.setattr(launch, "spawn_serve", lambda cmd, key, log: started.append(cmd) or FakeServe())
+    assert main(["launch", "--n-ctx", "20000", "aider"]) == 0
+    assert started[0][started[0].index("--n-ctx") + 1] == "20000"
+    argv = json.loads((empty_path / "aider.json").read_text())["argv"]
+    meta = json.loads(Path(argv[argv.index("--model-metadata-file") + 1]).read_text())
+    assert meta[f"openai/{BUNDLED}"]["max_input_tokens"] == 20000  # aider is told the context it gets
+
+
+def test_a_serve_that_dies_is_reported_with_its_log_and_the_agent_never_runs(empty_path, monkeypatch, capsys,
+                                                                            hearth_home):
+    fake_agent(empty_path, "aider")
+    monkeypatch.setattr(launch, "probe", lambda host, port: None)
+
+    def dead(cmd, key, log):
+        log.write_text("OSError: [Errno 98] address already in use\n")
+        return FakeServe(exit_at_once=1)
+
+    monkeypatch.setattr(launch, "spawn_serve", dead)
+    assert main(["launch", "aider"]) == 1
+    assert "address already in use" in capsys.readouterr().err
+    assert not (empty_path / "aider.json").exists()
