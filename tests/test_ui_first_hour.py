@@ -167,3 +167,71 @@ def test_the_models_list_is_refreshed_when_the_model_that_answers_was_listed_as_
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
     qtbot.waitUntil(lambda: w.models.model.item(w.models.model.row_of_path(str(bundled))).installed, timeout=10_000)
     close_window(w)
+
+
+# -- 6: dropdown items and check boxes stay readable in both themes ----------------------------------------
+def luminance(c) -> float:
+    def lin(v: float) -> float:
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(c.redF()) + 0.7152 * lin(c.greenF()) + 0.0722 * lin(c.blueF())
+
+
+def contrast(a, b) -> float:
+    lo, hi = sorted((luminance(a), luminance(b)))
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def best_contrast(img, rect) -> tuple[float, str]:
+    """(the highest contrast of any pixel in ``rect`` against the most common colour there, that colour)."""
+    from collections import Counter
+
+    px = [img.pixelColor(x, y) for x in range(max(rect.left(), 0), min(rect.right(), img.width()))
+          for y in range(max(rect.top(), 0), min(rect.bottom(), img.height()))]
+    bg = Counter(p.name() for p in px).most_common(1)[0][0]
+    bg_c = next(p for p in px if p.name() == bg)
+    return max(contrast(p, bg_c) for p in px), bg
+
+
+@pytest.fixture
+def themed(qapp):
+    from app.ui import theme
+
+    yield theme
+    theme.manager().set_mode("light")
+
+
+@pytest.mark.parametrize("name", ["light", "dark"])
+def test_the_current_item_of_every_dropdown_is_readable(qtbot, window, themed, name):
+    from app.ui.settings_dialog import SettingsDialog
+
+    themed.manager().set_mode(name)
+    dlg = SettingsDialog(window.ctx.settings, None, window)
+    qtbot.addWidget(dlg)
+    dlg.show()
+    for combo in (dlg.theme, dlg.type_k, window.chat.effort, window.header.preset):
+        combo.setCurrentIndex(min(1, combo.count() - 1))
+        combo.showPopup()
+        settle(qtbot)
+        view = combo.view()
+        img = view.viewport().grab().toImage()
+        rect = view.visualRect(combo.model().index(combo.currentIndex(), 0)).adjusted(2, 2, -2, -2)
+        ratio, bg = best_contrast(img, rect)
+        combo.hidePopup()
+        assert ratio >= 4.5, f"{combo.objectName() or combo}: current item text {ratio:.2f}:1 on {bg} ({name})"
+
+
+@pytest.mark.parametrize("name", ["light", "dark"])
+def test_an_unticked_box_is_outlined(qtbot, themed, name):
+    from PySide6.QtCore import QRect
+    from PySide6.QtWidgets import QCheckBox, QStyle
+
+    themed.manager().set_mode(name)
+    box = QCheckBox("Flash attention")
+    qtbot.addWidget(box)
+    box.show()
+    settle(qtbot)
+    img = box.grab().toImage()
+    side = box.style().pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth, None, box)
+    ratio, bg = best_contrast(img, QRect(0, 0, side + 1, img.height()))  # the box only, not the label
+    assert ratio >= 3.0, f"the unticked box's outline is {ratio:.2f}:1 on {bg} ({name})"
