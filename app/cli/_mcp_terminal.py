@@ -10,7 +10,9 @@ port'.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 from typing import Any, Callable, Optional, TextIO
 
@@ -37,10 +39,28 @@ def start_hub(start_timeout_s: float, config_path: Any = None, err: Optional[Tex
     if not any(not s.disabled for s in cfg.servers):
         return None
     hub = McpHub(cfg)
-    for name, st in hub.start(timeout_s=start_timeout_s).items():
+    with _said_here("app.mcp.client"):
+        started = hub.start(timeout_s=start_timeout_s)
+    for name, st in started.items():
         if st.state == "failed":
             print(f"hearth: MCP server {name!r} did not start: {_one_line(st.error or 'unknown reason')}", file=err)
     return hub
+
+
+@contextlib.contextmanager
+def _said_here(name: str):
+    """Logger ``name`` quiet below ERROR meanwhile (unless ``--verbose``): the hub's own warning for a server that
+    fails to start would repeat the one line printed here."""
+    logger = logging.getLogger(name)
+    if logger.getEffectiveLevel() < logging.WARNING:
+        yield
+        return
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def toolbox(hub: Any, permission: Callable[[ToolCallRequested], Permission], settings: Any,
