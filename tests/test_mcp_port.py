@@ -126,6 +126,17 @@ def test_the_opt_in_is_refused_where_it_cannot_run(hub, tools, extra, says) -> N
     assert again.status_code == 200
 
 
+def test_tool_choice_may_name_an_mcp_tool_and_is_checked_against_them(hub) -> None:
+    eng = FakeEngine(reply=scripted(call_text("t__add", a=4, b=5)))
+    with eng, client(eng, PortTools(hub, max_steps=2)) as c:
+        r = chat(c, hearth=ON, tool_choice={"type": "function", "function": {"name": "t__add"}})
+        bad = chat(c, hearth=ON, tool_choice={"type": "function", "function": {"name": "t__nope"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "Done. 9"
+    assert eng.seen[0].tool_choice.name == "t__add" and eng.seen[1].tool_choice.mode == "none"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
+
+
 def test_mcp_tools_must_be_a_boolean(hub) -> None:
     eng = FakeEngine(reply=scripted())
     with eng, client(eng, PortTools(hub)) as c:
