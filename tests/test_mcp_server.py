@@ -21,7 +21,7 @@ from app.retrieval.ingest import Ingester
 from app.retrieval.store import DocumentStore
 from app.server import ServerThread, create_app
 from app.server.errors import DocumentsUnavailable
-from app.server.mcp_library import Library, WritesNotAllowed, evidence_key
+from app.server.mcp_library import Library, WritesNotAllowed, cited_grammar, evidence_key
 from app.server.mcp_server import build_server
 from app.server.source import Held
 from app.settings import ServerSettings
@@ -58,9 +58,9 @@ def conversation() -> str:
 
 
 def citing_reply(req) -> str:
-    """The fake model's answer: cites the first passage it was given twice, once with a fact it lacks."""
-    eid = re.search(r"\[E:([0-9a-f]{12})\] notes\.txt", req.messages[-1].content).group(1)
-    return f"The code word is PELICAN [E:{eid}]. It costs 7 euros [E:{eid}]."
+    """The fake model's answer: cites the notes' passage twice, once with a fact it lacks (no passage: none)."""
+    m = re.search(r"\[E:([0-9a-f]{12})\] notes\.txt", req.messages[-1].content)
+    return f"The code word is PELICAN [E:{m.group(1)}]. It costs 7 euros [E:{m.group(1)}]." if m else "No idea."
 
 
 # -- the tools' logic ----------------------------------------------------------------------------------------
@@ -145,6 +145,19 @@ def test_ask_answers_from_the_documents_and_checks_each_citation(corpus):
     assert bad["support"]["missing"] == ["7"] and "7" in bad["support"]["reason"]
     assert out["answer"][bad["sentence_start"]:bad["sentence_end"]].startswith("It costs 7 euros")
     assert eng.seen[0].decoding.temperature == 0.0  # greedy: the same question, the same answer
+
+
+def test_require_citations_decodes_under_the_citation_grammar(corpus):
+    eng = FakeEngine(n_ctx=4096, reply=citing_reply)
+    try:
+        lib = Library(lambda: corpus[0], engine=lambda: Held(eng, "fake"))
+        out = lib.ask("What is the code word?", k=1, require_citations=True)
+        lib.ask("zzzz qqqq", k=1, require_citations=True)  # nothing found: nothing to cite, no grammar
+    finally:
+        eng.close()
+    grammar = eng.seen[0].decoding.grammar
+    assert grammar == cited_grammar(out["cited"]) and f'id ::= "{out["cited"][0]}"' in grammar
+    assert eng.seen[1].decoding.grammar is None
 
 
 # -- through the SDK client ----------------------------------------------------------------------------------

@@ -132,12 +132,15 @@ class Library:
                                                     "created": m.created, "status": m.status} for m in messages]}
 
     # -- the model --------------------------------------------------------------------------------------------
-    def ask(self, question: str, k: int = 4, max_tokens: int = DEFAULT_ANSWER_TOKENS) -> dict[str, Any]:
+    def ask(self, question: str, k: int = 4, max_tokens: int = DEFAULT_ANSWER_TOKENS,
+            require_citations: bool = False) -> dict[str, Any]:
         """``question`` answered by the local model from the ``k`` (1-20) best passages (greedy, at most
         ``max_tokens`` 1-2048 tokens; nothing is stored): ``answer``, ``model``, ``finish_reason``, ``cited``
         (evidence IDs the answer cites, in order), ``citations`` (each checked: ``supported``, the citing
         sentence's span ``sentence_start`` / ``sentence_end`` in ``answer``, ``support``), ``all_supported``
-        (false when nothing is cited), ``evidence`` (the passages given) and ``notice``. Raises
+        (false when nothing is cited), ``evidence`` (the passages given) and ``notice``.
+        ``require_citations``: decode under ``cited_grammar`` (every sentence ends with a citation of a given
+        passage) when passages were found, for models that do not cite on their own. Raises
         ``InvalidRequest`` for bad arguments, ``DocumentsUnavailable``, and the engine's errors
         (``NoModelLoaded``, ``ContextLengthExceeded``, ...)."""
         text = _text(question, "question")
@@ -150,8 +153,10 @@ class Library:
         try:
             messages, grounding = ground(held.engine, docs, (ChatMessage("user", text),), k=k,
                                          max_tokens=max_tokens)
+            ids = [e.evidence_id for e in grounding.evidence]
+            grammar = cited_grammar(ids) if require_citations and ids else None
             done = held.engine.complete(GenerateRequest(
-                messages=messages, decoding=DecodingParams(temperature=0.0, max_tokens=max_tokens),
+                messages=messages, decoding=DecodingParams(temperature=0.0, max_tokens=max_tokens, grammar=grammar),
                 priority=Caller.PORT.priority))
         finally:
             held.release()
@@ -197,6 +202,17 @@ class Library:
         from app.retrieval.store import DocumentStore
 
         return DocumentStore(self.documents().store.path)
+
+
+def cited_grammar(evidence_ids: list[str]) -> str:
+    """GBNF for an answer whose every sentence ends with a citation: ``<sentence>. [E:<id>]``, sentences
+    joined by one space, ``<id>`` one of ``evidence_ids`` (12 hex digits each). A sentence holds no ``.``
+    (so no decimal point or abbreviation), no newline and no brackets; the marker after the period cites
+    that sentence (``app.retrieval.citecheck``'s reading)."""
+    ids = " | ".join(f'"{evidence_key(i)}"' for i in evidence_ids)
+    return ('root ::= sentence (" " sentence)*\n'
+            'sentence ::= [^.\\[\\]\\n]+ "." " [E:" id "]"\n'
+            f"id ::= {ids}\n")
 
 
 def _default_conversations() -> Any:

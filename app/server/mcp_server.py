@@ -112,11 +112,15 @@ def _ask_tool(server: Any, lib: Library) -> None:
             question: Annotated[str, Field(description="the question to answer from the documents")],
             k: Annotated[int, Field(description=f"passages to give the model, 1-{MAX_K}")] = 4,
             max_tokens: Annotated[int, Field(description=f"answer length cap, 1-{MAX_ANSWER_TOKENS} tokens")]
-            = DEFAULT_ANSWER_TOKENS) -> dict[str, Any]:
+            = DEFAULT_ANSWER_TOKENS,
+            require_citations: Annotated[bool, Field(description="constrain the answer so that every sentence "
+                                                     "ends with a citation [E:id] of a passage it was given (for "
+                                                     "small models that do not cite on their own)")] = False
+    ) -> dict[str, Any]:
         """Answer a question with Hearth's local model from the person's documents. Returns the answer, the
         evidence IDs it cites, each citation checked against its passage (supported, the citing sentence's
         span, the reason), all_supported, and the passages the model was given. Nothing is stored."""
-        return await call(lib.ask, question, k, max_tokens)
+        return await call(lib.ask, question, k, max_tokens, require_citations)
 
 
 def _ingest_tool(server: Any, lib: Library) -> None:
