@@ -143,9 +143,12 @@ def _model_id(model: str | None) -> str:
 
 
 def serve_command(host: str, port: int, n_ctx: int, model: str | None) -> list[str]:
-    """The ``hearth serve`` a launch starts when no port answers."""
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", host, "--port", str(port), "--n-ctx", str(n_ctx)]
-    return cmd + (["--model", model] if model else [])
+    """The ``hearth serve`` a launch starts when no port answers. ``--model`` (default: the bundled one) makes it
+    load the model before it answers, so the agent's first request does not wait for the load."""
+    from app.catalog.registry import BUNDLED_MODEL_ID
+
+    return [sys.executable, "-m", "app.cli", "serve", "--host", host, "--port", str(port), "--n-ctx", str(n_ctx),
+            "--model", model or BUNDLED_MODEL_ID]
 
 
 def spawn_serve(cmd: list[str], key: str | None, log_path: Path) -> subprocess.Popen:
