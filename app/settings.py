@@ -1,21 +1,22 @@
 """User settings, persisted atomically as JSON in the data directory (``settings.json``).
 
 Layers (STYLE.md §9): ``LoadSettings`` (how a model is loaded), decoding defaults, server settings and app
-options are separate typed values; unknown keys in the file are ignored with a warning, a corrupt file is
-moved aside (``settings.json.corrupt-<time>``) and defaults are used, so the app always starts.
+options are separate typed values; unknown keys in the file are ignored with a warning, a damaged file (not
+UTF-8, cut short, nested too deep, not an object: ``app.fileio.read_json_file``) is moved aside
+(``settings.json.corrupt-<UTC time>``) and defaults are used, so every command still runs (docs/doctor.md,
+'Damaged settings.json or mcp.json').
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from app import paths
-from app.errors import InvalidRequest
-from app.fileio import atomic_write_text
+from app.errors import HearthError, InvalidRequest
+from app.fileio import JsonFileError, atomic_write_text, read_json_file, set_aside
 from app.protocol.types import DecodingParams, LoadSettings, _check_range
 
 log = logging.getLogger(__name__)
@@ -252,26 +253,53 @@ def from_dict(data: dict[str, Any]) -> UserSettings:
 
 
 def load_user_settings() -> UserSettings:
-    """The saved settings, or defaults. Never raises for a bad file: unreadable JSON is moved aside
-    (``settings.json.corrupt-<time>``); a bad value falls back to its default; both are logged."""
+    """The saved settings, or defaults. Never raises for a bad file: a damaged one (``read_json_file``: not
+    UTF-8, cut short, nested deeper than 64 levels, a lone surrogate, empty, not an object) is moved aside to
+    ``settings.json.corrupt-<UTC time>`` and the defaults are used; one that cannot be read (permissions, a
+    folder) is left alone and the defaults are used; a bad value falls back to its default. Each is logged as
+    a warning that names the file and what to do."""
     path = paths.settings_file()
-    if not path.exists():
+    try:
+        data = read_json_file(path)
+    except FileNotFoundError:
+        return UserSettings()
+    except OSError as exc:
+        log.warning("settings: cannot read %s (%s); Hearth uses its defaults until it can", path,
+                    exc.strerror or exc)
+        return UserSettings()
+    except JsonFileError as exc:
+        _keep_aside(path, exc)
         return UserSettings()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         return from_dict(data)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        aside = path.with_name(f"settings.json.corrupt-{int(time.time())}")
-        log.warning("settings file %s is unreadable (%s); moved to %s, using defaults", path, exc, aside)
-        try:
-            path.replace(aside)
-        except OSError:
-            pass
+    except (ValueError, TypeError, HearthError) as exc:  # a value from_dict cannot fall back from
+        _keep_aside(path, JsonFileError(str(path), str(exc)))
         return UserSettings()
+
+
+def _keep_aside(path, exc: JsonFileError) -> None:
+    """Move the damaged ``path`` aside (never written over) and say so, with what to do."""
+    try:
+        aside = set_aside(path)
+    except OSError as move:
+        log.warning("%s; Hearth uses its defaults (and could not move the file aside: %s): fix or "
+                    "delete it", exc, move.strerror or move)
+        return
+    log.warning("%s; Hearth moved it to %s and uses its defaults: fix that file and move it back to "
+                "%s, or delete it", exc, aside, path.name)
 
 
 def save_user_settings(s: UserSettings) -> None:
     """Write ``settings.json`` atomically (``app.fileio``: a temp file in the same folder, fsync, rename over
-    the old file). Raises ``OSError`` when the data folder is not writable; the old file is then unchanged."""
+    the old file); a damaged file found there is moved aside first, never written over. Raises ``OSError``
+    when the data folder is not writable; the old file is then unchanged."""
+    path = paths.settings_file()
+    try:
+        read_json_file(path)
+    except JsonFileError as exc:
+        aside = set_aside(path)  # OSError: nothing is written
+        log.warning("%s; it was kept as %s, and a new %s is written", exc, aside, path.name)
+    except OSError:
+        pass  # missing, or unreadable: the write below says why if it fails
     text = json.dumps(s.to_dict(), indent=2, sort_keys=True)
-    atomic_write_text(paths.settings_file(), text, prefix=".settings-")
+    atomic_write_text(path, text, prefix=".settings-")

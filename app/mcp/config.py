@@ -19,11 +19,12 @@ from typing import Any
 
 from app import paths
 from app.errors import InvalidRequest
-from app.fileio import atomic_write_text
+from app.fileio import JsonFileError, atomic_write_text, read_json_file, set_aside
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "mcp.json"
+_WHAT_TO_DO = "fix or delete the file; until then Hearth starts no MCP servers"
 # Keys read into fields; every other key (``type`` included, which is only checked) is kept in ``extra``.
 _KNOWN_KEYS = {"command", "args", "env", "cwd", "url", "headers", "disabled", "disabledTools", "alwaysAllow"}
 _STDIO_TYPES = {"stdio"}
@@ -167,29 +168,38 @@ def config_path() -> Path:
 def load_config(path: str | os.PathLike[str] | None = None) -> McpConfig:
     """Read and validate ``mcp.json`` (default: ``config_path()``). A missing file is an empty config.
 
-    Raises ``McpConfigError`` naming the field (``param``) when the file is not JSON or an entry is malformed,
-    ``OSError`` when it exists but cannot be read."""
+    Raises ``McpConfigError`` naming the file, what is wrong and what to do: the file is damaged
+    (``app.fileio.read_json_file``: not UTF-8, cut short, nested deeper than 64 levels, a lone surrogate,
+    empty, not an object; then ``param`` is None, or ``"(root)"`` for the last) or an entry is malformed
+    (``param`` names the field); ``OSError`` when it exists but cannot be read. Never writes the file."""
     p = Path(path) if path is not None else config_path()
     try:
-        text = p.read_text(encoding="utf-8")
+        data = read_json_file(p, object_only=False)
     except FileNotFoundError:
         return McpConfig()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise McpConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})",
-                             path=str(p)) from None
+    except JsonFileError as e:
+        raise McpConfigError(f"{e}; {_WHAT_TO_DO}", path=str(p)) from None
     try:
         return parse_config(data)
     except McpConfigError as e:
-        raise McpConfigError(f"{p}: {e.message}", param=e.param, path=str(p)) from None
+        raise McpConfigError(f"{p}: {e.message}; {_WHAT_TO_DO}", param=e.param, path=str(p)) from None
 
 
 def save_config(path: str | os.PathLike[str] | None, cfg: McpConfig) -> None:
     """Write ``cfg`` to ``path`` (default: ``config_path()``) atomically, pretty-printed; the folder is created.
-    Raises ``OSError`` when the write fails, and then the old file is unchanged."""
+    A file there that ``load_config`` refuses is never written over: it is first renamed to
+    ``mcp.json.corrupt-<UTC time>`` (logged as a warning). Raises ``OSError`` when the write (or that rename)
+    fails, and then the old file is unchanged."""
     p = Path(path) if path is not None else config_path()
     p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        load_config(p)
+    except McpConfigError as e:
+        aside = set_aside(p)
+        log.warning("%s; it was kept as %s, and a new %s is written", e.message.removesuffix(f"; {_WHAT_TO_DO}"),
+                    aside, p.name)
+    except OSError:
+        pass  # unreadable: the write below says why if it fails
     atomic_write_text(p, json.dumps(cfg.to_json(), indent=2, ensure_ascii=False) + "\n")
 
 
