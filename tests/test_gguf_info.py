@@ -261,6 +261,18 @@ def test_file_sha256_corrupt_cache(tmp_path: Path) -> None:
     assert file_sha256(f) == hashlib.sha256(b"x").hexdigest()
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a": "\\ud800"}', '"just a string"'])
+def test_file_sha256_damaged_cache_never_stops_the_command(tmp_path: Path, text: str) -> None:
+    """A cache nested 100,000 deep was a RecursionError (not a ValueError) out of every command that hashed."""
+    cache_file = paths.home() / "cache" / "sha256.json"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(text)
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"y")
+    assert file_sha256(f) == hashlib.sha256(b"y").hexdigest()
+    assert json.loads(cache_file.read_text())[str(f.resolve())]["size"] == 1  # rewritten as a good cache
+
+
 # ------------------------------------------------------------------------------------ the real model
 
 

@@ -21,7 +21,7 @@ import gguf
 from app import paths
 from app.catalog.gguf_header import ArrayInfo, GGUFHeader, TensorInfo, read_gguf_header
 from app.errors import ModelLoadError
-from app.fileio import atomic_write_text
+from app.fileio import atomic_write_text, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -334,11 +334,10 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def _load_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(_sha256_cache_file().read_text(encoding="utf-8"))
+    try:  # the shared reader: a damaged or 100,000-deep file is a ValueError here, never a RecursionError
+        return dict(read_json_file(_sha256_cache_file()))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _save_cache(cache: dict[str, Any]) -> None:
