@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QRect
 from PySide6.QtWidgets import QApplication
 
 from tests.fakes import FakeEngine
@@ -235,3 +236,46 @@ def test_an_unticked_box_is_outlined(qtbot, themed, name):
     side = box.style().pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth, None, box)
     ratio, bg = best_contrast(img, QRect(0, 0, side + 1, img.height()))  # the box only, not the label
     assert ratio >= 3.0, f"the unticked box's outline is {ratio:.2f}:1 on {bg} ({name})"
+
+
+# -- 7: the Settings dialog fits a small screen, its number boxes have arrows, the theme previews ------------
+def test_the_settings_dialog_fits_1024_by_700_and_its_number_boxes_have_arrows(qtbot, window, themed):
+    from PySide6.QtWidgets import QAbstractSpinBox
+
+    from app.ui.settings_dialog import SettingsDialog
+
+    dlg = SettingsDialog(window.ctx.settings, "some-model", window, tools=window.ctx.tools)
+    qtbot.addWidget(dlg)
+    dlg.show()
+    settle(qtbot)
+    assert dlg.width() <= 1024 and dlg.height() <= 700
+    assert dlg.minimumSizeHint().width() <= 1024 and dlg.minimumSizeHint().height() <= 700
+    for name in ("light", "dark"):
+        themed.manager().set_mode(name)
+        settle(qtbot)
+        spin = dlg.n_ctx
+        assert spin.buttonSymbols() != QAbstractSpinBox.ButtonSymbols.NoButtons
+        sheet = QApplication.instance().styleSheet()
+        assert "QSpinBox" not in sheet or "up-arrow" in sheet  # a styled spin box without arrow rules has none
+        img = spin.grab().toImage()
+        w, h = img.width(), img.height()
+        ratio, bg = best_contrast(img, QRect(w - 14, 4, 8, h - 8))  # the arrows, inside the buttons' frame
+        assert ratio >= 3.0, f"no arrows in the number box ({name}): {ratio:.2f}:1 on {bg}"
+
+
+def test_a_theme_choice_is_shown_at_once_and_cancel_takes_it_back(qtbot, window, themed):
+    from app.ui.prefs import load_prefs
+    from app.ui.settings_dialog import SettingsDialog
+
+    themed.manager().set_mode("light")
+    dlg = SettingsDialog(window.ctx.settings, None, window)
+    qtbot.addWidget(dlg)
+    dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
+    assert themed.current() == "dark"  # previewed before Save
+    dlg.reject()
+    assert themed.current() == "light" and load_prefs().theme != "dark"
+    dlg = SettingsDialog(window.ctx.settings, None, window)
+    qtbot.addWidget(dlg)
+    dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
+    dlg.accept()
+    assert dlg.new_theme == "dark" and themed.current() == "dark"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from PySide6.QtCore import QSize
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -20,10 +21,12 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QScrollArea,
     QSpinBox,
     QTabWidget,
     QVBoxLayout,
@@ -33,6 +36,16 @@ from PySide6.QtWidgets import (
 from app.errors import HearthError, InvalidRequest
 from app.protocol.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.settings import UserSettings
+
+
+FIT = QSize(960, 680)  # the dialog's largest size: fits a 1024×700 screen with room for its frame
+
+
+def _scrolled(page: QWidget) -> QScrollArea:
+    """``page`` in a frameless scroll area (a page taller or wider than the dialog scrolls)."""
+    area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+    area.setWidget(page)
+    return area
 
 
 def _spin(lo: int, hi: int, special: str | None = None) -> QSpinBox:
@@ -64,19 +77,19 @@ class SettingsDialog(QDialog):
         right.addWidget(self._sampling_box(), 1)
         lay.addLayout(right)
         self.pages = QTabWidget()
-        self.pages.addTab(general, "General")
+        self.pages.addTab(_scrolled(general), "General")
         self.mcp = None
         if tools is not None:
             from app.ui.mcp_page import McpPage
 
             self.mcp = McpPage(tools.config, tools.statuses(), tools.config_error, limits=settings.tools)
             tools.status_changed.connect(self.mcp.update_status)
-            self.pages.addTab(self.mcp, "MCP servers")
+            self.pages.addTab(_scrolled(self.mcp), "MCP servers")
         self.tools = tools
         from app.ui.remotes_page import RemotesPage
 
         self.remotes = RemotesPage(getattr(settings, "remotes", {}) or {})
-        self.pages.addTab(self.remotes, "Remote engines")
+        self.pages.addTab(_scrolled(self.remotes), "Remote engines")
         outer = QVBoxLayout(self)
         outer.addWidget(self.pages)
         self.error = QLabel(wordWrap=True, objectName="errorText")
@@ -86,6 +99,7 @@ class SettingsDialog(QDialog):
         outer.addWidget(self.error)
         outer.addWidget(buttons)
         self.show_settings(settings)
+        self._fit_screen()
 
     def _load_box(self) -> QGroupBox:
         box = QGroupBox("Model loading (applied by reloading the model)")
@@ -126,6 +140,8 @@ class SettingsDialog(QDialog):
         for mode in THEMES:
             self.theme.addItem(mode.capitalize(), mode)
         self.theme.setCurrentIndex(max(self.theme.findData(load_prefs().theme), 0))
+        self.theme_at_open = self.theme.currentData()  # shown again on Cancel: a choice is previewed at once
+        self.theme.currentIndexChanged.connect(lambda _i: self._preview_theme(self.theme.currentData()))
         f.addRow("Theme", self.theme)
         return box
 
@@ -210,7 +226,7 @@ class SettingsDialog(QDialog):
             try:
                 cfg = self.mcp.result_config()
             except InvalidRequest as exc:
-                self.pages.setCurrentWidget(self.mcp)
+                self._show_page(self.mcp)
                 self.error.setText(f"MCP servers: {exc}")
                 return
             tools = self.tools
@@ -218,13 +234,32 @@ class SettingsDialog(QDialog):
         try:
             self.remotes.store_keys()
         except HearthError as exc:  # the keyring refused: say so, keep the dialog open
-            self.pages.setCurrentWidget(self.remotes)
+            self._show_page(self.remotes)
             self.error.setText(f"Remote engines: {exc}")
             return
         super().accept()
 
+    def _show_page(self, page: QWidget) -> None:
+        for i in range(self.pages.count()):
+            area = self.pages.widget(i)
+            if isinstance(area, QScrollArea) and area.widget() is page:
+                self.pages.setCurrentIndex(i)
+
+    def _preview_theme(self, mode: str) -> None:
+        from app.ui import theme
+
+        theme.manager().set_mode(mode)
+
+    def _fit_screen(self) -> None:
+        """At most 960×680 and within the screen (the pages scroll): the dialog fits a 1024×700 screen."""
+        screen = (self.parent().screen() if isinstance(self.parent(), QWidget) else None) or self.screen()
+        room = screen.availableGeometry().size() if screen is not None else QSize(1024, 700)
+        self.resize(min(FIT.width(), room.width() - 24), min(FIT.height(), room.height() - 24))
+
     def done(self, result: int) -> None:
-        """Qt's end of the dialog: stop following the hub's status first."""
+        """Qt's end of the dialog: stop following the hub's status first; Cancel shows the theme of before."""
+        if result != QDialog.DialogCode.Accepted and self.theme.currentData() != self.theme_at_open:
+            self._preview_theme(self.theme_at_open)
         if self.mcp is not None and self.tools is not None:
             self.tools.status_changed.disconnect(self.mcp.update_status)
             self.tools = None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QGuiApplication, QPainter, QPalette, QPen
-from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleOption, QWidget
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleOption, QStyleOptionComplex, QWidget
 
 from app.ui.prefs import THEMES as MODES
 
@@ -113,7 +113,7 @@ QPushButton:disabled {{ color: {c.muted}; }}
 QPushButton#sendButton, QPushButton#newChat {{ background: {c.accent}; color: {c.accent_text};
               border: 1px solid {c.accent}; font-weight: 600; }}
 QPushButton#sendButton:disabled {{ background: {c.surface_alt}; color: {c.muted}; border-color: {c.border}; }}
-QLineEdit, QPlainTextEdit, QComboBox, QSpinBox, QDoubleSpinBox {{ background: {c.surface};
+QLineEdit, QPlainTextEdit, QComboBox {{ background: {c.surface};
               border: 1px solid {c.border}; border-radius: {r // 2}px; padding: {xs}px {s}px; }}
 QLineEdit:focus, QPlainTextEdit:focus {{ border: 1px solid {c.accent}; }}
 QPlainTextEdit#composer {{ border-radius: {r}px; padding: {s}px; font-size: {t['title'] - 1}px; }}
@@ -196,6 +196,20 @@ class HearthStyle(QProxyStyle):
             painter.setPen(QPen(option.palette.color(QPalette.ColorRole.PlaceholderText), 1))  # the muted token
             painter.setBrush(Qt.BrushStyle.NoBrush)
             painter.drawRect(option.rect.adjusted(0, 0, -1, -1))
+            painter.restore()
+
+
+    def drawComplexControl(self, control: QStyle.ComplexControl, option: QStyleOptionComplex,  # noqa: N802
+                           painter: QPainter, widget: QWidget | None = None) -> None:
+        """Fusion's drawing; a spin box (drawn by Fusion, with its arrows: the stylesheet leaves spin boxes
+        alone, since a styled one loses them) gets the border of the other inputs."""
+        super().drawComplexControl(control, option, painter, widget)
+        if control == QStyle.ComplexControl.CC_SpinBox and not option.state & QStyle.StateFlag.State_HasFocus:
+            painter.save()
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setPen(QPen(option.palette.color(QPalette.ColorRole.Mid), 1))  # the border token
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(QRectF(option.rect).adjusted(0.5, 0.5, -0.5, -0.5), 2, 2)
             painter.restore()
 
 
