@@ -262,3 +262,15 @@ def test_port_refuses_mcp_without_the_key_or_from_a_foreign_host(port):
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
     r = httpx.post(f"{port.url}/mcp", json=INIT, headers={**MCP_HEADERS, "Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200  # the same request with the key and a loopback Host is answered
+
+
+def test_hearth_mcp_help_names_every_tool_and_the_write_switch():
+    import argparse
+
+    from app.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices["mcp"].format_help().split())
+    tools = run_client(build_server(Library(lambda: None)), lambda c: c.list_tools()).tools
+    assert all(t.name in text for t in tools)
+    assert "unless --allow-writes" in text and "confirm" in text and "/mcp" in text
