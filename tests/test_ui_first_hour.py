@@ -279,3 +279,57 @@ def test_a_theme_choice_is_shown_at_once_and_cancel_takes_it_back(qtbot, window,
     dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
     dlg.accept()
     assert dlg.new_theme == "dark" and themed.current() == "dark"
+
+
+# -- 8: an offline Hugging Face search says so within seconds, with a busy state meanwhile ------------------
+class ConnectError(Exception):
+    """Named like httpx's: the hub client knows connection errors by name."""
+
+
+def test_an_offline_search_fails_fast_with_a_human_message():
+    import time
+
+    from app.catalog.hub import OFFLINE, HubClient
+    from app.errors import HearthError
+
+    class Api:
+        calls = 0
+
+        def list_models(self, **kw):
+            Api.calls += 1
+            raise ConnectError("[Errno -2] Name or service not known")
+
+        def list_repo_tree(self, repo, recursive=True):
+            raise ConnectError("[Errno -2] Name or service not known")
+
+    def no_network() -> None:
+        raise OSError("[Errno -2] Name or service not known")
+
+    start = time.monotonic()
+    with pytest.raises(HearthError) as got:
+        HubClient(api=Api(), probe=no_network).search("qwen")
+    assert str(got.value) == OFFLINE and Api.calls == 0 and time.monotonic() - start < 1
+    with pytest.raises(HearthError, match="Can't reach Hugging Face"):
+        HubClient(api=Api()).search("qwen")  # the client's own connection error, named for a person
+    with pytest.raises(HearthError, match="Can't reach Hugging Face"):
+        HubClient(api=Api()).files("org/repo")
+
+
+def test_a_search_shows_a_busy_state_then_the_reason(qtbot, window):
+    from app.catalog.hub import OFFLINE, HubClient
+
+    release = threading.Event()
+
+    class Api:
+        def list_models(self, **kw):
+            release.wait(10)
+            raise ConnectError("[Errno -2] Name or service not known")
+
+    w = window
+    w.ctx.downloads.client = HubClient(api=Api())
+    w.models.query.setText("qwen gguf")
+    w.models.search_btn.click()
+    assert not w.models.search_btn.isEnabled() and "Searching" in w.models.dl_label.text()
+    release.set()
+    qtbot.waitUntil(lambda: w.models.search_btn.isEnabled(), timeout=5_000)
+    assert w.models.dl_label.text() == OFFLINE and w.models.search_btn.text() == "Search"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,40 @@ from app.errors import Cancelled, HearthError
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int | None], None]  # (bytes done, total bytes or None)
+
+
+OFFLINE = "Can't reach Hugging Face (no network?). Your installed models still work."
+PROBE_TIMEOUT_S = 3.0  # one quick connection before a search: huggingface_hub retries 5 times (~25 s) offline
+_NETWORK_ERRORS = {"ConnectError", "ConnectTimeout", "ConnectionError", "NetworkError", "TransportError",
+                   "Timeout", "TimeoutException", "OfflineModeIsEnabled"}  # httpx / requests / huggingface_hub
+
+
+def is_offline_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the Hub could not be reached at all: a socket error, or one of
+    httpx's / requests' connection errors (matched by class name, so neither library is imported here)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) or _NETWORK_ERRORS & {t.__name__ for t in type(seen).__mro__}:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def probe_endpoint(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Open (and close) one TCP connection to ``endpoint``'s host; raises ``OSError`` when it cannot (no DNS,
+    no route, nothing within ``timeout`` seconds)."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+        pass
+
+
+def _proxied() -> bool:
+    import os
+
+    return any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
 
 
 class DownloadCancelled(Cancelled):
@@ -68,9 +103,11 @@ def progress_class(on_progress: ProgressFn, cancel: threading.Event) -> type:
 class HubClient:
     """Search the Hub for GGUF repositories, list their GGUF files, download one into the models folder."""
 
-    def __init__(self, api: Any = None, download: Callable[..., str] | None = None) -> None:
+    def __init__(self, api: Any = None, download: Callable[..., str] | None = None,
+                 probe: Callable[[], None] | None = None) -> None:
         self._api = api
         self._download = download
+        self._probe = probe  # None: probe the real Hub's endpoint, unless an api was injected (tests)
 
     @property
     def api(self) -> Any:
@@ -80,21 +117,42 @@ class HubClient:
             self._api = HfApi()
         return self._api
 
+    def _reachable(self) -> None:
+        """Fail fast, with ``OFFLINE``, when the Hub cannot be reached (instead of the client's retries)."""
+        probe = self._probe
+        if probe is None:
+            if self._api is not None or _proxied():  # a fake api; or a proxy, which a direct probe would miss
+                return
+            endpoint = getattr(self.api, "endpoint", None) or "https://huggingface.co"
+            probe = lambda: probe_endpoint(endpoint)  # noqa: E731
+        try:
+            probe()
+        except OSError as exc:
+            log.info("Hugging Face unreachable: %s", exc)
+            raise HearthError(OFFLINE) from exc
+
     def search(self, query: str, limit: int = 20) -> list[HubModel]:
-        """Repositories matching ``query`` that carry GGUF files, most downloaded first."""
+        """Repositories matching ``query`` that carry GGUF files, most downloaded first. Offline: a
+        ``HearthError`` saying so (``OFFLINE``) within seconds."""
+        self._reachable()
         try:
             found = self.api.list_models(search=query or None, filter="gguf", sort="downloads", limit=limit)
             return [HubModel(m.id, int(getattr(m, "downloads", 0) or 0)) for m in found]
         except Exception as exc:  # noqa: BLE001 - offline, rate-limited...: one line for the person
+            if is_offline_error(exc):
+                raise HearthError(OFFLINE) from exc
             raise HearthError(f"Hugging Face search failed: {type(exc).__name__}: {exc}") from exc
 
     def files(self, repo: str) -> list[HubFile]:
         """The repository's GGUF model files (projector files ``mmproj*`` left out), by name."""
+        self._reachable()
         try:
             entries = self.api.list_repo_tree(repo, recursive=True)
             out = [HubFile(repo, e.path, getattr(e, "size", None)) for e in entries
                    if str(e.path).lower().endswith(".gguf") and "mmproj" not in str(e.path).lower()]
         except Exception as exc:  # noqa: BLE001
+            if is_offline_error(exc):
+                raise HearthError(OFFLINE) from exc
             raise HearthError(f"cannot list files of {repo}: {type(exc).__name__}: {exc}") from exc
         return sorted(out, key=lambda f: f.path.lower())
 

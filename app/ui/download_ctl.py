@@ -17,7 +17,8 @@ from app.ui.workers import WorkerPool
 
 class DownloadController(QObject):
     """Signals: ``results(list[HubModel])``, ``files(list[HubFile])``, ``progress(done, total)`` (total 0 when
-    unknown), ``downloaded(path)``, ``failed(exc)`` (``DownloadCancelled`` when cancelled), ``busy_changed``."""
+    unknown), ``downloaded(path)``, ``failed(exc)`` (``DownloadCancelled`` when cancelled), ``busy_changed``;
+    ``searching(bool)`` while a search runs."""
 
     results = Signal(list)
     files = Signal(list)
@@ -25,6 +26,7 @@ class DownloadController(QObject):
     downloaded = Signal(str)
     failed = Signal(object)
     busy_changed = Signal(bool)
+    searching = Signal(bool)
     _raw_progress = Signal(object, object)
 
     def __init__(self, pool: WorkerPool, client: HubClient | None = None, parent: QObject | None = None) -> None:
@@ -38,7 +40,11 @@ class DownloadController(QObject):
         self._raw_progress.connect(self._throttle)
 
     def search(self, query: str) -> None:
-        self.pool.run(self.client.search, query, on_return=self.results.emit, on_error=self.failed.emit)
+        """Search the Hub on a worker: ``searching(True)``, then ``results`` or ``failed`` (offline: within
+        seconds, ``app.catalog.hub.OFFLINE``), then ``searching(False)``."""
+        self.searching.emit(True)
+        self.pool.run(self.client.search, query, on_return=self.results.emit, on_error=self.failed.emit,
+                      on_finish=lambda: self.searching.emit(False))
 
     def list_files(self, repo: str) -> None:
         self.pool.run(self.client.files, repo, on_return=self.files.emit, on_error=self.failed.emit)

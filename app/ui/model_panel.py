@@ -195,6 +195,7 @@ class ModelPanel(QWidget):
         dl.busy_changed.connect(self._download_busy)
         dl.downloaded.connect(self._downloaded)
         dl.failed.connect(lambda exc: self.dl_label.setText(str(exc)))
+        dl.searching.connect(self._searching)
 
     # -- installed models ---------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -328,13 +329,20 @@ class ModelPanel(QWidget):
             r: Recommendation = item.data(Qt.ItemDataRole.UserRole)
             self.ctx.downloads.download(r.repo, r.file)
 
+    def _searching(self, busy: bool) -> None:
+        """A search runs: the button says so and waits; the results or the reason replace the line."""
+        self.search_btn.setEnabled(not busy)
+        self.query.setEnabled(not busy)
+        self.search_btn.setText("Searching…" if busy else "Search")
+        if busy:
+            self.dl_label.setText("Searching Hugging Face…")
+
     def _show_results(self, hits: list) -> None:
         self.results.clear()
         self.files.clear()
         for h in hits:
             self.results.addItem(f"{h.repo}  ({h.downloads:,} downloads)")
-        if not hits:
-            self.dl_label.setText("No GGUF repositories found.")
+        self.dl_label.setText(f"{len(hits)} repositories found." if hits else "No GGUF repositories found.")
 
     def _show_files(self, files: list) -> None:
         self.files.clear()
