@@ -7,10 +7,10 @@ call the way its framework allows (openai-agents: ``tool_choice="required"`` kep
 ``reset_tool_choice=False``, and the port answers the turn after the tool result in the format; pydantic-ai: a
 per-step ``tool_choice``, the tool on the first step and ``"none"`` after, with the output as ``NativeOutput``
 (``response_format``) or ``ToolOutput`` (a ``final_result`` call)). Hearth's grammars make the call and the
-answer well-formed; the tests check the tool ran (a list it appends to) and the result is a validated instance
-within its bounds. A bound the grammar cannot enforce (a ``float`` in ``[0, 5]``) is either kept or a 422 naming
-it: never a wrong value returned silently. Greedy (temperature 0), short (max_tokens 60), no network: tracing is
-off and both frameworks only talk to the port.
+answer well-formed. Each API runs whole and streamed (one framework each). The tests check the tool ran (a list
+it appends to) and the result is a validated instance within its bounds. A bound the grammar cannot enforce (a
+``float`` in ``[0, 5]``) is either kept or a 422 naming it: never a wrong value returned silently. Greedy
+(temperature 0), short (max_tokens 60), no network: tracing is off and both frameworks only talk to the port.
 """
 
 from __future__ import annotations
@@ -84,14 +84,24 @@ def rater(base_url: str, api: str, output_type: type, looked_up: list[str]) -> A
                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60))
 
 
-def run_agent(agent: Agent):
-    return asyncio.run(Runner.run(agent, PROMPT, max_turns=3, run_config=RunConfig(tracing_disabled=True)))
+def run_agent(agent: Agent, stream: bool = False):
+    """``agent``'s result on ``PROMPT`` (at most 3 turns, tracing off), whole answers or streamed ones."""
+    config = RunConfig(tracing_disabled=True)
+    if not stream:
+        return asyncio.run(Runner.run(agent, PROMPT, max_turns=3, run_config=config))
+
+    async def streamed():
+        result = Runner.run_streamed(agent, PROMPT, max_turns=3, run_config=config)
+        async for _ in result.stream_events():
+            pass
+        return result
+    return asyncio.run(streamed())
 
 
-@pytest.mark.parametrize("api", ["chat", "responses"])
-def test_openai_agents_calls_its_tool_and_returns_a_bounded_rating(port, api):
+@pytest.mark.parametrize("api,stream", [("chat", False), ("responses", True)])
+def test_openai_agents_calls_its_tool_and_returns_a_bounded_rating(port, api, stream):
     looked_up: list[str] = []
-    result = run_agent(rater(port, api, Rating, looked_up))
+    result = run_agent(rater(port, api, Rating, looked_up), stream)
     assert looked_up == ["Acme kettle"]
     rating = result.final_output
     assert isinstance(rating, Rating) and 1 <= rating.score <= 5 and len(rating.summary) <= 40
@@ -115,9 +125,8 @@ def first_step_calls(ctx: RunContext) -> PydanticSettings:
                             else "none")
 
 
-@pytest.mark.parametrize("api", ["chat", "responses"])
-@pytest.mark.parametrize("output", [NativeOutput, ToolOutput])
-def test_pydantic_ai_calls_its_tool_and_returns_a_bounded_rating(port, api, output):
+@pytest.mark.parametrize("api,output,stream", [("chat", NativeOutput, True), ("responses", ToolOutput, False)])
+def test_pydantic_ai_calls_its_tool_and_returns_a_bounded_rating(port, api, output, stream):
     provider = OpenAIProvider(openai_client=client(port))
     model = (OpenAIChatModel if api == "chat" else PydanticResponsesModel)(MODEL, provider=provider)
     agent = PydanticAgent(model, output_type=output(Rating), instructions=INSTRUCTIONS,
@@ -130,6 +139,9 @@ def test_pydantic_ai_calls_its_tool_and_returns_a_bounded_rating(port, api, outp
         looked_up.append(product)
         return REVIEWS
 
-    rating = agent.run_sync(PROMPT).output
+    async def drain(ctx, events):  # with a handler, each model request is streamed
+        async for _ in events:
+            pass
+    rating = agent.run_sync(PROMPT, event_stream_handler=drain if stream else None).output
     assert looked_up == ["Acme kettle"]
     assert isinstance(rating, Rating) and 1 <= rating.score <= 5 and len(rating.summary) <= 40
