@@ -37,13 +37,14 @@ def empty_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return bin_dir
 
 
-def fake_agent(bin_dir: Path, name: str, rc: int = 0) -> Path:
-    """An executable called ``name`` that writes its argv and environment to ``<itself>.json`` and exits
-    ``rc``."""
+def fake_agent(bin_dir: Path, name: str, rc: int = 0, before_exit: str = "") -> Path:
+    """An executable called ``name`` that writes its argv and environment to ``<itself>.json``, runs the shell
+    line ``before_exit`` and exits ``rc``."""
     exe = bin_dir / name
     code = ("import json, os, sys; json.dump({'argv': sys.argv[2:], 'env': dict(os.environ)}, "
             "open(sys.argv[1] + '.json', 'w'))")
-    exe.write_text(f"#!/bin/sh\n{shlex.quote(sys.executable)} -c {shlex.quote(code)} \"$0\" \"$@\"\nexit {rc}\n")
+    record = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} \"$0\" \"$@\""
+    exe.write_text(f"#!/bin/sh\n{record}\n{before_exit}\nexit {rc}\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return exe
 
@@ -206,3 +207,14 @@ def test_a_serve_that_dies_is_reported_with_its_log_and_the_agent_never_runs(emp
     assert main(["launch", "aider"]) == 1
     assert "address already in use" in capsys.readouterr().err
     assert not (empty_path / "aider.json").exists()
+
+
+def test_ctrl_c_belongs_to_the_agent_and_the_started_port_is_still_stopped(empty_path, monkeypatch):
+    # the agent sends SIGINT to hearth launch (as a terminal's Ctrl+C reaches both), then leaves with 5
+    fake_agent(empty_path, "aider", rc=5, before_exit="kill -INT $PPID; sleep 0.3")
+    proc, started = FakeServe(), []
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"} if started else None)
+    monkeypatch.setattr(launch, "default_model", lambda root, key: None)
+    monkeypatch.setattr(launch, "spawn_serve", lambda cmd, key, log: started.append(cmd) or proc)
+    assert main(["launch", "aider"]) == 5
+    assert proc.signals == [launch.signal.SIGTERM]

@@ -166,11 +166,14 @@ def stop_serve(proc: subprocess.Popen) -> None:
     ``STOP_TIMEOUT_S``."""
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # the leader alone: it closes its engine processes itself
     try:
         proc.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the engine children go too
+        except OSError:
+            proc.kill()
         proc.wait()
 
 
@@ -223,13 +226,17 @@ def write_files(plan: _agents.Plan) -> None:
 
 
 def run_plan(plan: _agents.Plan) -> int:
-    """Write the plan's files and run its command in the current folder; returns its exit code."""
+    """Write the plan's files and run its command in the current folder; returns its exit code. Ctrl+C belongs
+    to the agent (aider and Claude Code stop an answer with it, and leave on their own terms), so this
+    process waits through it instead of killing the agent."""
     write_files(plan)
     log.debug("launch: %s", shlex.join(plan.argv))
+    previous = signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it
     try:
-        return subprocess.run(list(plan.argv), env=plan.environ(dict(os.environ))).returncode
-    except KeyboardInterrupt:
-        return 130
+        proc = subprocess.Popen(list(plan.argv), env=plan.environ(dict(os.environ)))
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print(agent: _agents.Agent, exe: str | None, host: str, port: int, key: str | None, n_ctx: int,
