@@ -113,17 +113,41 @@ def test_a_call_of_the_clients_own_tool_goes_back_to_the_client(hub) -> None:
 
 @pytest.mark.parametrize("tools,extra,says", [
     (False, {}, "--mcp-tools"),
-    (True, {"stream": True}, "does not stream"),
+    (True, {"hearth": {**ON, "self_consistency": {"n": 2}}}, "self_consistency"),
 ])
 def test_the_opt_in_is_refused_where_it_cannot_run(hub, tools, extra, says) -> None:
     eng = FakeEngine(reply=scripted())
     with eng, client(eng, PortTools(hub) if tools else None) as c:
-        r = chat(c, hearth=ON, **extra)
+        r = chat(c, **{"hearth": ON, **extra})
         again = chat(c)  # the model was released: the port still answers
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "hearth.mcp_tools" and says in err["message"]
     assert again.status_code == 200
+
+
+def sse(text: str) -> list[dict]:
+    return [json.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: {")]
+
+
+def test_a_stream_is_written_once_the_tools_have_run(hub) -> None:
+    eng = FakeEngine(reply=scripted(call_text("t__add", a=2, b=3)))
+    with eng, client(eng, PortTools(hub, max_steps=3)) as c:
+        r = chat(c, hearth=ON, stream=True, stream_options={"include_usage": True})
+        m = c.post("/v1/messages", json={"model": "fake-model", "max_tokens": 256, "messages": ASK, "hearth": ON,
+                                         "stream": True})
+        resp = c.post("/v1/responses", json={"model": "fake-model", "input": "What is 2 + 3?", "hearth": ON,
+                                             "stream": True})
+    assert resp.status_code == 200 and '"text":"Done. 5"' in resp.text
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    chunks = sse(r.text)
+    text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+    assert text == "Done. 5"
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] > 0
+    events = sse(m.text)
+    assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == "Done. 5"
+    assert events[-1]["type"] == "message_stop"
 
 
 def test_tool_choice_may_name_an_mcp_tool_and_is_checked_against_them(hub) -> None:

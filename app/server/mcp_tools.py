@@ -43,11 +43,8 @@ class PortTools:
         self.calls: dict[tuple[str, str, str], int] = defaultdict(int)  # (server, tool, outcome) -> calls
 
     def check(self, plan: Any) -> None:
-        """Raise ``InvalidRequest`` (param ``hearth.mcp_tools``) for what the loop does not do: a stream, or
-        self-consistency."""
-        if plan.stream:
-            raise InvalidRequest("hearth.mcp_tools runs the tools before answering and does not stream; send "
-                                 "stream: false", param=_PARAM)
+        """Raise ``InvalidRequest`` (param ``hearth.mcp_tools``) for what the loop does not do: self-consistency.
+        (A stream is written once the tools have run: ``Service._replay``.)"""
         if plan.consistency is not None:
             raise InvalidRequest("hearth.mcp_tools cannot be combined with hearth.self_consistency", param=_PARAM)
 
@@ -157,7 +154,7 @@ def _label(value: str) -> str:
 def prepare(tools: Optional[PortTools], plan: Any) -> tuple[Any, list[ToolBox]]:
     """``plan`` (which asked for ``hearth.mcp_tools``) with the port's MCP tools added to each request, and
     each request's ``ToolBox``. Raises ``InvalidRequest`` (param ``hearth.mcp_tools``) when the port offers
-    none (``tools`` None: started without ``--mcp-tools``) or the plan streams."""
+    none (``tools`` None: started without ``--mcp-tools``) or the plan asks for self-consistency."""
     if tools is None:
         raise InvalidRequest("hearth.mcp_tools: this port offers no MCP tools (start it with `hearth serve "
                              "--mcp-tools`)", param=_PARAM)

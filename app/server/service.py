@@ -107,7 +107,7 @@ class Service:
         handed_over = False  # a started stream releases when its connection ends (SSEResponse)
         try:
             call.tool_fmt = await run_in_threadpool(engine.tool_format) if plan.requests[0].tools else None
-            if plan.stream:
+            if plan.stream and boxes is None:
                 first = await self._start(call, plan.requests[0])
                 handed_over = True
                 return SSEResponse(self._events(frame, call, first, answer, piece), call.watcher, done)
@@ -120,6 +120,9 @@ class Service:
             for choice in choices:
                 await _check_citations(plan, choice)
                 _check_answer(plan, choice)
+            if plan.stream:  # hearth.mcp_tools: the tools ran first, then the answers go out as a stream
+                handed_over = True
+                return SSEResponse(self._replay(frame, call, choices, answer, piece), call.watcher, done)
             return JSONResponse(await answer.whole(frame, choices, piece))
         finally:
             if not handed_over:
@@ -166,6 +169,22 @@ class Service:
                 req, step = nxt, step + 1
         finally:
             stopper.finished = True
+
+    async def _replay(self, frame: fmt.Frame, call: _Call, choices: list[fmt.Choice], answer: Answer,
+                      piece: fmt.PieceFn | None) -> AsyncIterator[bytes]:
+        """Finished ``choices`` written as the API's stream: each one's thinking, text and calls in one piece."""
+        async def pieces() -> AsyncIterator[Any]:
+            for i, choice in enumerate(choices):
+                yield ChoiceStart(i)
+                for p in _whole_pieces(choice):
+                    yield p
+                yield choice
+            call.entry.close()
+        try:
+            async for data in answer.stream(frame, pieces(), piece):
+                yield data
+        finally:
+            call.entry.close()
 
     async def _consistent(self, call: _Call, req: GenerateRequest, spec: Any) -> fmt.Choice:
         """``req`` answered by self-consistency: its samples voted, the chosen one returned with the vote."""
@@ -249,6 +268,15 @@ def _check_answer(plan: Plan, choice: fmt.Choice) -> None:
     failed one (``hearth.tool_call_error`` says why), is not an answer in the format."""
     if plan.answer_format is not None and not (choice.tools and (choice.tools.calls or choice.tools.errors)):
         structured.check_answer(choice.text, choice.finish_reason, plan.answer_format)
+
+
+def _whole_pieces(choice: fmt.Choice) -> list[Any]:
+    """A finished choice as the pieces a stream of it would have had (logprobs aside)."""
+    out: list[Any] = [Thought(choice.reasoning)] if choice.reasoning else []
+    out += [TextPiece(choice.text)] if choice.text else []
+    for i, c in enumerate(choice.tools.calls if choice.tools is not None else ()):
+        out += [CallStart(i, c.id, c.name), ArgsPiece(i, c.arguments)]
+    return out
 
 
 def _once(call: _Call, release: Callable[[], None]) -> Callable[[], None]:
