@@ -333,3 +333,32 @@ def test_a_search_shows_a_busy_state_then_the_reason(qtbot, window):
     release.set()
     qtbot.waitUntil(lambda: w.models.search_btn.isEnabled(), timeout=5_000)
     assert w.models.dl_label.text() == OFFLINE and w.models.search_btn.text() == "Search"
+
+
+# -- 13: the Port tab counts requests people made; Open document says when it cannot ------------------------
+def test_the_request_count_leaves_out_health_checks(qtbot, window):
+    from app.server.metrics import ServerMetrics
+
+    m = ServerMetrics()
+    for endpoint, status in (("/health", 200), ("/health", 503), ("/v1/chat/completions", 200), ("/v1/models", 200)):
+        m.request_started()
+        m.request_done(endpoint, "GET", status)
+    window.ctx.server.metrics = m
+    assert window.ctx.server.requests_served() == (2, 0)
+    window.port._count()
+    assert window.port.requests.text().startswith("2 request(s) answered")
+
+
+def test_open_document_says_why_it_cannot(qtbot, tmp_path):
+    from app.ui.passage_dialog import PassageDialog, open_document
+
+    gone = PassageDialog({"path": str(tmp_path / "moved.pdf"), "page": 3, "quote": "the ferry leaves at 7:45"})
+    qtbot.addWidget(gone)
+    gone.open_btn.click()
+    assert gone.error.isVisibleTo(gone) and "not there any more" in gone.error.text()
+    doc = tmp_path / "notes.xyz"
+    doc.write_text("x")
+    assert "no program" in open_document(str(doc), opener=lambda url: False)
+    opened = []
+    assert open_document(str(doc), 2, opener=lambda url: opened.append(url) or True) == ""
+    assert opened[0].fragment() == "page=2" and opened[0].toLocalFile() == str(doc)

@@ -12,19 +12,15 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QAction, QDesktopServices, QKeySequence, QShortcut
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDialog,
-    QDialogButtonBox,
     QFrame,
-    QHBoxLayout,
     QLabel,
     QMainWindow,
-    QPushButton,
     QSplitter,
     QTabWidget,
-    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
@@ -37,10 +33,10 @@ from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
 from app.ui.chat_header import ChatHeader
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
-from app.ui.formatting import file_name
 from app.ui.labels import fit_width
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
+from app.ui.passage_dialog import PassageDialog
 from app.ui.port_panel import PortPanel
 from app.ui.presets_dialog import PresetsDialog
 from app.ui.service_ctl import ServiceController, service_text
@@ -573,33 +569,6 @@ class MainWindow(QMainWindow):
         self.service.stop()
         self.ctx.close()
         super().closeEvent(e)
-
-
-class PassageDialog(QDialog):
-    """A cited passage, with a button to open its document (at its page, for viewers that honour #page=)."""
-
-    def __init__(self, cite: dict, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        path, page = str(cite.get("path", "")), cite.get("page")
-        self.setWindowTitle(file_name(path) + (f" — page {page}" if page else ""))
-        lay = QVBoxLayout(self)
-        text = QTextBrowser()
-        text.setPlainText(str(cite.get("quote") or cite.get("text") or ""))
-        lay.addWidget(QLabel(path))
-        lay.addWidget(text)
-        row = QHBoxLayout()
-        open_btn = QPushButton("Open document")
-        url = QUrl.fromLocalFile(path)
-        if page:
-            url.setFragment(f"page={page}")
-        open_btn.clicked.connect(lambda: QDesktopServices.openUrl(url))
-        close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        close.rejected.connect(self.reject)
-        row.addWidget(open_btn)
-        row.addStretch(1)
-        row.addWidget(close)
-        lay.addLayout(row)
-        self.resize(560, 360)
 
 
 def _machine_memory() -> tuple[int | None, int | None]:

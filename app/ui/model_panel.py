@@ -28,7 +28,7 @@ from app.catalog.files import link_model
 from app.catalog.recommended import Recommendation, load_catalog, recommend
 from app.ui.engine_ctl import remote_job
 from app.ui.formatting import human_bytes
-from app.ui.labels import ElidedLabel, fit_width
+from app.ui.labels import fit_width
 from app.ui.models import ItemRole, ModelListModel
 
 log = logging.getLogger(__name__)

@@ -56,7 +56,8 @@ class PortPanel(QWidget):
         self.cors = QLineEdit(placeholderText="e.g. http://localhost:5173, comma-separated")
         self.url = QLineEdit(readOnly=True)
         self.curl = QPlainTextEdit(readOnly=True, maximumHeight=90)
-        self.requests = QLabel("0 requests")
+        self.requests = QLabel("0 requests", toolTip="Health checks (/health) are not counted: the window itself "
+                                                     "asks one every 5 s")
         keys = QHBoxLayout()
         gen, copy_key, clear = QPushButton("Generate"), QPushButton("Copy"), QPushButton("Clear")
         gen.clicked.connect(lambda: self._set_key(new_api_key()))

@@ -15,6 +15,7 @@ from app.settings import ServerSettings
 from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
+NOT_COUNTED = frozenset({"/health"})  # endpoints the Port tab's request count leaves out (see requests_served)
 
 
 def server_available() -> bool:
@@ -65,11 +66,13 @@ class ServerController(QObject):
         return self.thread is not None
 
     def requests_served(self) -> tuple[int, int]:
-        """(requests answered, requests in flight) since the port started."""
+        """(requests answered, requests in flight) since the port started; ``/health`` is not counted: the
+        window itself asks it every 5 s (``service_ctl``), and a health check is not a request anyone made."""
         m = self.metrics
         if m is None:
             return 0, 0
-        return sum(m.requests.values()), m.in_flight
+        counts = list(m.requests.items())  # one C-level copy: the server thread may add keys meanwhile
+        return sum(n for (endpoint, _method, _status), n in counts if endpoint not in NOT_COUNTED), m.in_flight
 
     def apply(self, s: ServerSettings) -> None:
         """Start, stop or restart so that the port matches ``s``."""

@@ -37,7 +37,6 @@ from app.errors import HearthError, InvalidRequest
 from app.protocol.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.settings import UserSettings
 
-
 FIT = QSize(960, 680)  # the dialog's largest size: fits a 1024×700 screen with room for its frame
 
 

@@ -45,7 +45,7 @@ class StatusStrip(QWidget):
         self.service.setToolTip("The Hearth service (hearth service install) answers /health on this port. "
                                 "Connect: chat through it instead of loading a model in the window.")
         self.service.linkActivated.connect(lambda _l: self.connect_service.emit())
-        self.ttft, self.decode, self.reused, self.thinking = ElidedLabel(), ElidedLabel(), ElidedLabel(), ElidedLabel()
+        self.ttft, self.decode, self.reused, self.thinking = (ElidedLabel() for _ in range(4))
         self.thinking.setObjectName("thinkingMetrics")
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
         self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer
