@@ -156,8 +156,8 @@ def prepare(tools: Optional[PortTools], plan: Any) -> tuple[Any, list[ToolBox]]:
     each request's ``ToolBox``. Raises ``InvalidRequest`` (param ``hearth.mcp_tools``) when the port offers
     none (``tools`` None: started without ``--mcp-tools``) or the plan asks for self-consistency."""
     if tools is None:
-        raise InvalidRequest("hearth.mcp_tools: this port offers no MCP tools (start it with `hearth serve "
-                             "--mcp-tools`)", param=_PARAM)
+        raise InvalidRequest("hearth.mcp_tools: this port offers no MCP tools (they need `hearth serve "
+                             "--mcp-tools` and servers in mcp.json)", param=_PARAM)
     tools.check(plan)
     pairs = [tools.toolbox(r, plan.mcp_choice) for r in plan.requests]
     return replace(plan, requests=tuple(r for _, r in pairs)), [b for b, _ in pairs]
