@@ -262,6 +262,17 @@ def test_metrics_count_ollama_generations(fake):
     client(srv).generate(model="fake-model", prompt="count me", stream=False)
     after = httpx.get(f"{srv.url}/metrics").text
     assert before != after and "hearth_" in after
+    assert 'endpoint="/api/generate",method="POST",status="200"' in after  # its own label, not "other"
+
+
+def test_root_answers_the_ollama_probe_and_is_counted(fake):
+    _eng, srv, _ = fake
+    for method in ("GET", "HEAD"):
+        r = httpx.request(method, f"{srv.url}/")
+        assert r.status_code == 200, r.text
+    assert "Hearth is running" in httpx.get(f"{srv.url}/").text
+    text = httpx.get(f"{srv.url}/metrics").text
+    assert 'endpoint="/",method="GET",status="200"' in text and 'endpoint="/",method="HEAD"' in text
 
 
 # -- many models (`hearth serve`: a pool) --------------------------------------------------------------------

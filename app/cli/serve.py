@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API (default http://127.0.0.1:%d)" % DEFAULT_PORT,
                        description="Serve Hearth's OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
                                    "/v1/embeddings, /v1/models, /v1/responses, /health, /metrics), Anthropic's "
-                                   "/v1/messages and Ollama's /api/* on one port. Loopback only unless "
+                                   "/v1/messages, Ollama's /api/* and Hearth's MCP server (/mcp) on one port. Loopback only unless "
                                    f"{EXPOSE_FLAG} is given.")
     p.add_argument("--host", default=None, help="address to bind (default from settings: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help=f"port (default from settings: {DEFAULT_PORT})")

@@ -33,7 +33,7 @@ from app.server.source import Held, keep_alive_of, source_for
 from app.settings import ServerSettings
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/responses",
-             "/v1/messages", "/health", "/metrics", "/mcp")
+             "/v1/messages", "/v1/messages/count_tokens", "/health", "/metrics", "/mcp", "/", *ollama.KNOWN)
 STOP_THINKING = "/v1/hearth/requests/{request_id}/stop_thinking"
 
 
@@ -135,6 +135,11 @@ def _routes(app: FastAPI, st: State) -> None:
 
 def _status_routes(app: FastAPI, st: State) -> None:
     """What is loaded and how it runs: health, metrics, the model listing."""
+
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    async def root() -> str:
+        """What Ollama answers at ``/`` ("Ollama is running"): tools probe it before they use ``/api/*``."""
+        return "Hearth is running (OpenAI and Anthropic APIs at /v1, Ollama's at /api, MCP at /mcp)"
 
     @app.get("/health")
     async def health() -> JSONResponse:
