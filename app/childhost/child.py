@@ -13,6 +13,7 @@ import traceback
 from typing import Any, Callable, Optional, Protocol
 
 from app.childhost.threads import tune_openmp
+from app.childhost.watchdog import MAIN_READ, SIDE_READ, start_heartbeat
 from app.errors import HearthError
 
 PARENT_WATCH_S = 0.5  # seconds between checks that the parent still lives
@@ -60,12 +61,14 @@ class _ParentGone(BaseException):
 
 
 def _child_main(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
-                mux: bool = False) -> None:
-    """Entry point of a spawned child."""
+                mux: bool = False, pulse: Any = None) -> None:
+    """Entry point of a spawned child (``pulse``: its ``watchdog`` counters)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the parent, which cancels
     watch_parent()
+    if pulse is not None:
+        start_heartbeat(pulse)
     tune_openmp()
-    _run_handler(target, args, main, side, cancel, mux)
+    _run_handler(target, args, main, side, cancel, mux, pulse)
 
 
 def watch_parent(interval_s: float = PARENT_WATCH_S) -> None:
@@ -83,8 +86,9 @@ def watch_parent(interval_s: float = PARENT_WATCH_S) -> None:
 
 
 def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: Any, cancel: Any,
-                 mux: bool = False) -> None:
-    """Build the handler, say "ready" (or why not), then serve the lanes until the main lane closes."""
+                 mux: bool = False, pulse: Any = None) -> None:
+    """Build the handler, say "ready" (or why not), then serve the lanes until the main lane closes; the lane
+    readers write their read receipts into ``pulse`` (when given)."""
     try:
         handler: Optional[Handler] = target(*args)
         reply: tuple = ("ready", handler.ready_info())  # type: ignore[union-attr]
@@ -97,21 +101,22 @@ def _run_handler(target: Callable[..., Handler], args: tuple, main: Any, side: A
         return
     if side is not None:
         threading.Thread(target=_serve_lane, name="side-lane", daemon=True,
-                         args=(side, lambda op, a, _emit: handler.side(op, a))).start()
+                         args=(side, lambda op, a, _emit: handler.side(op, a), pulse, SIDE_READ)).start()
 
     if mux:
-        _serve_mux(main, handler)  # type: ignore[arg-type]
+        _serve_mux(main, handler, pulse)  # type: ignore[arg-type]
         return
 
     def cancelled() -> bool:
         return bool(cancel.value)
 
-    _serve_lane(main, lambda op, a, emit: handler.call(op, a, emit, cancelled))
+    _serve_lane(main, lambda op, a, emit: handler.call(op, a, emit, cancelled), pulse, MAIN_READ)
 
 
-def _serve_mux(conn: Any, handler: MuxHandler) -> None:
-    """The child's end of a multiplexed main lane: a reader thread feeds ``inbox``; ``handler.serve`` runs
-    here until ``("close",)`` (also queued when the pipe closes)."""
+def _serve_mux(conn: Any, handler: MuxHandler, pulse: Any = None) -> None:
+    """The child's end of a multiplexed main lane: a reader thread feeds ``inbox`` (and writes the id of each
+    request it read into ``pulse[MAIN_READ]``); ``handler.serve`` runs here until ``("close",)`` (also queued
+    when the pipe closes)."""
     inbox: "queue.Queue[tuple]" = queue.Queue()
     lock = threading.Lock()
 
@@ -125,6 +130,8 @@ def _serve_mux(conn: Any, handler: MuxHandler) -> None:
                 msg = conn.recv()
             except (EOFError, OSError):
                 msg = ("close",)
+            if pulse is not None and msg[0] == "submit":
+                pulse[MAIN_READ] = msg[1]
             inbox.put(msg)
             if msg[0] == "close":
                 return
@@ -138,8 +145,10 @@ def _serve_mux(conn: Any, handler: MuxHandler) -> None:
         conn.close()
 
 
-def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], Any]) -> None:
-    """Answer requests on ``conn`` until ``("close",)``, a closed pipe or a parent that no longer reads."""
+def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], Any], pulse: Any = None,
+                lane: int = MAIN_READ) -> None:
+    """Answer requests on ``conn`` until ``("close",)``, a closed pipe or a parent that no longer reads;
+    ``pulse[lane]`` counts the requests read (when ``pulse`` is given)."""
 
     def emit(*payload: Any) -> None:
         if not _send(conn, ("event", *payload)):
@@ -154,6 +163,8 @@ def _serve_lane(conn: Any, handle: Callable[[str, tuple, Callable[..., None]], A
             op, args = msg[0], tuple(msg[1:])
             if op == "close":
                 return
+            if pulse is not None:
+                pulse[lane] += 1
             try:
                 reply: tuple = ("ok", handle(op, args, emit))
             except _ParentGone:

@@ -8,14 +8,15 @@ import ctypes
 import itertools
 import logging
 import multiprocessing as mp
-import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
+from app.childhost.calls import Call, MuxCall, _Dead, _unwrap, unresponsive
 from app.childhost.child import ChildBug, Handler, _child_main, _close, _run_handler
+from app.childhost.watchdog import SIDE_READ, UNRESPONSIVE_S, Heartbeat, new_pulse
 from app.errors import EngineCrashed, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -26,17 +27,23 @@ _POLL_S = 0.5  # seconds between liveness checks while waiting for a reply
 @dataclass(frozen=True)
 class Timeouts:
     """Seconds a host waits. ``start_s``: spawn → "ready" (loading a large model from a slow disk takes
-    minutes); ``reply_s``: the longest silence while a request is open (one prefill chunk on a large model)."""
+    minutes); ``reply_s``: the longest silence while a request is open (one prefill chunk on a large model);
+    ``unresponsive_s``: the longest a child process may send no heartbeat (stopped or frozen; docs/engine.md,
+    "Watchdog") before it is killed, None for no watchdog."""
 
     start_s: float = 600.0
     reply_s: float = 600.0
+    unresponsive_s: Optional[float] = UNRESPONSIVE_S
 
 
 class _Child:
     """One launched child: its process (or thread), the parent ends of its lanes, its ready info."""
 
-    def __init__(self, runner: Any, main: Any, side: Any, in_thread: bool) -> None:
+    def __init__(self, runner: Any, main: Any, side: Any, in_thread: bool, pulse: Any,
+                 unresponsive_s: Optional[float]) -> None:
         self.runner, self.main, self.side, self.in_thread = runner, main, side, in_thread
+        self.beat, self.unresponsive_s = Heartbeat(pulse), unresponsive_s
+        self.sent_side = 0  # requests sent on the side lane (against its read receipts)
         self.info: Any = None
         self._dead = False
         self._lock = threading.Lock()
@@ -46,7 +53,17 @@ class _Child:
         self.reader: Optional[threading.Thread] = None  # the mux lane's reader thread (``_demux``)
 
     def alive(self) -> bool:
-        return not self._dead and self.runner.is_alive()
+        return not self._dead and self.runner.is_alive() and not self.frozen()
+
+    def frozen(self) -> bool:
+        """No heartbeat for ``unresponsive_s`` seconds (a process stopped by SIGSTOP, or wedged)."""
+        limit = self.unresponsive_s
+        return limit is not None and not self.in_thread and self.beat.silent_s() > limit
+
+    def unread(self, lane: int, sent: int) -> bool:
+        """Whether the child never read request ``sent`` (a request id on a multiplexed lane, else the count
+        of requests sent) on ``lane``: it cannot have crashed the child, and may go to the next one."""
+        return self.beat.read(lane) < sent
 
     def mark_dead(self) -> bool:
         """True the first time only (a death seen by both lanes is one crash)."""
@@ -203,16 +220,17 @@ class ChildHost:
     def _launch(self) -> _Child:
         main_parent, main_child = self._ctx.Pipe()
         side_parent, side_child = self._ctx.Pipe() if self.side_lane else (None, None)
+        pulse = new_pulse(self._ctx)
         if self.in_thread:
             runner: Any = threading.Thread(target=_run_handler, name=self.name, daemon=True, args=(
-                self.target, self.args, main_child, side_child, self._cancel, self.mux))
+                self.target, self.args, main_child, side_child, self._cancel, self.mux, pulse))
         else:
             runner = self._ctx.Process(target=_child_main, name=self.name, daemon=True, args=(
-                self.target, self.args, main_child, side_child, self._cancel, self.mux))
+                self.target, self.args, main_child, side_child, self._cancel, self.mux, pulse))
         runner.start()
         if not self.in_thread:  # the child has its own copies; ours must go for EOF to mean "it died"
             _close(main_child, side_child)
-        return _Child(runner, main_parent, side_parent, self.in_thread)
+        return _Child(runner, main_parent, side_parent, self.in_thread, pulse, self.timeouts.unresponsive_s)
 
     def _await_ready(self, child: _Child) -> Any:
         def refused(why: str) -> ModelLoadError:
@@ -254,27 +272,40 @@ class ChildHost:
         return self.call(op, *args).wait()
 
     # -- the multiplexed lane ---------------------------------------------------------------------------
-    def submit(self, op: str, *args: Any) -> "MuxCall":
+    def submit(self, op: str, *args: Any, deadline_s: Optional[float] = None) -> "MuxCall":
         """Open a request on a multiplexed main lane (thread-safe; any number may be open at once) and return
-        it in flight. Raises ``EngineCrashed`` / ``ModelLoadError`` (see ``start``)."""
+        it in flight. ``deadline_s``: seconds after which the request is not waited for any more while the
+        child sends no heartbeat (docs/engine.md, "Watchdog"). Raises ``EngineCrashed`` / ``ModelLoadError``
+        (see ``start``)."""
         if not self.mux:
             raise ValueError(f"{self.label} has no multiplexed lane")
-        self.start()
-        child = self._running()
-        rid = next(self._rids)
-        call = MuxCall(self, child, op, rid)
-        with child._lock:
-            if child.reader_gone is not None:
-                raise self._died(child, op, child.reader_gone)
-            child.calls[rid] = call
-        try:
-            with self._send_lock:
-                child.main.send(("submit", rid, op, *args))
-        except (OSError, EOFError) as exc:
-            with child._lock:
-                child.calls.pop(rid, None)
-            raise self._died(child, op, exc) from None
+        call = MuxCall(self, op, args, deadline_s)
+        self._open(call)
         return call
+
+    def _open(self, call: "MuxCall") -> None:
+        """Send ``call`` to the child (starting it if needed) under a new request id; again to a new child,
+        once, when the one it went to died before reading it."""
+        for attempt in (0, 1):
+            self.start()
+            child = call._child = self._running()
+            rid = call.rid = next(self._rids)
+            with child._lock:
+                gone: Optional[BaseException] = child.reader_gone
+                if gone is None:
+                    child.calls[rid] = call
+            if gone is None:
+                try:
+                    with self._send_lock:
+                        child.main.send(("submit", rid, call.op, *call.args))
+                    return
+                except (OSError, EOFError) as exc:
+                    with child._lock:
+                        child.calls.pop(rid, None)
+                    gone = exc
+            err = self._died(child, call.op, gone)
+            if attempt:
+                raise err from None
 
     def _mux_send(self, child: _Child, msg: tuple) -> None:
         try:
@@ -284,63 +315,86 @@ class ChildHost:
             pass  # the child is gone: the reader ends the open requests
 
     def _demux(self, child: _Child) -> None:
-        """Reader thread of a multiplexed lane: hand each message to its request; when the child dies, or is
-        silent for ``reply_s`` seconds while a request is open (it is then killed), end every open request."""
+        """Reader thread of a multiplexed lane: hand each message to its request; when the child dies, sends
+        no heartbeat for ``unresponsive_s`` seconds, or is silent for ``reply_s`` seconds while a request is
+        open (it is then killed), end every open request."""
         conn = child.main
         heard = time.monotonic()
-        dead = _Dead()
         while True:
             try:
                 msg = conn.recv() if conn.poll(_POLL_S) else None
             except (EOFError, OSError, ValueError, TypeError):  # TypeError: closed under us (a handle of None)
+                dead = _Dead()
                 break
             now = time.monotonic()
-            if msg is not None and msg[0] == "events":  # one step's events for several requests
-                heard = now
-                with child._lock:
-                    calls = [(child.calls.get(ev[0]), ev) for ev in msg[1]]
-                for call, ev in calls:
-                    if call is not None:
-                        call._inbox.put(("event", *ev))
-                continue
             if msg is not None:
                 heard = now
-                with child._lock:
-                    call = child.calls.get(msg[1]) if len(msg) > 1 else None
-                    if call is not None and msg[0] != "event":
-                        del child.calls[msg[1]]
-                if call is not None:
-                    call._inbox.put(msg)
+                self._dispatch(child, msg)
                 continue
             with child._lock:
                 busy = bool(child.calls)
-            if not child.runner.is_alive():
-                break
             if not busy:
                 heard = now
-            elif now - heard > self.timeouts.reply_s:
-                child.kill()
-                dead = _Dead(timed_out=True)
+            gone = self._quiet(child, now - heard)
+            if gone is not None:
+                dead = gone
                 break
+        if dead.unresponsive:
+            self._died(child, "a wait for requests", dead)  # counted as a crash even with no request open
         with child._lock:
             child.reader_gone = dead
             calls, child.calls = list(child.calls.values()), {}
         for call in calls:
             call._inbox.put(("_dead", dead))
 
+    def _dispatch(self, child: _Child, msg: tuple) -> None:
+        """One message of a multiplexed lane to its request(s)."""
+        if msg[0] == "events":  # one step's events for several requests
+            with child._lock:
+                calls = [(child.calls.get(ev[0]), ev) for ev in msg[1]]
+            for call, ev in calls:
+                if call is not None:
+                    call._inbox.put(("event", *ev))
+            return
+        with child._lock:
+            call = child.calls.get(msg[1]) if len(msg) > 1 else None
+            if call is not None and msg[0] != "event":
+                del child.calls[msg[1]]
+        if call is not None:
+            call._inbox.put(msg)
+
+    def _quiet(self, child: _Child, silence_s: float) -> Optional["_Dead"]:
+        """After a quiet poll: why the child is gone (it died; no heartbeat for ``unresponsive_s``, or
+        ``silence_s`` past ``reply_s`` while a request is open: it is then killed), or None."""
+        if not child.runner.is_alive():
+            return _Dead()
+        if child.frozen():
+            log.warning("%s sent no heartbeat for %g s; killing it", self.label, self.timeouts.unresponsive_s)
+            child.kill()
+            return _Dead(unresponsive=True)
+        if silence_s > self.timeouts.reply_s:
+            child.kill()
+            return _Dead(timed_out=True)
+        return None
+
     def side(self, op: str, *args: Any) -> Any:
-        """A side-lane request (thread-safe; does not wait for the main lane): its result. Raises like
-        ``request``."""
+        """A side-lane request (thread-safe; does not wait for the main lane): its result; sent again to a new
+        child, once, when the one it went to died before reading it. Raises like ``request``."""
         if not self.side_lane:
             raise ValueError(f"{self.label} has no side lane")
-        self.start()
-        with self._side_lock:
-            child = self._running()
-            try:
-                child.side.send((op, *args))
-                msg = self._receive(child, child.side, self.timeouts.reply_s)
-            except (OSError, EOFError, _Dead) as exc:
-                raise self._died(child, op, exc) from None
+        for attempt in (0, 1):
+            self.start()
+            with self._side_lock:
+                child = self._running()
+                try:
+                    child.side.send((op, *args))
+                    child.sent_side += 1
+                    msg = self._receive(child, child.side, self.timeouts.reply_s)
+                    break
+                except (OSError, EOFError, _Dead) as exc:
+                    err = self._died(child, op, exc)
+                    if attempt or not child.unread(SIDE_READ, child.sent_side):
+                        raise err from None
         return _unwrap(msg)
 
     def cancel(self) -> None:
@@ -357,8 +411,8 @@ class ChildHost:
         return child
 
     def _receive(self, child: _Child, conn: Any, timeout_s: float) -> tuple:
-        """The next message on ``conn``. Raises ``_Dead`` when the child dies, or stays silent for ``timeout_s``
-        seconds (it is then killed)."""
+        """The next message on ``conn``. Raises ``_Dead`` when the child dies, sends no heartbeat for
+        ``unresponsive_s`` seconds or stays silent for ``timeout_s`` seconds (it is then killed)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -368,6 +422,9 @@ class ChildHost:
                 raise _Dead() from None
             if not child.runner.is_alive() and not conn.poll(0):
                 raise _Dead()
+            if child.frozen():
+                child.kill()
+                raise _Dead(unresponsive=True)
             if time.monotonic() >= deadline:
                 child.kill()
                 raise _Dead(timed_out=True)
@@ -378,117 +435,24 @@ class ChildHost:
             return EngineCrashed(f"{self.label} was closed")
         if child.mark_dead() and self.on_crash is not None:
             self.on_crash()
+        if isinstance(dead, _Dead) and dead.unresponsive:
+            return unresponsive(f"{self.label} stopped responding during {doing}: it sent no heartbeat for "
+                                f"{self.timeouts.unresponsive_s:g} s (stopped or frozen) and was killed; it "
+                                "restarts on the next request")
         if isinstance(dead, _Dead) and dead.timed_out:
             why = f"it did not answer within {self.timeouts.reply_s:.0f} s and was stopped"
         else:
             why = child.exit_text()
         return EngineCrashed(f"{self.label} died during {doing} ({why}); it restarts on the next request")
 
-
-class _Dead(Exception):
-    """Internal: the child of a lane is gone (or was stopped after ``timed_out``)."""
-
-    def __init__(self, timed_out: bool = False) -> None:
-        super().__init__("timed out" if timed_out else "gone")
-        self.timed_out = timed_out
-
-
-class Call:
-    """One main-lane request in flight. Iterating yields each event's payload (a tuple); when the final reply
-    arrives iteration ends and ``result`` holds it, or the child's error is raised (``HearthError``,
-    ``ChildBug``; ``EngineCrashed`` if the child dies). ``open`` is True until then."""
-
-    def __init__(self, host: ChildHost, child: _Child, op: str) -> None:
-        self._host, self._child, self.op = host, child, op
-        self.open = True
-        self.result: Any = None
-
-    def __iter__(self) -> Iterator[tuple]:
-        while self.open:
-            msg = self._next()
-            if msg[0] == "event":
-                yield msg[1:]
-                continue
-            self.open = False
-            self.result = _unwrap(msg)
-
-    def wait(self) -> Any:
-        """Run to the end, dropping events; returns ``result``."""
-        for _payload in self:
-            pass
-        return self.result
-
-    def drain(self) -> None:
-        """After a cancel: read and drop what is left of the reply, so the lane is quiet for the next request
-        (its error, usually ``Cancelled``, is dropped; a dead child is recorded as crashed)."""
-        try:
-            self.wait()
-        except Exception:  # noqa: BLE001 - the caller abandoned this request
-            pass
-
-    def _next(self) -> tuple:
-        try:
-            return self._host._receive(self._child, self._child.main, self._host.timeouts.reply_s)
-        except _Dead as dead:
-            self.open = False
-            raise self._host._died(self._child, self.op, dead) from None
-
-
-class MuxCall:
-    """One request in flight on a multiplexed lane. Iterating yields each event's payload (a tuple, without the
-    request id); when the final reply arrives iteration ends and ``result`` holds it, or the child's error is
-    raised (``HearthError``, ``ChildBug``; ``EngineCrashed`` if the child dies). ``cancel()`` asks the child to
-    stop this request only (any thread); the child still answers it (usually ``Cancelled``)."""
-
-    def __init__(self, host: ChildHost, child: _Child, op: str, rid: int) -> None:
-        self._host, self._child, self.op, self.rid = host, child, op, rid
-        self._inbox: "queue.Queue[tuple]" = queue.Queue()
-        self.open = True
-        self.result: Any = None
-
-    def __iter__(self) -> Iterator[tuple]:
-        while self.open:
-            msg = self._inbox.get()
-            if msg[0] == "event":
-                yield msg[2:]
-                continue
-            self.open = False
-            if msg[0] == "_dead":
-                raise self._host._died(self._child, self.op, msg[1])
-            self.result = _unwrap((msg[0], *msg[2:]))
-
-    def cancel(self) -> None:
-        if self.open:
-            self._host._mux_send(self._child, ("cancel", self.rid))
-
-    def control(self, kind: str) -> bool:
-        """Send ``(kind, rid)`` to the child's handler (``"stop_thinking"``; any thread). False when the request
-        already ended."""
-        if not self.open:
-            return False
-        self._host._mux_send(self._child, (kind, self.rid))
-        return True
-
-    def wait(self) -> Any:
-        """Run to the end, dropping events; returns ``result``."""
-        for _payload in self:
-            pass
-        return self.result
-
-    def drain(self) -> None:
-        """After a cancel: wait for the final reply and drop it (errors included)."""
-        try:
-            self.wait()
-        except Exception:  # noqa: BLE001 - the caller abandoned this request
-            pass
-
-
-def _unwrap(msg: tuple) -> Any:
-    kind = msg[0]
-    if kind == "ok":
-        return msg[1]
-    if kind == "error":
-        raise msg[1]
-    if kind == "bug":
-        raise ChildBug(msg[1])
-    raise ChildBug(f"unexpected message from a child: {kind!r}")
+    def _late(self, call: "MuxCall", silent_s: float) -> EngineCrashed:
+        """The error for a request past its deadline while the child sends no heartbeat (it is let go: the
+        watchdog kills the child once ``unresponsive_s`` pass without one)."""
+        with call._child._lock:
+            call._child.calls.pop(call.rid, None)
+        self._mux_send(call._child, ("cancel", call.rid))
+        after = self.timeouts.unresponsive_s
+        return unresponsive(f"{self.label} is not responding: its deadline ({call.deadline_s:g} s) passed while "
+                            f"it sent no heartbeat for {silent_s:.1f} s (stopped or frozen)"
+                            + (f"; it is killed after {after:g} s without one and restarts on the next request"
+                               if after is not None else ""))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.errors import HearthError
+from app.errors import EngineCrashed, HearthError
 from app.retrieval.extract import Extracted
 from app.retrieval.store import NewChunk
 from app.retrieval.types import FileStatus, Progress
@@ -139,12 +139,23 @@ class _Pipeline:
         return texts, owners
 
     def _embed(self, texts: list[str], inline: bool = False) -> np.ndarray:
+        """The group's vectors. When the embedding engine dies meanwhile, the group is embedded once more: the
+        next request restarts the engine (one crash does not leave the rest of the ingest keyword-only)."""
+        reported = [0]
+
         def report(n_texts: int, n_tokens: int) -> None:
+            if n_texts <= reported[0]:  # the group again, after a crash: its progress is known up to here
+                return
+            reported[0] = n_texts
             self.events.put((n_texts, n_tokens))
             if inline:
                 self._drain(block=False)
 
-        return self.ing.embedder.embed(texts, progress=report)
+        try:
+            return self.ing.embedder.embed(texts, progress=report)
+        except EngineCrashed as exc:
+            log.warning("the embedding engine died; embedding the group of %d texts again: %s", len(texts), exc)
+            return self.ing.embedder.embed(texts, progress=report)
 
     def _land(self) -> None:
         """Wait for the group in flight (reporting its progress), then write its documents in order."""

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from app.childhost import ChildHost, Timeouts, default_threads
-from app.errors import HearthError, InvalidRequest, ModelLoadError
+from app.errors import EngineCrashed, HearthError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,17 @@ class Embedder:
             return []
         out: list[int] = []
         for i in range(0, len(texts), 1024):
-            out.extend(self.host.side("tokenize", list(texts[i:i + 1024])))
+            out.extend(self._side("tokenize", list(texts[i:i + 1024])))
         return out
+
+    def _side(self, op: str, arg: Any) -> Any:
+        """A side-lane request, asked once more when the child dies meanwhile (these only read the vocabulary:
+        an embedding on the main lane is what crashed it, and the next request restarts it)."""
+        try:
+            return self.host.side(op, arg)
+        except EngineCrashed as exc:
+            log.warning("the embedding engine died during %s; asking a new one: %s", op, exc)
+            return self.host.side(op, arg)
 
     def detokenize(self, seqs: list[list[int]]) -> list[str]:
         """The text of each list of token ids under the model's vocabulary (control tokens such as ``[CLS]``
@@ -176,7 +185,7 @@ class Embedder:
         vocabulary (``input[i][j]``), ``EngineCrashed``."""
         out: list[str] = []
         for i in range(0, len(seqs), 1024):
-            got = self.host.side("detokenize", [list(map(int, s)) for s in seqs[i:i + 1024]])
+            got = self._side("detokenize", [list(map(int, s)) for s in seqs[i:i + 1024]])
             if "bad" in got:
                 k, j, t = got["bad"]
                 raise InvalidRequest(f"token id {t} at input[{i + k}][{j}] is outside the embedding model's "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol
 
-from app.childhost import ChildHost, MuxCall
+from app.childhost import ChildHost, MuxCall, Timeouts
 from app.engine.chat.templates import tool_format
 from app.engine.chat.tool_formats import FORMATS, ToolFormat
 from app.engine.local.scheduler import Scheduler, SeqRuntime
@@ -151,12 +151,15 @@ class Engine:
     lookup where it pays; anything else is ``InvalidRequest``).
     ``thinking_markers``: the model's own markers (``reasoning.markers_for`` overrides: ``{"start", "end",
     ...}``; None: found from the template), checked when the engine loads.
+    ``watchdog_s``: seconds the engine process may send no heartbeat before it is declared frozen, killed and
+    restarted on the next request (None: ``Timeouts.unresponsive_s``; docs/engine.md, "Watchdog").
     """
 
     def __init__(self, model_path: str | Path, settings: LoadSettings | None = None, *,
                  prefix_cache: dict | None = None, max_queue: int = 16,
                  runtime: Optional[Callable[[], EngineRuntime]] = None, draft_model: str | Path | None = None,
-                 speculative: str | None = None, thinking_markers: dict | None = None) -> None:
+                 speculative: str | None = None, thinking_markers: dict | None = None,
+                 watchdog_s: float | None = None) -> None:
         self.model_path = str(model_path)
         self.thinking_markers = dict(thinking_markers) if thinking_markers else None
         self.draft_model = str(draft_model) if draft_model else None
@@ -167,6 +170,9 @@ class Engine:
         self.settings = (settings or LoadSettings()).validate()
         self.cache_cfg = prefix_cache
         self.max_queue = max_queue
+        if watchdog_s is not None and not watchdog_s > 0:
+            raise ValueError(f"watchdog_s must be a number of seconds > 0, got {watchdog_s!r}")
+        self.timeouts = Timeouts() if watchdog_s is None else Timeouts(unresponsive_s=watchdog_s)
         self.stats = EngineStats()
         self.info: dict[str, Any] = {}
         self.model_info: Any = None
@@ -219,13 +225,15 @@ class Engine:
                 "thinking_markers": self.thinking_markers}
         return ChildHost("hearth-engine", _llama_service, (self.model_path, settings, meta, self.cache_cfg),
                          label="the engine process", model_path=self.model_path, side_lane=True,
-                         on_crash=self._on_crash, mux=True)
+                         timeouts=self.timeouts, on_crash=self._on_crash, mux=True)
 
     def _on_crash(self) -> None:
         self.stats.crashes += 1
 
     @property
     def alive(self) -> bool:
+        """The engine runs and answers: False when no child runs, or it sent no heartbeat for the watchdog's
+        time (``watchdog_s``; what ``/health`` reports as ``engine_alive``)."""
         return self._host is not None and self._host.alive
 
     @property
@@ -349,7 +357,7 @@ class Engine:
             if gen.cancelled:
                 self.stats.cancelled += 1
                 raise Cancelled("cancelled before it started")
-            call = self._running().submit("generate", gen.request)
+            call = self._running().submit("generate", gen.request, deadline_s=gen.request.deadline_s)
             gen._call = call
             if gen.cancelled:  # cancel() ran between the check and the submit
                 call.cancel()
