@@ -197,21 +197,21 @@ class ToolBox:
         from app.mcp import ToolError
 
         try:
-            r = self._call(call.name, args)
+            r = self._call(tool, args)  # the McpTool asked about: its own (server, tool) pair
         except ToolError as exc:
             log.info("tool call %s failed: %s", call.name, exc)
             return _failed(str(exc)), _meta("failed", str(exc), tool, kind=exc.kind), f"The tool call failed: {exc}"
         meta = _meta("error" if r.is_error else "ok", None, tool, elapsed_s=round(r.elapsed_s, 3))
         return r.text, meta, (f"{tool.name!r} reported an error." if r.is_error else None)
 
-    def _call(self, name: str, args: dict) -> Any:
+    def _call(self, tool: Any, args: dict) -> Any:
         """``hub.call`` on its own thread, so that Stop does not wait for a slow tool (the call ends on its
         timeout; the hub cancels it on the server)."""
         box: dict[str, Any] = {}
 
         def work() -> None:
             try:
-                box["result"] = self.hub.call(name, args, timeout_s=self.call_timeout_s)
+                box["result"] = self.hub.call(tool, args, timeout_s=self.call_timeout_s)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 box["error"] = exc
 
