@@ -30,11 +30,12 @@ class HearthError(Exception):
 
 class ModelLoadError(HearthError):
     """A model file cannot be used: not a GGUF, truncated, malformed metadata, unsupported architecture,
-    a projector file, or llama.cpp refused it. ``path`` names the file. ``file_fault``: the file itself is
-    known to cause it (its inspection failed), so loading it again fails the same way until it changes; False
-    when the cause may be elsewhere (disk full, memory, a cache), so the next request tries again."""
+    a projector file, or llama.cpp refused it. ``path`` names the file. ``file_fault``: True when the file
+    itself is known to cause it (its inspection failed), so loading it again fails the same way until it
+    changes; False when the cause is elsewhere (disk full, memory, a cache), so the next try may succeed; None
+    when not known (``ModelPool`` decides)."""
 
-    def __init__(self, message: str, path: str | None = None, file_fault: bool = False) -> None:
+    def __init__(self, message: str, path: str | None = None, file_fault: bool | None = None) -> None:
         super().__init__(message)
         self.path = path
         self.file_fault = file_fault

@@ -42,8 +42,8 @@ class _Slot:
     leases: int = 0
     last_used: float = 0.0
     keep_alive_s: Optional[float] = None  # the last request's keep_alive (None: the model's TTL)
-    error: Optional[HearthError] = None
-    error_stamp: Optional[tuple] = None
+    error: Optional[HearthError] = None  # the last load's failure (None once it loads)
+    error_stamp: Optional[tuple] = None  # the file as it was when a failure it caused was remembered
     loads: int = 0
     load_s: float = 0.0
 
@@ -88,19 +88,24 @@ class ModelPool:
     ``estimate(model_id, path) -> bytes``: the memory it needs; ``budget_bytes``: the total the loaded models
     may use (None: no limit); ``ttl_s``: idle seconds before an unload (None or negative: never);
     ``ttl_for(model_id)``: a per-model TTL or None for the default; ``load_timeout_s``: how long a request
-    waits for a load or for room; ``clock``: monotonic seconds (tests pass their own).
+    waits for a load or for room; ``clock``: monotonic seconds (tests pass their own). ``blame_file``: whether a
+    ``ModelLoadError`` of unknown cause (``file_fault`` None) is remembered as the file's until it changes
+    (``local_pool``: False, its ``estimate`` inspects the file before every load, so a later failure is not
+    the file's header).
     """
 
     def __init__(self, resolve: Callable[[Optional[str]], tuple[str, str]],
                  make_engine: Callable[[str, str], Any], estimate: Callable[[str, str], int], *,
                  budget_bytes: Optional[int] = None, ttl_s: Optional[float] = 300.0,
                  ttl_for: Callable[[str], Optional[float]] = lambda model_id: None, load_timeout_s: float = 300.0,
-                 reaper_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 reaper_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 blame_file: bool = True) -> None:
         self._resolve, self._make, self._estimate = resolve, make_engine, estimate
         self.budget_bytes = budget_bytes
         self.ttl_s, self._ttl_for = ttl_s, ttl_for
         self.load_timeout_s = load_timeout_s
         self._clock = clock
+        self.blame_file = blame_file
         self._slots: dict[str, _Slot] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -116,9 +121,10 @@ class ModelPool:
     def acquire(self, name: Optional[str], keep_alive_s: Optional[float] = None) -> Lease:
         """The engine of the model ``name`` names, loaded if needed, held until the lease is released.
 
-        Raises ``ModelNotFound`` (unknown name), ``ModelLoadError`` (the load failed now or before on the same
-        file; the estimate exceeds the budget), ``ModelBusy`` (still loading, or no room, after
-        ``load_timeout_s``), ``HearthError`` when the pool is closed."""
+        Raises ``ModelNotFound`` (unknown name), ``ModelLoadError`` (the load failed now, or before on the same
+        file when the file caused it: ``file_fault``; the estimate exceeds the budget), ``ModelBusy`` (still
+        loading, or no room, after ``load_timeout_s``), ``HearthError`` when the pool is closed. A failure the
+        file did not cause (full disk, memory, a cache) is not remembered: the next request loads again."""
         key, path = self._resolve(name)
         deadline = self._clock() + self.load_timeout_s
         with self._cond:
@@ -139,16 +145,26 @@ class ModelPool:
             engine, need = self._load(slot, deadline)
         except BaseException as exc:
             with self._cond:
-                if isinstance(exc, ModelLoadError) and not slot.path.startswith(REMOTE_PREFIX):  # a remote: again
-                    slot.state, slot.error, slot.error_stamp = "failed", exc, file_stamp(slot.path)
-                else:
-                    slot.state = "unloaded"
+                self._failed(slot, exc)
                 self._cond.notify_all()
             raise
         with self._cond:
             slot.engine, slot.need_bytes, slot.state, slot.error = engine, need, "loaded", None
             self._cond.notify_all()
             return self._lease(slot, keep_alive_s)
+
+    def _failed(self, slot: _Slot, exc: BaseException) -> None:
+        """Record ``slot``'s failed load: remembered until the file changes only when the file caused it
+        (``ModelLoadError.file_fault``; None: ``blame_file``), else tried again by the next request."""
+        if isinstance(exc, Exception):
+            slot.error = exc if isinstance(exc, HearthError) else HearthError(f"{type(exc).__name__}: {exc}")
+        file_fault = isinstance(exc, ModelLoadError) and (self.blame_file if exc.file_fault is None
+                                                          else exc.file_fault)
+        if file_fault and not slot.path.startswith(REMOTE_PREFIX):  # a remote: again
+            slot.state, slot.error_stamp = "failed", file_stamp(slot.path)
+        else:
+            slot.state, slot.error_stamp = "unloaded", None
+            log.warning("loading model %s failed (tried again on the next request): %s", slot.key, exc)
 
     def _lease(self, slot: _Slot, keep_alive_s: Optional[float]) -> Lease:
         slot.leases += 1
@@ -168,7 +184,8 @@ class ModelPool:
         need = int(self._estimate(slot.key, slot.path))
         if self.budget_bytes is not None and need > self.budget_bytes:
             raise ModelLoadError(f"model {slot.key!r} needs about {need / GIB:.2f} GiB (memory estimate), more "
-                                 f"than the models' budget of {self.budget_bytes / GIB:.2f} GiB", path=slot.path)
+                                 f"than the models' budget of {self.budget_bytes / GIB:.2f} GiB", path=slot.path,
+                                 file_fault=True)  # the file's size against a fixed budget: the same next time
         victims = self._make_room(slot, need, deadline)
         for victim, engine in victims:
             self._close(victim, engine, "evicted for " + slot.key)
@@ -308,6 +325,23 @@ class ModelPool:
                         "ttl_s": self._ttl(s), "loads": s.loads, "load_s": s.load_s,
                         "error": str(s.error) if s.error else None} for k, s in self._slots.items()}
 
+    def load_error(self, name: Optional[str] = None) -> Optional[HearthError]:
+        """The last load error of the model ``name`` names (None: the default model), or None when its last
+        load succeeded or was never tried (``ModelNotFound`` for an unknown name). For /health: a model that
+        cannot load."""
+        key, _path = self._resolve(name)
+        with self._cond:
+            slot = self._slots.get(key)
+            return slot.error if slot is not None else None
+
+    def load_errors(self) -> dict[str, dict[str, Any]]:
+        """Per model id whose last load failed: ``error`` (the message), ``type`` (the error's class name),
+        ``retry``: ``"next request"``, or ``"when the file changes"`` when the file caused it (remembered)."""
+        with self._cond:
+            return {k: {"error": str(s.error), "type": type(s.error).__name__,
+                        "retry": "when the file changes" if s.state == "failed" else "next request"}
+                    for k, s in self._slots.items() if s.error is not None}
+
     def used_bytes(self) -> int:
         """The memory estimates of the loaded (and loading) models, in bytes."""
         with self._cond:
@@ -355,14 +389,14 @@ def local_pool(make_backend: Callable[[str, str], Backend], load_for: Callable[[
             return 0  # it runs on the remote machine
         try:
             info = inspect_model(Path(path))
-        except HearthError as exc:
-            raise ModelLoadError(str(exc), path=path) from None
+        except HearthError as exc:  # the file fails inspection: its fault, unless it could not be read
+            raise ModelLoadError(str(exc), path=path, file_fault=not isinstance(exc.__cause__, OSError)) from None
         return estimate_memory(info, resolve_parallel(info, load_for(key)), detect_ram=False).total_bytes
 
     if budget_bytes is None:
         ram = detect_available_ram()
         budget_bytes = int(ram * 0.8) if ram else None
     pool = ModelPool(resolve, make_backend, estimate, budget_bytes=budget_bytes, ttl_s=ttl_s, ttl_for=ttl_for,
-                     load_timeout_s=load_timeout_s)
+                     load_timeout_s=load_timeout_s, blame_file=False)
     pool.remote_names = remotes  # names that are remote engines, not files (for the port's listing)
     return pool

@@ -15,8 +15,22 @@ MAGIC = b"HEARTHSG"
 _HDR = struct.Struct("<8sI64s64sIII")  # magic, version, fingerprint, key, start, end, shape-json length
 
 
+HEADER_SIZE = _HDR.size
+
+
 class EntryError(Exception):
     """A segment file failed a check, or a KV state could not be read; the message says which."""
+
+
+def segment_header(head: bytes) -> tuple[str, str, int, int]:
+    """``(fingerprint, key, start, end)`` from the first ``HEADER_SIZE`` bytes of a segment file (to index it
+    again when the index is rebuilt); ``EntryError`` when they are no segment header of this format."""
+    if len(head) < _HDR.size:
+        raise EntryError(f"truncated header ({len(head)} bytes)")
+    magic, ver, efp, ekey, s, e, _mlen = _HDR.unpack_from(head, 0)
+    if magic != MAGIC or ver != FORMAT_VERSION or e <= s:
+        raise EntryError("not a Hearth KV segment of this format")
+    return efp.decode("ascii", "replace"), ekey.decode("ascii", "replace"), s, e
 
 
 def encode_segment(fp: str, key: str, start: int, tokens: Sequence[int], shape: dict[str, Any],

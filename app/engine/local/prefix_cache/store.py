@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from app.engine.local.prefix_cache.entry import EntryError, decode_segment, encode_segment
+from app.engine.local.prefix_cache.entry import (
+    HEADER_SIZE,
+    EntryError,
+    decode_segment,
+    encode_segment,
+    segment_header,
+)
+from app.errors import StoreDamaged, store_error
 from app.fileio import atomic_write_bytes
 
 log = logging.getLogger("app.engine.local.prefix_cache")
@@ -38,7 +45,10 @@ class CacheStats:
 class PrefixStore:
     """Segment files + their SQLite index under ``root``, bounded by ``budget_bytes`` (the sum of the files'
     sizes). Files: ``root/<fingerprint[:16]>/<key>.seg``; index: ``root/index.db`` (WAL). An index of the
-    format before segments (one file per prompt) is dropped with its files when it opens."""
+    format before segments (one file per prompt) is dropped with its files when it opens. A damaged index
+    (not a database, or failing ``PRAGMA quick_check``) is moved to ``root/quarantine/`` and rebuilt from the
+    segment files' headers (``rebuilt`` says why); any other failure to open (full disk, no permission) raises
+    ``OSError`` / ``sqlite3.Error`` for ``PrefixCache`` to turn itself off."""
 
     def __init__(self, root: str | Path, budget_bytes: int) -> None:
         self.root = Path(root)
@@ -46,16 +56,72 @@ class PrefixStore:
         self.budget = int(budget_bytes)
         # One connection shared by the engine's thread (lookups) and the cache's writer thread, under ``lock``.
         self.lock = threading.RLock()
-        self.db = sqlite3.connect(str(self.root / "index.db"), timeout=30, isolation_level=None,
-                                  check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.rebuilt: str | None = None
+        self.stats = CacheStats()
+        try:
+            self.db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            if not isinstance(store_error(exc, self.index_path), StoreDamaged):
+                raise  # full, read-only, locked: not the file's fault; the caller turns the cache off
+            self._set_aside(str(exc))
+            self.db = self._connect()
         self._drop_old_format()
         self.db.execute("""CREATE TABLE IF NOT EXISTS segments (
             fingerprint TEXT NOT NULL, key TEXT NOT NULL, start INTEGER NOT NULL, "end" INTEGER NOT NULL,
             file TEXT NOT NULL, size_bytes INTEGER NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,
             PRIMARY KEY (fingerprint, key))""")
         self.db.execute('CREATE INDEX IF NOT EXISTS segments_lru ON segments(last_used, "end" DESC)')
-        self.stats = CacheStats()
+        if self.rebuilt:
+            self._reindex()
+
+    @property
+    def index_path(self) -> Path:
+        """The SQLite index, ``root/index.db``."""
+        return self.root / "index.db"
+
+    def _connect(self) -> sqlite3.Connection:
+        """The index's connection, after ``PRAGMA quick_check`` (a damaged file raises ``DatabaseError``)."""
+        db = sqlite3.connect(str(self.index_path), timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            bad = [r[0] for r in db.execute("PRAGMA quick_check(1)").fetchall() if r[0] != "ok"]
+            if bad:
+                raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {bad[0]})")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _set_aside(self, why: str) -> None:
+        """Move a damaged index (with its WAL files) to ``quarantine/``; ``_reindex`` rebuilds it."""
+        qdir = self.root / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        stamp = int(time.time() * 1000)
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.index_path) + suffix)
+            if src.exists():
+                src.replace(qdir / f"{stamp}-index.db{suffix}")
+        self.rebuilt = f"index.db was damaged ({why}); moved to quarantine/{stamp}-index.db and rebuilt"
+        log.warning("prefix cache: %s", self.rebuilt)
+
+    def _reindex(self) -> None:
+        """Index every readable segment file again (its header names it); a file that is none is removed."""
+        rows = []
+        for path in self.root.glob("*/*.seg"):
+            try:
+                with open(path, "rb") as f:
+                    fp, key, start, end = segment_header(f.read(HEADER_SIZE))
+                st = path.stat()
+            except (OSError, EntryError):
+                path.unlink(missing_ok=True)
+                continue
+            if path != self.path_for(fp, key):
+                path.unlink(missing_ok=True)
+                continue
+            rows.append((fp, key, start, end, self._rel(path), st.st_size, st.st_mtime, st.st_mtime))
+        with self.lock:
+            self._transaction(lambda: self.db.executemany("INSERT OR REPLACE INTO segments VALUES (?,?,?,?,?,?,?,?)",
+                                                          rows))
 
     def _drop_old_format(self) -> None:
         """Remove the one-file-per-prompt entries of format 1 (never restored again: their fingerprint differs)."""
