@@ -74,8 +74,8 @@ def test_a_stopped_engine_fails_its_requests_is_reported_killed_and_restarted(bu
         eng.load()
         with served_engine(eng) as url:
             t0 = time.monotonic()
-            timed = _Drain(_started(eng, _raw("Tell me a long story:", 2000, deadline_s=DEADLINE_S)))
-            untimed = _Drain(_started(eng, _raw("Write a long poem:", 2000)))
+            timed = _Drain(_started(eng, _raw("Tell me a long story:", 900, deadline_s=DEADLINE_S)))
+            untimed = _Drain(_started(eng, _raw("Write a long poem:", 900)))
             pid = eng.pid
             os.kill(pid, signal.SIGSTOP)  # frozen: no token, no heartbeat, no end at the deadline
             stopped.append(pid)
@@ -108,7 +108,7 @@ def test_a_long_prefill_is_not_taken_for_a_frozen_engine(bundled_model: Path):
     try:
         eng.load()
         pid = eng.pid
-        prompt = " ".join(f"item {i} is a small grey stone," for i in range(300))  # about 2,000 tokens
+        prompt = " ".join(f"item {i} is a small grey stone," for i in range(190))  # about 2,000 tokens
         done = eng.complete(_raw(prompt, 4))
         assert done.metrics.prompt_tokens >= 1800
         assert done.metrics.prefill_s > 1.0, "the prefill was too quick to show anything"
