@@ -362,3 +362,16 @@ def test_open_document_says_why_it_cannot(qtbot, tmp_path):
     opened = []
     assert open_document(str(doc), 2, opener=lambda url: opened.append(url) or True) == ""
     assert opened[0].fragment() == "page=2" and opened[0].toLocalFile() == str(doc)
+
+
+def test_the_model_line_gives_way_to_the_answer_metrics(qtbot, window):
+    w = window
+    w.status.show_model("Model: gemma-3-270m-q4_k_m · n_ctx 2048 · 4 parallel · template transcript · "
+                        "loaded in 5.7 s " + "and more " * 20)
+    w.status.show_answer({"ttft_s": 0.51, "decode_tps": 6.9, "prompt_tokens": 20, "cached_tokens": 0,
+                          "completion_tokens": 8}, {})
+    settle(qtbot)
+    for label in (w.status.ttft, w.status.decode, w.status.reused):
+        if label.text():
+            assert label.toolTip() != label.text(), f"{label.text()!r} is cut"  # shown whole, not in the tooltip
+    assert w.status.model.toolTip().startswith("Model: gemma")  # the model line is the one cut

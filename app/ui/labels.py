@@ -45,8 +45,9 @@ class ElidedLabel(QLabel):
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt API
         """The whole text's width, so that a roomy layout shows it uncut."""
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 2 * self.margin() + 8,
-                     super().sizeHint().height())
+        hint, fm = super().sizeHint(), self.fontMetrics()  # QLabel's, for the text shown now (margins included)
+        extra = fm.horizontalAdvance(self._full) - fm.horizontalAdvance(QLabel.text(self))
+        return QSize(hint.width() + max(extra, 0) + 1, hint.height())
 
     def resizeEvent(self, e: QResizeEvent) -> None:  # noqa: N802 - Qt API
         super().resizeEvent(e)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from app.ui import theme
 from app.ui.formatting import context_bar, context_tooltip, speculative_text, status_texts
@@ -40,6 +40,7 @@ class StatusStrip(QWidget):
         lay.setContentsMargins(theme.SPACE[2], theme.SPACE[0], theme.SPACE[2], theme.SPACE[0])
         lay.setSpacing(theme.SPACE[1])
         self.model = ElidedLabel("No model loaded")  # a long line is cut, never widens the window
+        self.model.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # the one cut first
         self.service = QLabel(visible=False, textFormat=Qt.TextFormat.RichText)
         self.service.setObjectName("serviceStatus")
         self.service.setToolTip("The Hearth service (hearth service install) answers /health on this port. "
