@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.structured.grammar import check_bounds
 from app.errors import InvalidRequest
 from app.server import convert
 from app.server import format as fmt
@@ -180,6 +181,7 @@ def _output_format(body: MessagesRequest) -> Optional[dict]:
                              param=f"{param}.type")
     schema = f.get("schema")
     check_schema(schema, f"{param}.schema", f"{param}.schema")
+    check_bounds(schema, f"{param}.schema", f"{param}.schema")
     ignored = unenforceable(schema)
     if ignored:
         raise InvalidRequest(f"{param}.schema: the grammar cannot enforce " + ", ".join(ignored[:5])

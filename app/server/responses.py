@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.engine.chat.tool_parser import ArgsPiece, CallStart, TextPiece
+from app.engine.structured.grammar import check_bounds
 from app.errors import InvalidRequest, StoreError
 from app.protocol.types import ChatMessage
 from app.server import convert
@@ -263,6 +264,8 @@ def _format(text: Optional[dict]) -> Optional[dict]:
     if not f or f.get("type") in (None, "text"):
         return None
     if f.get("type") == "json_schema":
+        if isinstance(f.get("schema"), dict):
+            check_bounds(f["schema"], "text.format.schema", "text.format.schema")
         return {"type": "json_schema", "json_schema": {k: f[k] for k in ("name", "schema", "strict", "description")
                                                        if k in f}}
     return {"type": f.get("type")}

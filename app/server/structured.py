@@ -54,7 +54,7 @@ def grammar_for(fmt: ResponseFormat | None) -> str | None:
         # a strict schema takes those keywords, as strict tools do; only a ``format`` the grammar does not know
         # stays refused (the format checker does not assert every format).
         refuse_unenforceable(schema, PARAM)
-    gbnf = schema_to_gbnf(schema)
+    gbnf = schema_to_gbnf(schema, "response_format.json_schema.schema")
     check_grammar(gbnf, PARAM)
     return gbnf
 

@@ -334,7 +334,9 @@ class Engine:
         """Count a new request in, or refuse it with ``QueueFull`` when every slot is busy and ``max_queue``
         requests already wait (Retry-After: about one request's time at the measured pace, at least 1 s)."""
         with self._lock:
-            waiting = self._outstanding - self._running_n
+            # A burst not yet admitted by the scheduler still has n_parallel slots to take (issue 29: it got
+            # max(n_parallel, max_queue) places instead of their sum).
+            waiting = self._outstanding - max(self._running_n, min(self._outstanding, self.n_parallel))
             if self._outstanding >= self.n_parallel and waiting >= self.max_queue:
                 raise QueueFull(f"{waiting} requests are already waiting for the engine "
                                 f"({self._running_n} running)", 2.0)
