@@ -27,6 +27,10 @@ DEFAULT_N_CTX = 512  # tokens per text at most; all-MiniLM-L6-v2 has 512 positio
 DEFAULT_BATCH_TOKENS = 512  # tokens per llama_decode on the batched path (measured: see the module docstring)
 MAX_WORKERS = 4  # embedding processes at most when the caller gives none (default_workers)
 IDLE_NICE = 19  # CPU priority (nice) of the embedding processes after the first
+# Seconds without a heartbeat before an embedding process at IDLE_NICE is taken for frozen (docs/engine.md,
+# "Watchdog"): on cores kept busy by normal-priority work such a process runs seldom, and while its main thread
+# waits for a core holding the GIL its heartbeat thread waits too; the first process keeps Timeouts' default.
+IDLE_WATCHDOG_S = 60.0
 LEGACY_BATCH_TOKENS = 0  # the path before issue 16: Llama.embed within n_ctx tokens, no flash attention
 _BATCH_TEXTS = 64  # texts per request: bounds the size of one message; progress is reported per request too
 
@@ -94,7 +98,9 @@ class Embedder:
                                 (str(self.model_path), n_ctx, self.n_threads, batch_tokens, self.flash_attn,
                                  0 if k == 0 else IDLE_NICE),
                                 label="the embedding engine", model_path=str(self.model_path), side_lane=k == 0,
-                                timeouts=Timeouts(start_timeout_s, request_timeout_s)) for k in range(workers)]
+                                timeouts=Timeouts(start_timeout_s, request_timeout_s,
+                                                  Timeouts.unresponsive_s if k == 0 else IDLE_WATCHDOG_S))
+                      for k in range(workers)]
         self.host = self.hosts[0]
         self._locks = [threading.Lock() for _ in range(workers)]
         self._lock = self._locks[0]
