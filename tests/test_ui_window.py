@@ -140,6 +140,23 @@ def test_truncated_gguf_shows_its_error_and_chat_still_works(qtbot, window, bund
     assert "Paris" in w.chat_model.items()[-1].content
 
 
+def test_a_truncated_gguf_is_not_the_next_start_model(qtbot, home_with_model, bundled_model, tmp_path):
+    """Issue 27: a failed load was saved as the startup model, and every later start had no model."""
+    w = open_window(qtbot)
+    broken = tmp_path / "broken-model.gguf"
+    with open(bundled_model, "rb") as src:
+        broken.write_bytes(src.read(5_000_000))
+    w.ctx.load_model(str(broken), "broken-model")
+    qtbot.waitUntil(lambda: w.models.error.isVisible() and w.ctx.engine.state == "ready", timeout=LOAD_MS)
+    close_window(w)
+    assert load_user_settings().model is None  # still the bundled one
+    w = open_window(qtbot)  # "restart"
+    try:
+        assert Path(w.ctx.engine.job.path).name == bundled_model.name and w.chat.send_btn.isEnabled()
+    finally:
+        close_window(w)
+
+
 def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
     w = window
     if not w.ctx.docs.available:
