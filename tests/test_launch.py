@@ -218,3 +218,13 @@ def test_ctrl_c_belongs_to_the_agent_and_the_started_port_is_still_stopped(empty
     monkeypatch.setattr(launch, "spawn_serve", lambda cmd, key, log: started.append(cmd) or proc)
     assert main(["launch", "aider"]) == 5
     assert proc.signals == [launch.signal.SIGTERM]
+
+
+def test_a_sigterm_is_passed_to_the_agent_and_the_started_port_is_stopped(empty_path, monkeypatch):
+    fake_agent(empty_path, "aider", rc=0, before_exit="kill -TERM $PPID; sleep 5")  # killed in its sleep
+    proc, started = FakeServe(), []
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"} if started else None)
+    monkeypatch.setattr(launch, "default_model", lambda root, key: None)
+    monkeypatch.setattr(launch, "spawn_serve", lambda cmd, key, log: started.append(cmd) or proc)
+    assert main(["launch", "aider"]) == 128 + launch.signal.SIGTERM
+    assert proc.signals == [launch.signal.SIGTERM]

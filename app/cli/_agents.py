@@ -120,11 +120,14 @@ def _claude(ep: Endpoint, config_dir: Path):
 
 def _codex(ep: Endpoint, config_dir: Path):
     """Codex through /v1/responses: a ``hearth`` model provider given as ``-c`` overrides (TOML values), so
-    the person's own ``~/.codex/config.toml`` is left alone."""
+    the person's own ``~/.codex/config.toml`` is left alone. Codex 0.171 also sends a ``namespace`` tool
+    (``multi_agent_v1``) and a hosted ``web_search`` tool, which the port refuses (function tools only):
+    both are turned off here."""
     p = "model_providers.hearth"
     flags = ["-c", f'{p}.name="Hearth"', "-c", f'{p}.base_url="{ep.v1}"', "-c", f'{p}.wire_api="responses"',
              "-c", f'{p}.env_key="HEARTH_API_KEY"', "-c", 'model_provider="hearth"', "-c", f'model="{ep.model}"',
-             "-c", "check_for_update_on_startup=false"]
+             "-c", "check_for_update_on_startup=false", "-c", "features.multi_agent=false",
+             "-c", 'web_search="disabled"']
     return flags, {"HEARTH_API_KEY": ep.key}, {}
 
 

@@ -226,17 +226,22 @@ def write_files(plan: _agents.Plan) -> None:
 
 
 def run_plan(plan: _agents.Plan) -> int:
-    """Write the plan's files and run its command in the current folder; returns its exit code. Ctrl+C belongs
-    to the agent (aider and Claude Code stop an answer with it, and leave on their own terms), so this
-    process waits through it instead of killing the agent."""
+    """Write the plan's files and run its command in the current folder; returns its exit code (128 + N when
+    signal N ended it, as shells say). Ctrl+C belongs to the agent (aider and Claude Code stop an answer with
+    it, and leave on their own terms), so this process waits through it; a SIGTERM to this process is passed
+    on to the agent, and the port started for it is still stopped afterwards."""
     write_files(plan)
     log.debug("launch: %s", shlex.join(plan.argv))
     previous = signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it
+    previous_term = signal.getsignal(signal.SIGTERM)
     try:
         proc = subprocess.Popen(list(plan.argv), env=plan.environ(dict(os.environ)))
-        return proc.wait()
+        signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        rc = proc.wait()
+        return 128 - rc if rc < 0 else rc
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def _print(agent: _agents.Agent, exe: str | None, host: str, port: int, key: str | None, n_ctx: int,
