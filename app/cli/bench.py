@@ -1,5 +1,6 @@
 """``hearth bench engine|cache|server|load|...``: benchmarks that print ratios against a baseline measured in the same
-run (``load``: latency and throughput under five workloads, against Hearth or any OpenAI-compatible server)."""
+run (``load``: latency and throughput under five workloads, against Hearth or any OpenAI-compatible server;
+``soak``: mixed load for a given time, then errors, latency drift and every Hearth process's memory)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 BENCHES = {"engine": "benchmarks.engine_bench", "cache": "benchmarks.prefix_cache_bench",
            "server": "benchmarks.server_bench", "retrieval": "benchmarks.retrieval_perf",
            "retrieval-quality": "benchmarks.retrieval_quality", "load": "benchmarks.load_bench",
-           "reasoning": "benchmarks.reasoning_bench", "speculative": "benchmarks.speculative_bench"}
+           "reasoning": "benchmarks.reasoning_bench", "speculative": "benchmarks.speculative_bench",
+           "soak": "benchmarks.soak"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, load, reasoning, speculative, "
-                                     "retrieval, retrieval-quality)")
+    p = sub.add_parser("bench", help="run a benchmark (engine, cache, server, load, soak, reasoning, "
+                                     "speculative, retrieval, retrieval-quality)")
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see its --help)")
     p.set_defaults(func=run)
