@@ -5,7 +5,8 @@ person as one clear line (CLI), one dialog (UI) or OpenAI error JSON (server, ma
 text). Anything else is a bug and is logged with its traceback.
 
 Every class is picklable (it crosses the engine process boundary): ``__reduce__`` rebuilds it from its
-constructor arguments.
+constructor arguments. ``store_error`` and ``open_store_db`` are the one place a SQLite store's failures (a
+full disk, a damaged or empty file) become these errors, for every store above (docs/memory.md, "Store").
 """
 
 from __future__ import annotations
