@@ -4,7 +4,7 @@ Run 1 on a fresh data folder: ``hearth launch`` starts its own ``hearth serve``,
 and exits 0 showing an answer, and the port is stopped. Run 2 after that restart: a new ``hearth serve``
 process on the same folder (``hearth launch`` finds it) and another question; the port's metrics show the
 prompt's shared prefix restored from the disk cache, at least aider's whole system prompt. Every
-non-loopback connection goes to a dead proxy; the agent's output must show no failed download. About 1.5
+non-loopback connection goes to a dead proxy; the agent's output must show no failed download. About 2
 minutes on 2 cores. Skipped when aider is not installed (``make agent-aider``).
 """
 
