@@ -103,6 +103,11 @@ class EngineCrashed(HearthError):
     """The engine process died (llama.cpp aborted, or it was killed). It restarts on the next request."""
 
 
+class EngineUnresponsive(EngineCrashed):
+    """The engine process stopped sending heartbeats (stopped or frozen) and was killed by the watchdog
+    (docs/engine.md, "Watchdog"). A kind of ``EngineCrashed``: it restarts on the next request."""
+
+
 class Cancelled(HearthError):
     """A request was cancelled by its caller before it finished."""
 
