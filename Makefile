@@ -78,7 +78,9 @@ run: setup
 	$(BIN)/hearth
 
 # The checks run first (seconds), then the suite. PYTEST_ARGS='-m "not model and not gui"' is the fast core.
-test: setup lint
+# agent-aider (below) is installed first so that tests/test_launch_real.py runs a real coding agent
+# (about 2 minutes and 685 MB once; skipped by PYTEST_ARGS without the model marker, never downloaded at test time).
+test: setup lint agent-aider
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
@@ -139,7 +141,7 @@ package: $(VENV)/.installed
 
 # A coding agent for `hearth launch` (docs/launch.md), in its own venv under .agents/ (git-ignored), never in
 # Hearth's: `make agent-aider`, then `hearth launch aider` finds it there. Downloads happen here only; the
-# agent runs offline against the port. tests/test_launch_real.py uses it and is skipped without it.
+# agent runs offline against the port. `make test` installs it; tests/test_launch_real.py is skipped without it.
 AGENTS_DIR ?= .agents
 AIDER_VERSION ?= 0.86.2
 .PHONY: agent-aider
