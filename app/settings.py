@@ -35,6 +35,7 @@ class ServerSettings:
     cors_origins: list[str] = field(default_factory=list)
     allow_hosts: list[str] = field(default_factory=list)  # extra Host names accepted (DNS-rebinding guard)
     max_queue: int = 16
+    max_body_bytes: int = 16 * 1024 * 1024  # a larger request body is refused with a 413 (docs/server.md, Limits)
     allow_command_verifier: bool = False  # hearth.self_consistency may run command verifiers (runs programs)
 
 

@@ -103,3 +103,112 @@ def test_a_burst_gets_the_sum_of_slots_and_queue_places():
             eng._enter()
     finally:
         eng.close()
+
+
+# -- 2. body size, message count, nesting: refused before anything expensive, off the event loop --------------
+def big_body(mb: float = 10.0) -> bytes:
+    """A chat body of about ``mb`` MB that is slow to validate: 10,000 messages of many small text parts."""
+    parts = [{"type": "text", "text": "word"}] * 40
+    n = int(10_000 * mb / 10)
+    return json.dumps({"model": "fake-model", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": parts}] * n}).encode()
+
+
+def test_health_answers_while_a_10_mb_body_is_validated(srv):
+    body = big_body()
+    assert len(body) > 10_000_000
+    done = {}
+
+    def send():
+        t0 = time.monotonic()
+        done["r"] = httpx.post(f"{srv.url}/v1/chat/completions", content=body, timeout=120,
+                               headers={"content-type": "application/json"})
+        done["s"] = time.monotonic() - t0
+    t = threading.Thread(target=send)
+    t.start()
+    worst = 0.0
+    time.sleep(0.3)  # the body is uploaded; parsing and validation run
+    while t.is_alive():
+        t0 = time.monotonic()
+        assert httpx.get(f"{srv.url}/health", timeout=30).status_code == 200
+        worst = max(worst, time.monotonic() - t0)
+        time.sleep(0.05)
+    t.join()
+    print(f"big request {done['s']:.2f} s ({done['r'].status_code}), worst /health {worst:.3f} s")
+    assert worst < 2.0  # measured here: see the print; loose, the machine is shared
+
+
+def test_a_body_over_the_limit_is_a_413_in_each_api_shape():
+    with ServerThread(create_app(FakeEngine(), ServerSettings(max_body_bytes=4096), catalog=CATALOG)) as s:
+        big = {"messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 1}
+        r = post(s, "/v1/chat/completions", big)  # Content-Length says it at once
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "request_too_large" and "4096 bytes" in r.json()["error"]["message"]
+        r = post(s, "/v1/messages", {**big, "model": "fake-model"})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
+        r = post(s, "/api/chat", {**big, "model": "fake-model"})
+        assert r.status_code == 413 and "4096 bytes" in r.json()["error"], r.text
+
+        def chunks():  # no Content-Length: counted while reading
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"x" * 1000
+            yield b'"}]}'
+        r = httpx.post(f"{s.url}/v1/chat/completions", content=chunks(), timeout=30,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert post(s, "/v1/chat/completions", {"messages": USER, "max_tokens": 1}).status_code == 200
+
+
+def test_the_default_body_limit_is_16_mib(srv):
+    r = httpx.post(f"{srv.url}/v1/chat/completions", content=b" " * (16 * 1024 * 1024 + 1), timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "16777216 bytes (16 MiB)" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/api/chat", "/v1/responses"])
+def test_more_than_10000_messages_are_refused_quickly(srv, path):
+    key = "input" if path == "/v1/responses" else "messages"
+    body = {"model": "fake-model", "max_tokens": 1, key: USER * 10_001}
+    t0 = time.monotonic()
+    r = post(srv, path, body)
+    assert time.monotonic() - t0 < 5.0
+    assert r.status_code == 400 and "over the limit of 10000" in r.text, r.text
+    if path == "/v1/chat/completions":
+        assert r.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("raw, what", [
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64"),
+    (b'{"messages": ' + b"[" * 70 + b"]" * 70 + b"}", "nested deeper than 64"),
+    (b'{"messages": [', "not valid JSON"),
+])
+def test_bad_json_is_a_400_invalid_json(srv, raw, what):
+    for path in ("/v1/chat/completions", "/v1/messages", "/api/chat", "/v1/responses"):
+        r = httpx.post(f"{srv.url}{path}", content=raw, timeout=30, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and what in r.text, (path, r.text)
+        if path == "/v1/chat/completions":
+            assert r.json()["error"]["code"] == "invalid_json"
+
+
+def test_deep_json_through_the_openai_client_is_bad_request_with_its_code(srv):
+    c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    deep: list = []
+    for _ in range(80):
+        deep = [deep]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="fake-model", messages=USER, extra_body={"x": deep})
+    assert e.value.code == "invalid_json"
+
+
+def test_a_lone_surrogate_in_a_key_is_a_400_naming_it(srv):
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": {"\\ud800x": 1}}'
+    for path in ("/v1/chat/completions", "/v1/responses", "/api/chat"):
+        r = httpx.post(f"{srv.url}{path}", content=raw, timeout=30, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "surrogate" in r.text, (path, r.text)
+    assert r.status_code == 400
+    r = httpx.post(f"{srv.url}/v1/chat/completions", content=raw, timeout=30)
+    assert r.json()["error"]["param"] == "metadata.\\ud800x", r.text
+    ok = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}'  # a pair: an emoji
+    assert httpx.post(f"{srv.url}/v1/chat/completions", content=ok, timeout=30).status_code == 200

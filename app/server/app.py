@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import HearthError, ModelNotFound
 from app.protocol.reasoning import SETTING_KEYS
-from app.server import convert, embeddings, mcp_server, messages, ollama, responses, security
+from app.server import convert, embeddings, limits, mcp_server, messages, ollama, responses, security
 from app.server.documents import Documents
 from app.server.errors import ApiError, from_exception, from_http, from_validation, shape_for
 from app.server.metrics import ServerMetrics
@@ -111,8 +111,10 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
                metrics or ServerMetrics(), documents, reasoning_defaults, allow_command,
                responses.ResponseChains(responses_store))
     st.service.mcp = mcp_tools
+    # No /docs or /redoc: their pages load Swagger UI / ReDoc from a CDN (/openapi.json stays).
     app = FastAPI(title="Hearth", version="1.0", summary="OpenAI-compatible API of a local Hearth model",
-                  redoc_url=None)
+                  docs_url=None, redoc_url=None)
+    app.router.route_class = limits.JsonRoute  # bodies parsed and validated off the event loop
     app.state.hearth = st
     _error_handlers(app, st.metrics)
     _routes(app, st)
@@ -120,6 +122,8 @@ def create_app(engine_provider: Any = None, settings: Optional[ServerSettings] =
     messages.routes(app, st)
     ollama.routes(app, st)
     mcp_server.mount(app, st)  # /mcp: Hearth as an MCP server (docs/mcp.md), behind the guards below
+    app.add_middleware(limits.BodyLimit, on_error=lambda e: st.metrics.error(e.type, e.code),
+                       max_bytes=int(getattr(settings, "max_body_bytes", limits.MAX_BODY_BYTES)))
     hosts = security.allowed_hosts(settings.host, [*allow_hosts, *getattr(settings, "allow_hosts", [])])
     security.install(app, api_key=settings.api_key, cors_origins=list(settings.cors_origins), hosts=hosts,
                      on_error=lambda e: st.metrics.error(e.type, e.code))
@@ -193,8 +197,8 @@ def _generation_routes(app: FastAPI, st: State) -> None:
         held = await st.hold(body)
 
         async def plan():
-            return await st.documents.ground(convert.chat_plan(body, held.model, st.options(held.model)),
-                                             body.hearth, held.engine)
+            made = await run_in_threadpool(convert.chat_plan, body, held.model, st.options(held.model))
+            return await st.documents.ground(made, body.hearth, held.engine)
         return await st.answer(held, plan, request)
 
     @app.post("/v1/completions")
@@ -202,7 +206,7 @@ def _generation_routes(app: FastAPI, st: State) -> None:
         held = await st.hold(body)
 
         async def plan():
-            return convert.completion_plan(body, held.model, st.options(held.model))
+            return await run_in_threadpool(convert.completion_plan, body, held.model, st.options(held.model))
         return await st.answer(held, plan, request)
 
     @app.post(STOP_THINKING)

@@ -55,7 +55,6 @@ class Plan:
 def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
     """The ``Plan`` of a /v1/chat/completions body; raises ``InvalidRequest`` naming the field."""
     options = options or PortOptions()
-    check_text(body.model_dump(exclude_none=True))
     for legacy in ("functions", "function_call"):
         if getattr(body, legacy) is not None:
             raise InvalidRequest(f"{legacy} is the deprecated form of function calling; send tools and "
@@ -82,7 +81,6 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
 def completion_plan(body: CompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
     """The ``Plan`` of a /v1/completions body; raises ``InvalidRequest`` naming the field."""
     options = options or PortOptions()
-    check_text(body.model_dump(exclude_none=True))
     prompts = _prompts(body.prompt)
     if body.echo:
         raise InvalidRequest("echo is not supported", param="echo")
@@ -120,24 +118,6 @@ def tools_with_format(messages: tuple[ChatMessage, ...], choice: ToolChoice,
     if messages and messages[-1].role == "tool":
         return ToolChoice("none"), grammar
     return choice, None
-
-
-def check_text(node: Any, path: str = "") -> None:
-    """Raise ``InvalidRequest`` naming the field when a string of the request body holds a lone surrogate
-    (JSON can escape ``"\\ud800"``, which is not Unicode text: it cannot be encoded to UTF-8 nor tokenized;
-    it used to surface as a 500 from the engine)."""
-    if isinstance(node, str):
-        try:
-            node.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequest(f"{path or 'the request'} holds a lone surrogate (\\ud800-\\udfff), which is not "
-                                 "valid Unicode text", param=path or None) from None
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            check_text(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            check_text(v, f"{path}[{i}]")
 
 
 # -- pieces ------------------------------------------------------------------------------------------------

@@ -101,6 +101,11 @@ class AnswerMismatch(HearthError):
         return (self.__class__, (self.problem, self.param))
 
 
+class InvalidJson(HearthError):
+    """A request body that is not UTF-8, not JSON, or nested deeper than the port allows: 400 ``invalid_json``
+    (``app.server.limits.parse``)."""
+
+
 @dataclass(frozen=True)
 class ApiError:
     """One error answer: HTTP status, OpenAI ``type`` / ``code`` / ``param``, message, extra headers."""
@@ -175,6 +180,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(404, "invalid_request_error", exc.message, exc.param, code)
     if isinstance(exc, AnswerMismatch):
         return ApiError(422, "invalid_request_error", exc.message, exc.param, "answer_schema_mismatch")
+    if isinstance(exc, InvalidJson):
+        return ApiError(400, "invalid_request_error", exc.message, None, "invalid_json")
     if isinstance(exc, InvalidRequest):
         return ApiError(400, "invalid_request_error", exc.message, exc.param, "invalid_value")
     if isinstance(exc, QueueFull):

@@ -374,22 +374,20 @@ def routes(app: FastAPI, st: Any) -> None:
 
     @app.post("/v1/messages")
     async def create_message(body: MessagesRequest, request: Request):
-        convert.check_text(body.model_dump(exclude_none=True))
-        chat = chat_body(body)
+        chat = await run_in_threadpool(chat_body, body)
         held = await st.hold(body)
 
         async def plan() -> Plan:
-            return convert.chat_plan(chat, held.model, st.options(held.model))
+            return await run_in_threadpool(convert.chat_plan, chat, held.model, st.options(held.model))
         return await st.answer(held, plan, request, ANSWER)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(body: CountTokensRequest) -> dict:
         """``{"input_tokens": N}``: the prompt ``POST /v1/messages`` would give the model, in its tokens."""
-        convert.check_text(body.model_dump(exclude_none=True))
-        chat = chat_body(body)
+        chat = await run_in_threadpool(chat_body, body)
         held = await st.hold(body)
         try:
-            plan = convert.chat_plan(chat, held.model, st.options(held.model))
+            plan = await run_in_threadpool(convert.chat_plan, chat, held.model, st.options(held.model))
             return {"input_tokens": await run_in_threadpool(count_tokens, held.engine, plan)}
         finally:
             held.release()

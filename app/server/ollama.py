@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.engine.chat.tool_parser import TextPiece
 from app.errors import InvalidRequest, ModelNotFound
-from app.server import convert, embeddings
+from app.server import convert, embeddings, limits
 from app.server import format as fmt
 from app.server.convert import Plan
 from app.server.errors import ApiError, from_exception, from_http, from_validation
@@ -104,18 +104,9 @@ class EmbedRequest(_Body):
 
 async def read_body(request: Request, cls: type[BaseModel]) -> Any:
     """The JSON body as ``cls``, whatever the Content-Type (``curl -d`` sends a form type; Ollama reads JSON
-    anyway). Raises ``InvalidRequest`` (not JSON) or ``RequestValidationError`` naming the field."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise InvalidRequest("the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None
+    anyway), parsed and validated in a worker thread (``limits.read_model``). Raises ``InvalidJson`` (not
+    JSON), ``InvalidRequest`` or ``RequestValidationError`` naming the field."""
+    return await limits.read_model(request, cls)
 
 
 def model_name(name: Optional[str]) -> Optional[str]:
@@ -566,7 +557,6 @@ def _generation_routes(router: APIRouter, st: Any) -> None:
     async def chat(request: Request):
         t0 = time.perf_counter()
         body = await read_body(request, ChatRequest)
-        convert.check_text(body.model_dump(exclude_none=True))
         if not body.messages:
             return await _load_only(st, body, "chat")
         req = chat_body(body)
@@ -576,7 +566,6 @@ def _generation_routes(router: APIRouter, st: Any) -> None:
     async def generate(request: Request):
         t0 = time.perf_counter()
         body = await read_body(request, GenerateRequest)
-        convert.check_text(body.model_dump(exclude_none=True))
         if not body.prompt and not body.images:
             return await _load_only(st, body, "generate")
         req = generate_body(body)

@@ -526,11 +526,10 @@ def routes(app: FastAPI, st: Any) -> None:
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
-        convert.check_text(body.model_dump(exclude_none=True))
         chain = await run_in_threadpool(st.chains.chain, body.previous_response_id)
-        chat, lead = chat_body(body, chain.history)
+        chat, lead = await run_in_threadpool(chat_body, body, chain.history)
         held = await st.hold(body)
 
         async def plan() -> Plan:
-            return convert.chat_plan(chat, held.model, st.options(held.model))
+            return await run_in_threadpool(convert.chat_plan, chat, held.model, st.options(held.model))
         return await st.answer(held, plan, request, ResponsesAnswer(body, st.chains, chain, lead))
