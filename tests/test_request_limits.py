@@ -212,3 +212,34 @@ def test_a_lone_surrogate_in_a_key_is_a_400_naming_it(srv):
     assert r.json()["error"]["param"] == "metadata.\\ud800x", r.text
     ok = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}'  # a pair: an emoji
     assert httpx.post(f"{srv.url}/v1/chat/completions", content=ok, timeout=30).status_code == 200
+
+
+# -- 3. strict types, /docs, the Responses error event, --host [::1] ------------------------------------------
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/chat/completions", "max_tokens", "10"), ("/v1/chat/completions", "max_tokens", True),
+    ("/v1/chat/completions", "stream", "yes"), ("/v1/chat/completions", "n", 1.0),
+    ("/v1/chat/completions", "temperature", True), ("/v1/chat/completions", "temperature", "0.5"),
+    ("/v1/chat/completions", "seed", "1"), ("/v1/chat/completions", "logprobs", 1),
+    ("/v1/completions", "max_tokens", "10"), ("/v1/completions", "echo", "no"),
+    ("/v1/responses", "max_output_tokens", "10"), ("/v1/messages", "top_k", "3"),
+    ("/api/chat", "stream", "yes"),
+])
+def test_numbers_and_booleans_are_not_coerced(srv, path, field, value):
+    body = {"model": "fake-model", "max_tokens": 4, "messages": USER, "prompt": "hi", "input": "hi", field: value}
+    r = post(srv, path, body)
+    assert r.status_code == 400, r.text
+    if path != "/api/chat" and path != "/v1/messages":
+        assert r.json()["error"]["param"] == field and r.json()["error"]["code"] == "invalid_value"
+    else:
+        assert field in r.text
+
+
+def test_a_float_field_still_takes_an_integer(srv):
+    r = post(srv, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "temperature": 0, "top_p": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_no_page_that_loads_from_a_cdn(srv):
+    for path in ("/docs", "/redoc"):
+        assert httpx.get(f"{srv.url}{path}").status_code == 404
+    assert httpx.get(f"{srv.url}/openapi.json").json()["info"]["title"] == "Hearth"

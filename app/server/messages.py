@@ -53,9 +53,9 @@ class MessagesRequest(BaseModel):
     system: Optional[Union[str, list[dict[str, Any]]]] = None
     stop_sequences: Optional[list[str]] = None
     stream: StrictBool = False
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(default=None, ge=0)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=1.0, strict=True)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, strict=True)
+    top_k: Optional[StrictInt] = Field(default=None, ge=0)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
     thinking: Optional[dict[str, Any]] = None

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Union
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -65,7 +65,7 @@ class ModelRequest(_Body):
 
 class _Generating(_Body):
     model: Optional[str] = None
-    stream: bool = True  # Ollama's default
+    stream: StrictBool = True  # Ollama's default
     options: Optional[dict[str, Any]] = None
     format: Optional[Union[str, dict[str, Any]]] = None
     keep_alive: Any = None
@@ -86,7 +86,7 @@ class GenerateRequest(_Generating):
     system: Optional[str] = None
     suffix: Optional[str] = None
     template: Optional[str] = None
-    raw: bool = False
+    raw: StrictBool = False
     images: Optional[list[Any]] = None
     context: Optional[list[int]] = None
 
@@ -97,8 +97,8 @@ class EmbedRequest(_Body):
     model: Optional[str] = None
     input: Optional[Union[str, list[Any]]] = None
     prompt: Optional[str] = None
-    truncate: Optional[bool] = None
-    dimensions: Optional[int] = None
+    truncate: Optional[StrictBool] = None
+    dimensions: Optional[StrictInt] = None
     options: Optional[dict[str, Any]] = None
 
 

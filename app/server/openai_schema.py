@@ -26,14 +26,14 @@ class _Allow(BaseModel):
 
 
 class StreamOptions(_Allow):
-    include_usage: Optional[bool] = None
+    include_usage: Optional[StrictBool] = None
 
 
 class JsonSchemaSpec(_Allow):
     name: str = "response"
     description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
-    strict: Optional[bool] = None
+    strict: Optional[StrictBool] = None
 
 
 class ResponseFormat(_Allow):
@@ -89,20 +89,20 @@ class _Sampling(_Allow):
     typical_p, repeat_penalty)."""
 
     model: Optional[str] = Field(default=None, description="model id from /v1/models (default: the loaded one)")
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(default=None, ge=0)
-    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    typical_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=10.0)
-    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    max_tokens: Optional[int] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, strict=True)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, strict=True)
+    top_k: Optional[StrictInt] = Field(default=None, ge=0)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0, strict=True)
+    typical_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, strict=True)
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=10.0, strict=True)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    max_tokens: Optional[StrictInt] = None
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
+    seed: Optional[StrictInt] = None
     logit_bias: Optional[dict[str, float]] = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # accepted, ignored
     reasoning_effort: Any = Field(default=None, description="none | low | medium | high (thinking budget)")
@@ -112,9 +112,9 @@ class _Sampling(_Allow):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(..., description="the conversation; at least one message")
-    max_completion_tokens: Optional[int] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    max_completion_tokens: Optional[StrictInt] = None
+    logprobs: Optional[StrictBool] = None
+    top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=20)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
@@ -125,10 +125,10 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]] = Field(..., description="text or list of texts")
-    logprobs: Optional[int] = Field(default=None, ge=0, le=5)
-    echo: Optional[bool] = None
+    logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=5)
+    echo: Optional[StrictBool] = None
     suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    best_of: Optional[StrictInt] = None
     response_format: Optional[ResponseFormat] = None
 
 
@@ -139,7 +139,7 @@ class EmbeddingRequest(_Allow):
     input: Union[str, list[Any]] = Field(..., description="text, texts, token ids or lists of token ids")
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
+    dimensions: Optional[StrictInt] = None
     user: Optional[str] = None
 
 
@@ -154,9 +154,9 @@ class ResponsesRequest(_Allow):
     previous_response_id: Optional[str] = None
     store: StrictBool = True
     stream: StrictBool = False
-    max_output_tokens: Optional[int] = None
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: Optional[StrictInt] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, strict=True)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, strict=True)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Any] = None
     parallel_tool_calls: Optional[StrictBool] = None
