@@ -243,3 +243,20 @@ def test_no_page_that_loads_from_a_cdn(srv):
     for path in ("/docs", "/redoc"):
         assert httpx.get(f"{srv.url}{path}").status_code == 404
     assert httpx.get(f"{srv.url}/openapi.json").json()["info"]["title"] == "Hearth"
+
+
+def test_a_failed_responses_stream_numbers_on_and_sends_response_failed():
+    # The answer breaks a keyword the grammar cannot enforce: the 422 comes after the text was streamed.
+    eng = FakeEngine(reply=lambda r: '{"score": 7}')
+    fmt = {"type": "json_schema", "name": "r", "schema": {"type": "object", "required": ["score"],
+                                                          "properties": {"score": {"type": "number", "maximum": 5}}}}
+    with ServerThread(create_app(eng, ServerSettings(), catalog=CATALOG)) as s:
+        r = post(s, "/v1/responses", {"input": "rate it", "stream": True, "text": {"format": fmt}})
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds, kinds
+    assert kinds[-2:] == ["response.failed", "error"], kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    failed = events[-2]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "answer_schema_mismatch"
+    assert events[-1]["code"] == "answer_schema_mismatch"

@@ -306,6 +306,7 @@ class ResponsesAnswer:
     lead: int  # messages before the new input
     response_id: str = ""
     created: int = 0
+    _sent: Optional[tuple[fmt.Frame, "_EventWriter"]] = None  # the stream's frame and writer, for its error
 
     def __post_init__(self) -> None:
         self.response_id = ResponseChains.new_id(self.chain)
@@ -355,6 +356,7 @@ class ResponsesAnswer:
     async def stream(self, frame: fmt.Frame, pieces: AsyncIterator[Any], piece: Any) -> AsyncIterator[bytes]:
         """The event sequence of the module docstring."""
         w = _EventWriter()
+        self._sent = (frame, w)
         yield w.event("response.created", response=self.response(frame, [], None))
         yield w.event("response.in_progress", response=self.response(frame, [], None))
         async for p in pieces:
@@ -372,9 +374,15 @@ class ResponsesAnswer:
                 yield data
 
     def error_event(self, err: ApiError) -> bytes:
-        """An ``error`` event (OpenAI's Responses stream shape)."""
-        return _sse("error", {"type": "error", "code": err.code, "message": err.message, "param": err.param,
-                              "sequence_number": 0})
+        """How a stream that fails ends, as OpenAI's does: ``response.failed`` (the response so far, ``status``
+        "failed" and its ``error``), then an ``error`` event, both numbered on from the events already sent."""
+        if self._sent is None:  # failed before the stream began: a writer of its own
+            return _EventWriter().event("error", code=err.code, message=err.message, param=err.param)
+        frame, w = self._sent
+        failed = {**self.response(frame, w.items, None), "status": "failed",
+                  "error": {"code": err.code or "server_error", "message": err.message}}
+        return (w.event("response.failed", response=failed)
+                + w.event("error", code=err.code, message=err.message, param=err.param))
 
 
 def usage(plan: Plan, choice: fmt.Choice) -> dict[str, Any]:
