@@ -176,7 +176,7 @@ def send(client: Any, mix: Mix, kind: str, model: str, rng: random.Random, t0: f
         else:
             _whole(client, mix.url + path, body, kind, rec)
     except Exception as e:  # noqa: BLE001 - a request's fault is its record, not the soak's end
-        rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"[:300]
+        rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"[:600]
     rec.total_s = time.perf_counter() - start
     return rec
 
@@ -234,8 +234,13 @@ def _whole(client: Any, url: str, body: dict, kind: str, rec: SoakRecord) -> Non
         ok = bool(obj.get("data")) and bool(obj["data"][0].get("embedding"))
         why = "no embedding in the answer"
     else:
-        msg = (obj.get("choices") or [{}])[0].get("message") or {}
+        choice = (obj.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
         ok = bool(msg.get("tool_calls")) if kind == "tool" else msg.get("content") is not None
-        why = f"no tool call in the answer: {json.dumps(obj)[:300]}" if kind == "tool" else "no message content"
+        why = "no message content"
+        if kind == "tool":
+            error = (obj.get("hearth") or choice.get("hearth") or {}).get("tool_call_error")
+            why = (f"no tool call in the answer (finish_reason {choice.get('finish_reason')!r}, "
+                   f"hearth.tool_call_error {json.dumps(error)[:400]}, content {str(msg.get('content'))[:160]!r})")
     rec.status, rec.error = ("ok", None) if ok else ("failed", why)
     rec.pieces = 1 if ok else 0

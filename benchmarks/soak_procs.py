@@ -30,15 +30,23 @@ def _read(path: Path) -> str:
         return ""
 
 
+def status_bytes(pid: int, proc: Path = PROC) -> dict[str, int]:
+    """``VmRSS``, ``RssAnon`` and ``RssFile`` of ``pid`` in bytes, those that can be read ({} when the
+    process ended)."""
+    out = {}
+    for line in _read(proc / str(pid) / "status").splitlines():
+        key = line.split(":", 1)[0]
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            try:
+                out[key] = int(line.split()[1]) * 1024
+            except (ValueError, IndexError):
+                pass
+    return out
+
+
 def rss_bytes(pid: int, proc: Path = PROC) -> Optional[int]:
     """``VmRSS`` of ``pid`` in bytes; None when it cannot be read (the process ended)."""
-    for line in _read(proc / str(pid) / "status").splitlines():
-        if line.startswith("VmRSS:"):
-            try:
-                return int(line.split()[1]) * 1024
-            except (ValueError, IndexError):
-                return None
-    return None
+    return status_bytes(pid, proc).get("VmRSS")
 
 
 def open_files(pid: int, proc: Path = PROC) -> Optional[int]:
@@ -113,7 +121,9 @@ def listener_pid(port: int, proc: Path = PROC) -> Optional[int]:
 
 class Sampler:
     """Samples the process tree of ``root`` every ``every_s`` seconds on its own thread (times relative to
-    ``t0``, a ``perf_counter`` value) into ``samples``: ``{"t_s", "pid", "role", "rss_bytes", "open_files"}``."""
+    ``t0``, a ``perf_counter`` value) into ``samples``: ``{"t_s", "pid", "role", "rss_bytes", "rss_anon_bytes",
+    "rss_file_bytes", "open_files"}`` (anonymous memory and file pages, the model's mapped weights among
+    them, apart: ``RssAnon`` and ``RssFile`` of ``/proc/<pid>/status``)."""
 
     def __init__(self, root: int, t0: float, every_s: float = 5.0, proc: Path = PROC) -> None:
         self.root, self.t0, self.every_s, self.proc = root, t0, every_s, proc
@@ -129,9 +139,10 @@ class Sampler:
             role = self._roles.get(pid)
             if role is None or role == "child":  # a child may not have mapped its model yet
                 role = self._roles[pid] = role_of(pid, self.root, self.proc)
-            rss = rss_bytes(pid, self.proc)
-            if rss is not None:
-                self.samples.append({"t_s": round(t, 3), "pid": pid, "role": role, "rss_bytes": rss,
+            mem = status_bytes(pid, self.proc)
+            if "VmRSS" in mem:
+                self.samples.append({"t_s": round(t, 3), "pid": pid, "role": role, "rss_bytes": mem["VmRSS"],
+                                     "rss_anon_bytes": mem.get("RssAnon"), "rss_file_bytes": mem.get("RssFile"),
                                      "open_files": open_files(pid, self.proc)})
 
     def _loop(self) -> None:

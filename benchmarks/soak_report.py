@@ -103,11 +103,14 @@ def process_trends(samples: Sequence[dict], duration_s: float, warmup_frac: floa
         span_min = (after[-1]["t_s"] - after[0]["t_s"]) / 60.0 if after else 0.0
         rss = [(s["t_s"], s["rss_bytes"] / MIB) for s in after if s.get("rss_bytes") is not None]
         fds = [(s["t_s"], float(s["open_files"])) for s in after if s.get("open_files") is not None]
+        parts = {k: _trend([(s["t_s"], s[f"rss_{k}_bytes"] / MIB) for s in after
+                            if s.get(f"rss_{k}_bytes") is not None], span_min) for k in ("anon", "file")}
         out.append({"pid": pid, "role": rows[-1]["role"], "samples": len(rows), "samples_after_warmup": len(after),
                     "span_after_warmup_s": span_min * 60.0,
                     "first_seen_s": rows[0]["t_s"], "last_seen_s": rows[-1]["t_s"],
                     "started_after_warmup": rows[0]["t_s"] > warm and rows[0]["t_s"] > 0,
-                    "rss_mib": _trend(rss, span_min), "open_files": _trend(fds, span_min)})
+                    "rss_mib": _trend(rss, span_min), "rss_anon_mib": parts["anon"], "rss_file_mib": parts["file"],
+                    "open_files": _trend(fds, span_min)})
     return out
 
 
@@ -186,13 +189,16 @@ def _drift_lines(d: dict) -> list[str]:
 
 
 def _process_lines(procs: Sequence[dict]) -> list[str]:
-    lines = ["Processes after warm-up (RSS MiB: last, slope MiB/min, max-min; open files: last, growth):"]
+    lines = ["Processes after warm-up (RSS MiB: last, slope MiB/min [anonymous + file pages], max-min; "
+             "open files: last, growth):"]
     for p in procs:
         r, f = p["rss_mib"], p["open_files"]
+        anon, file = (p.get(k, {}).get("slope_per_min") for k in ("rss_anon_mib", "rss_file_mib"))
         late = "  (first seen after warm-up)" if p["started_after_warmup"] else ""
         lines.append(f"  {p['role']:<22} pid {p['pid']:<7} RSS {_fmt(r['last'], '.1f'):>7}  "
-                     f"{_fmt(r['slope_per_min'], '+.2f'):>7}/min  {_fmt(r['max_minus_min'], '.1f'):>6}   files "
-                     f"{_fmt(f['last'], '.0f'):>4} {_fmt(f['growth'], '+.1f'):>6}{late}")
+                     f"{_fmt(r['slope_per_min'], '+.2f'):>7}/min [{_fmt(anon, '+.2f')} + {_fmt(file, '+.2f')}]  "
+                     f"{_fmt(r['max_minus_min'], '.1f'):>6}   files {_fmt(f['last'], '.0f'):>4} "
+                     f"{_fmt(f['growth'], '+.1f'):>6}{late}")
     return lines
 
 

@@ -25,8 +25,8 @@ def rec(start, ttft=0.5, total=1.0, status="ok", kind="stream"):
 def flat_samples(duration_s, pid=10, role="serve", rss_mib=100.0, slope_mib_per_min=0.0, fds=20, every=5.0):
     out, t = [], 0.0
     while t <= duration_s:
-        out.append({"t_s": t, "pid": pid, "role": role, "rss_bytes": int((rss_mib + slope_mib_per_min * t / 60) * MIB),
-                    "open_files": fds})
+        rss = int((rss_mib + slope_mib_per_min * t / 60) * MIB)
+        out.append({"t_s": t, "pid": pid, "role": role, "rss_bytes": rss, "open_files": fds})
         t += every
     return out
 
@@ -137,11 +137,13 @@ def test_p99_ttft_buckets_and_the_plot(tmp_path):
 
 @pytest.mark.parametrize("path, lines, text, done", [
     ("/v1/chat/completions", ['data: {"choices":[{"delta":{"content":"Hi"}}]}', "data: [DONE]"], "Hi", True),
-    ("/v1/responses", ["event: response.output_text.delta", 'data: {"type":"response.output_text.delta","delta":"Hi"}',
+    ("/v1/responses", ["event: response.output_text.delta",
+                       'data: {"type":"response.output_text.delta","delta":"Hi"}',
                        'data: {"type":"response.completed"}'], "Hi", True),
     ("/v1/messages", ['data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}',
                       'data: {"type":"message_stop"}'], "Hi", True),
-    ("/api/chat", ['{"message":{"content":"Hi"},"done":false}', '{"message":{"content":""},"done":true}'], "Hi", True),
+    ("/api/chat", ['{"message":{"content":"Hi"},"done":false}', '{"message":{"content":""},"done":true}'], "Hi",
+     True),
 ])
 def test_stream_readers_find_content_and_the_end_event(path, lines, text, done):
     pieces, ended = [], False
@@ -189,6 +191,7 @@ def test_sampler_reads_the_tree():
     sampler.stop()
     mine = [s for s in sampler.samples if s["pid"] == os.getpid()]
     assert len(mine) >= 3 and {s["role"] for s in mine} == {"serve"}
+    assert mine[0]["rss_anon_bytes"] + mine[0]["rss_file_bytes"] <= mine[0]["rss_bytes"]
 
 
 def test_listener_pid_finds_this_process():
