@@ -13,7 +13,7 @@ import openai
 import pytest
 from fakes import FakeEngine
 
-from app.errors import QueueFull
+from app.errors import InvalidRequest, QueueFull
 from app.server import ServerThread, create_app
 from app.server.models import ModelCatalog
 from app.settings import ServerSettings
@@ -260,3 +260,21 @@ def test_a_failed_responses_stream_numbers_on_and_sends_response_failed():
     failed = events[-2]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "answer_schema_mismatch"
     assert events[-1]["code"] == "answer_schema_mismatch"
+
+
+def test_a_bracketed_ipv6_host_is_bound_without_its_brackets():
+    from app.cli.serve import _check_port_free
+    from app.server.run import bind_host, is_loopback
+
+    assert bind_host("[::1]") == "::1" and bind_host(" 127.0.0.1 ") == "127.0.0.1" and bind_host("::1") == "::1"
+    assert is_loopback(bind_host("[::1]"))
+    try:
+        srv = ServerThread(create_app(FakeEngine(), ServerSettings(host="::1"), catalog=CATALOG), host="::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with srv:
+        try:  # the port may be taken by chance; the name must not be the problem (it was: "Name or service")
+            _check_port_free(bind_host("[::1]"), srv.port + 1 if srv.port < 65535 else 1024)
+        except InvalidRequest as e:
+            assert "not known" not in e.message
+        assert httpx.get(f"{srv.url}/health").status_code == 200

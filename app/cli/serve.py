@@ -63,12 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from app.server.run import is_loopback
+    from app.server.run import bind_host, is_loopback
     from app.settings import load_user_settings
 
     user = load_user_settings()
     base = user.server
-    settings = replace(base, host=args.host or base.host, port=args.port if args.port is not None else base.port,
+    settings = replace(base, host=bind_host(args.host or base.host),
+                       port=args.port if args.port is not None else base.port,
                        api_key=args.api_key or base.api_key,
                        cors_origins=args.cors_origin if args.cors_origin is not None else base.cors_origins,
                        max_queue=args.max_queue if args.max_queue is not None else base.max_queue)

@@ -16,7 +16,15 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 
+def bind_host(host: str) -> str:
+    """The address to bind for a ``--host`` / settings value: ``"[::1]"`` (as URLs write IPv6) → ``"::1"``;
+    anything else as given, spaces trimmed."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 bracketed or not) is this machine's loopback."""
     if host == "localhost":
         return True
     try:
