@@ -2,11 +2,11 @@
 port down, nor delay another's ``/health``).
 
 ``BodyLimit`` (ASGI middleware) refuses a body over ``max_bytes`` with a 413, from its ``Content-Length``
-before reading, or while reading when it has none or lies. ``JsonRoute`` (every FastAPI route's class) then
-parses the JSON and validates the route's body model in a worker thread, refusing bodies that are not UTF-8,
-not JSON, nested deeper than ``MAX_JSON_DEPTH``, hold a lone surrogate (in a key too) or carry more than
-``MAX_MESSAGES`` messages (``parse``); the handler gets the validated model, so nothing of this runs on the
-event loop. Every limit and its error: docs/server.md, "Limits".
+before reading, or while reading when it has none or lies. ``JsonRoute`` (the app's route class; Ollama's
+routes call ``read_model``) then parses the JSON and validates the route's body model in a worker thread,
+refusing bodies that are not UTF-8, not JSON, nested deeper than ``MAX_JSON_DEPTH``, hold a lone surrogate
+(in a key too) or carry more than ``MAX_MESSAGES`` messages (``parse``); the handler gets the validated
+model, so nothing of this runs on the event loop. Every limit and its error: docs/server.md, "Limits".
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ _METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 def too_large(limit: int) -> ApiError:
     """The 413 for a body over ``limit`` bytes."""
-    return ApiError(413, "invalid_request_error", f"the request body is larger than the limit of {limit} bytes "
-                    f"({limit // (1024 * 1024)} MiB)", None, "request_too_large")
+    mib = f" ({limit // 2**20} MiB)" if limit % 2**20 == 0 else ""
+    return ApiError(413, "invalid_request_error", f"the request body is larger than the limit of {limit} bytes{mib}",
+                    None, "request_too_large")
 
 
 class BodyLimit:
