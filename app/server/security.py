@@ -71,7 +71,7 @@ class HostGuard:
         origin = _header(scope, b"origin")
         if origin is None or "*" in self.origins or origin.rstrip("/") in self.origins:
             return None
-        if urlsplit(origin).netloc.lower() == host.lower():  # same origin (e.g. /docs in a browser)
+        if urlsplit(origin).netloc.lower() == host.lower():  # same origin (a page this server serves)
             return None
         return ApiError(403, "invalid_request_error", f"Origin {origin!r} is not allowed; add it with "
                         "--cors-origin to let a web page use this server", None, "origin_not_allowed")
