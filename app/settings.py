@@ -39,6 +39,8 @@ class ServerSettings:
     allow_command_verifier: bool = False  # hearth.self_consistency may run command verifiers (runs programs)
 
 
+MIN_BODY_BYTES = 64 * 1024  # the smallest server.max_body_bytes taken from settings.json
+
 # The chat's tool loop (``tools`` in settings.json, Settings → MCP servers): name -> (lowest, highest).
 TOOL_LIMITS = {"max_steps": (1, 20), "call_timeout_s": (1, 600), "start_timeout_s": (1, 300)}
 
@@ -240,6 +242,10 @@ def from_dict(data: dict[str, Any]) -> UserSettings:
     if not 1 <= server.port <= 65535:
         log.warning("settings: server.port=%r is out of range; using %d", server.port, DEFAULT_PORT)
         server = replace(server, port=DEFAULT_PORT)
+    if server.max_body_bytes < MIN_BODY_BYTES:  # 0 or less would refuse every request with a body
+        log.warning("settings: server.max_body_bytes=%r is below %d; using the default", server.max_body_bytes,
+                    MIN_BODY_BYTES)
+        server = replace(server, max_body_bytes=ServerSettings().max_body_bytes)
     tools = _validated(lambda **k: ToolSettings(**k).validate(),
                        _typed(ToolSettings, data.get("tools"), "tools."), "tools.")
     remotes = _remotes_from(data.get("remotes"))

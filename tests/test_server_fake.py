@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from app.assistant import Found
 from app.assistant.evidence import evidence_text
-from app.errors import EngineCrashed
+from app.errors import EngineCrashed, EngineUnresponsive
 from app.retrieval.citecheck import CitationChecker
 from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
@@ -264,6 +264,10 @@ def test_stream_errors_before_first_token_are_http_errors():
     r = c2.post("/v1/chat/completions", json={"messages": USER, "stream": True})
     err(r, 503, code="engine_crashed")
     assert r.headers["retry-after"] == "1"
+    eng.fail_next = EngineUnresponsive("the engine process stopped responding: it sent no heartbeat for 10 s")
+    r = c2.post("/v1/chat/completions", json={"messages": USER})
+    err(r, 503, code="engine_unresponsive")
+    assert r.headers["retry-after"] == "1" and "heartbeat" in r.json()["error"]["message"]
 
 
 # -- errors ------------------------------------------------------------------------------------------------

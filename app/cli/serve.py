@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API (default http://127.0.0.1:%d)" % DEFAULT_PORT,
                        description="Serve Hearth's OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
                                    "/v1/embeddings, /v1/models, /v1/responses, /health, /metrics), Anthropic's "
-                                   "/v1/messages, Ollama's /api/* and Hearth's MCP server (/mcp) on one port. Loopback only unless "
-                                   f"{EXPOSE_FLAG} is given.")
+                                   "/v1/messages, Ollama's /api/* and Hearth's MCP server (/mcp) on one port. "
+                                   f"Loopback only unless {EXPOSE_FLAG} is given.")
     p.add_argument("--host", default=None, help="address to bind (default from settings: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help=f"port (default from settings: {DEFAULT_PORT})")
     p.add_argument("--api-key", default=os.environ.get("HEARTH_API_KEY"),
@@ -150,7 +150,8 @@ def _serve(args: argparse.Namespace, user, settings, pool, default: str) -> int:
                      mcp_tools=tools)
     budget = "no limit" if pool.budget_bytes is None else f"{pool.budget_bytes / (1 << 30):.1f} GiB"
     ttl = f"after {pool.ttl_s:g} s" if pool.ttl_s is not None else "never"
-    print(f"hearth: serving every installed model on http://{settings.host}:{settings.port}/v1 (default "
+    shown = f"[{settings.host}]" if ":" in settings.host else settings.host  # an IPv6 address, as URLs write it
+    print(f"hearth: serving every installed model on http://{shown}:{settings.port}/v1 (default "
           f"{Path(default).stem}; models' budget {budget}; idle models unload {ttl}; Ctrl+C stops)", file=sys.stderr)
     import signal
 

@@ -26,6 +26,7 @@ from app.errors import (
     Cancelled,
     ContextLengthExceeded,
     EngineCrashed,
+    EngineUnresponsive,
     HearthError,
     InvalidRequest,
     ModelLoadError,
@@ -189,6 +190,8 @@ def from_exception(exc: BaseException) -> ApiError:
                         headers=_retry(exc.retry_after_s))
     if isinstance(exc, NoModelLoaded):
         return ApiError(503, "server_error", exc.message, None, "no_model_loaded", headers=_retry(2))
+    if isinstance(exc, EngineUnresponsive):
+        return ApiError(503, "server_error", exc.message, None, "engine_unresponsive", headers=_retry(1))
     if isinstance(exc, EngineCrashed):
         return ApiError(503, "server_error", exc.message, None, "engine_crashed", headers=_retry(1))
     if isinstance(exc, ModelBusy):
