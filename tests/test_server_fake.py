@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from app.assistant import Found
 from app.assistant.evidence import evidence_text
-from app.errors import EngineCrashed, EngineUnresponsive
+from app.errors import DiskFull, EngineCrashed, EngineUnresponsive, StoreDamaged
 from app.retrieval.citecheck import CitationChecker
 from app.retrieval.types import Evidence
 from app.server import ServerThread, create_app
@@ -268,6 +268,19 @@ def test_stream_errors_before_first_token_are_http_errors():
     r = c2.post("/v1/chat/completions", json={"messages": USER})
     err(r, 503, code="engine_unresponsive")
     assert r.headers["retry-after"] == "1" and "heartbeat" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("exc,status,code", [
+    (DiskFull("/data/hearth.db"), 507, "insufficient_storage"),
+    (StoreDamaged("/data/hearth.db", "a page is damaged"), 503, "store_damaged"),
+])
+def test_store_faults_are_named_not_500(exc, status, code):
+    """Disk full and a damaged store were a 500 "hearth_error" (issue 29, item 5)."""
+    eng = FakeEngine()
+    eng.fail_next = exc
+    r = client(eng).post("/v1/chat/completions", json={"messages": USER})
+    err(r, status, code=code)
+    assert "/data/hearth.db" in r.json()["error"]["message"]
 
 
 # -- errors ------------------------------------------------------------------------------------------------

@@ -102,6 +102,20 @@ def test_a_model_that_fails_to_load_answers_its_error_others_keep_serving():
     assert m["broken"]["pool"]["state"] == "failed" and "not a GGUF" in m["broken"]["pool"]["error"]
 
 
+def test_health_reports_a_default_model_that_cannot_load():
+    """/health said ok while every request for the default model was a 503 (issue 29, item 1)."""
+    pool, _ = make_pool()
+    c = client(pool, default_model="broken")
+    assert c.get("/health").status_code == 200  # not tried yet: nothing is known to be wrong
+    assert chat(c).json()["error"]["code"] == "model_load_error"
+    h = c.get("/health")
+    assert h.status_code == 503 and h.json()["status"] == "model_load_error" and "not a GGUF" in h.json()["error"]
+    assert h.json()["pool"]["load_errors"]["broken"]["type"] == "ModelLoadError"
+    ok = client(pool, default_model="alpha")  # another default on the same pool: ok, the failure still listed
+    assert chat(ok).status_code == 200
+    assert ok.get("/health").json()["status"] == "ok" and "broken" in ok.get("/health").json()["pool"]["load_errors"]
+
+
 def test_budget_evicts_the_least_recently_used_idle_model():
     pool, made = make_pool(budget_gib=2)
     c = client(pool)

@@ -151,6 +151,10 @@ def _status_routes(app: FastAPI, st: State) -> None:
         pool = st.source.pool_status()
         if eng is None and pool is None:
             return JSONResponse({"status": "no_model"}, status_code=503, headers={"Retry-After": "2"})
+        failed = pool.get("default_load_error") if eng is None and pool is not None else None
+        if failed:  # the default model cannot load: say so (it is tried again as docs/server.md, Many models, says)
+            return JSONResponse({"status": "model_load_error", "error": failed, "pool": pool}, status_code=503,
+                                headers={"Retry-After": "5"})
         body: dict[str, Any] = {"status": "ok", "model": loaded_id(eng) if eng is not None else None}
         if eng is not None:
             body.update(engine_alive=bool(eng.alive), n_parallel=eng.n_parallel, active=eng.active(),

@@ -25,6 +25,7 @@ from app.engine.pool import ModelBusy
 from app.errors import (
     Cancelled,
     ContextLengthExceeded,
+    DiskFull,
     EngineCrashed,
     EngineUnresponsive,
     HearthError,
@@ -32,6 +33,7 @@ from app.errors import (
     ModelLoadError,
     ModelNotFound,
     QueueFull,
+    StoreDamaged,
 )
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,10 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(503, "server_error", exc.message, None, "model_load_error", headers=_retry(5))
     if isinstance(exc, Cancelled):
         return ApiError(503, "server_error", exc.message, None, "cancelled", headers=_retry(1))
+    if isinstance(exc, DiskFull):  # names the disk; nothing was half-written (docs/memory.md)
+        return ApiError(507, "server_error", exc.message, None, "insufficient_storage")
+    if isinstance(exc, StoreDamaged):  # the file is left untouched; the message has the recovery command
+        return ApiError(503, "server_error", exc.message, None, "store_damaged")
     if isinstance(exc, HearthError):
         return ApiError(500, "server_error", exc.message, None, "hearth_error")
     log.error("unexpected error while serving a request", exc_info=exc)

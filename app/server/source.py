@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from app.errors import InvalidRequest, ModelNotFound
+from app.errors import HearthError, InvalidRequest, ModelNotFound
 from app.protocol.backend import Backend
 from app.server.errors import ModelNotLoaded, NoModelLoaded
 from app.server.models import ModelCatalog, loaded_id
@@ -136,9 +136,19 @@ class PoolSource:
         return self.catalog.listing(None, embedder, self.pool.status(), self._defaults(), _remotes(self.pool))
 
     def pool_status(self) -> Optional[dict[str, Any]]:
-        """The pool's ``status()``, its budget and what it uses."""
-        return {"budget_bytes": self.pool.budget_bytes, "used_bytes": self.pool.used_bytes(),
-                "ttl_s": self.pool.ttl_s, "models": self.pool.status()}
+        """The pool's ``status()``, its budget and what it uses; ``load_errors`` (``ModelPool.load_errors``:
+        per model whose last load failed, the message and when it is tried again) and ``default_load_error``
+        (the default model's, or None) when the pool reports them."""
+        out = {"budget_bytes": self.pool.budget_bytes, "used_bytes": self.pool.used_bytes(),
+               "ttl_s": self.pool.ttl_s, "models": self.pool.status()}
+        if hasattr(self.pool, "load_errors"):
+            out["load_errors"] = self.pool.load_errors()
+            try:
+                err = self.pool.load_error(self.default)
+            except HearthError:  # the default names no model the pool knows
+                err = None
+            out["default_load_error"] = None if err is None else str(err)
+        return out
 
 
 class WindowSource(EngineSource):
