@@ -341,3 +341,27 @@ def test_text_and_text_format_that_are_not_objects_are_400s_naming_them(fake):
     for text, param in (({"format": "json_object"}, "text.format"), ("plain", "text")):
         r = httpx.post(f"{srv.url}/v1/responses", json={"input": "x", "text": text}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_failed_save_leaves_no_empty_conversation(tmp_path, monkeypatch):
+    """Each failed write used to leave an empty 'API: …' conversation behind (issue 29, item 5)."""
+    from app.errors import DiskFull
+    from app.protocol.types import ChatMessage
+    from app.server.responses import ResponseChains
+
+    store = Store(tmp_path / "hearth.db")
+    chains = ResponseChains(store)
+    chain = chains.chain(None)
+    real = store.append_message
+
+    def full(*a, **kw):
+        raise DiskFull(str(tmp_path / "hearth.db"))
+
+    monkeypatch.setattr(store, "append_message", full)
+    with pytest.raises(DiskFull):
+        chains.save(chains.new_id(chain), chain, [ChatMessage("user", "hi")], ChatMessage("assistant", "yo"), "m")
+    assert store.list_conversations() == [] and chain.new  # nothing written; the next try creates it
+    monkeypatch.setattr(store, "append_message", real)
+    rid = chains.new_id(chain)
+    chains.save(rid, chain, [ChatMessage("user", "hi")], ChatMessage("assistant", "yo"), "m")
+    assert [c.title for c in store.list_conversations()] == ["API: hi"] and not chain.new

@@ -127,13 +127,12 @@ class ResponseChains:
         """Append ``new`` and ``answer`` under the chain's tip and map ``response_id`` to the answer and the
         finished ``response`` object (blocking). Returns the answer's message id."""
         store = self.store
-        with self._lock:
+        with self._lock, store.transaction():  # all or nothing: a failed write leaves no empty conversation
             if chain.new:
                 first = next((m.content for m in new if m.role == "user"), "")
                 store.create_conversation(title=("API: " + first)[:80], model=model,
                                           settings={"origin": "api.responses", "responses": {}},
                                           conversation_id=chain.conversation_id)
-                chain.new = False
             parent = chain.parent_id
             for m in new:
                 parent = store.append_message(chain.conversation_id, m.role, m.content, parent,
@@ -147,6 +146,7 @@ class ResponseChains:
                 entries = settings["responses"] = {}
             entries[response_id] = {"message_id": mid, "response": response}
             store.update_conversation(chain.conversation_id, model=model, settings=settings)
+        chain.new = False
         return mid
 
 
