@@ -98,8 +98,9 @@ def request_for(kind: str, model: str, mix: Mix, rng: random.Random) -> tuple[st
     if kind in ("stream", "cut", "cancel"):
         return "/v1/chat/completions", {**chat, "stream": True}, True
     if kind == "tool":
-        return "/v1/chat/completions", {**chat, "max_tokens": 48, "tools": [WEATHER_TOOL],
-                                        "tool_choice": "required"}, False
+        # one call (a base model repeats calls while it may, and one cut off by max_tokens fails the answer)
+        return "/v1/chat/completions", {**chat, "max_tokens": max(64, mt), "tools": [WEATHER_TOOL],
+                                        "tool_choice": "required", "parallel_tool_calls": False}, False
     if kind == "documents":
         return "/v1/chat/completions", {**chat, "messages": _messages(rng.choice(_DOC_QUESTIONS)), "stream": True,
                                         "hearth": {"documents": True, "k": 2}}, True

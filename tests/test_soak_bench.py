@@ -232,3 +232,35 @@ def test_a_short_real_soak(tmp_path, hearth_home, bundled_model, embedding_model
     assert "serve" in roles and any(r.startswith("engine:") for r in roles), roles
     if "matplotlib" in sys.modules or __import__("importlib").util.find_spec("matplotlib"):
         assert (out / "soak.png").is_file()
+
+
+def test_soak_of_an_existing_server_over_the_fake_engine(tmp_path):
+    """``--port-of-existing``: the models from /v1/models, the process listening on the port (here this one),
+    documents dropped from the mix with a note (a server without them answers 400), every other kind ok."""
+    from fakes import FakeEngine
+
+    from app.server import ServerThread, create_app
+    from app.settings import ServerSettings
+
+    call = 'Tool call: {"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    model = tmp_path / "fake-model.gguf"
+    model.write_bytes(b"not really a GGUF")
+    eng = FakeEngine(model, n_ctx=2048, token_delay_s=0.002, n_parallel=2,
+                     reply=lambda req: call if req.tools else "a short answer of a few words")
+    out = tmp_path / "out"
+    try:
+        with ServerThread(create_app(eng, ServerSettings())) as srv:
+            rc = soak.main(["--minutes", "0.05", "--clients", "2", "--port-of-existing", srv.url + "/v1",
+                            "--out", str(out), "--sample-s", "0.5", "--max-tokens", "80"])  # fake tokens: characters
+    finally:
+        eng.close()
+    doc = json.loads((out / "soak.json").read_text())
+    c, s = doc["contract"], doc["summary"]
+    assert s["failed_n"] == 0, s["failures"]
+    assert rc == 0
+    assert c["models"] == ["fake-model"] and c["root_pid"] == os.getpid()
+    assert "documents" not in c["mix"] and "documents left out of the mix" in c["notes"][0]
+    kinds = {r["kind"] for r in doc["records"]}
+    assert {"stream", "tool", "messages", "ollama", "responses"} <= kinds, kinds
+    assert all(r["ttft_s"] is not None for r in doc["records"] if r["status"] == "ok" and r["kind"] == "stream")
+    assert {x["role"] for x in doc["samples"]} >= {"serve"}
