@@ -91,6 +91,15 @@ def test_chat_new_then_continue_then_history(home: Path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
 
 
+def test_interactive_chat_left_before_a_message_stores_no_conversation(home: Path):
+    """`hearth chat` created its conversation at start: /quit (or /new) before a message left an empty chat."""
+    env = {**os.environ, "HEARTH_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "app.cli", "chat", "--no-mcp"], input="/new\n/quit\n",
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "a new conversation" in r.stderr, r.stderr[-2000:]
+    assert json.loads(hearth(home, "history", "list", "--json").stdout) == {"conversations": []}
+
+
 def test_chat_with_docs_goes_through_the_turn_pipeline(home: Path, tmp_path: Path):
     """``hearth ingest`` then ``hearth chat --docs``: the passage is given to the model (one header), the
     answer and its citations are stored, and the conversation records the model id without ".gguf"."""

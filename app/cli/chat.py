@@ -77,8 +77,8 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     with Store() as store, _documents(args) as docs, _tools(args, user.tools) as box, make_engine(args) as eng:
         assistant = Assistant(eng, store, decoding=decoding(args), system_prompt=system or "", documents=docs,
                               k=args.k, tools=box)
-        cid = store.resolve_conversation_id(args.conversation) if args.conversation else \
-            assistant.new_conversation()
+        # A new conversation is created with its first message: leaving before one stores no empty chat.
+        cid = store.resolve_conversation_id(args.conversation) if args.conversation else None
         if args.message is not None:
             return _one_message(assistant, cid, args)
         return _interactive(eng, assistant, cid, args.reasoning)
@@ -183,8 +183,9 @@ def _documents(args: argparse.Namespace):
         docs.close()
 
 
-def _one_message(assistant, cid: str, args) -> int:
+def _one_message(assistant, cid: str | None, args) -> int:
     shown = _Thinking()
+    cid = cid or assistant.new_conversation()
     done = _send(assistant, cid, args.message, None if args.json else shown, args.reasoning)
     shown.close()
     if args.json:
@@ -209,9 +210,10 @@ def _print_sources(cites: list[dict], given: list[dict]) -> None:
                                                                      for g in given) + ")", file=sys.stderr)
 
 
-def _interactive(eng, assistant, cid: str, reasoning=None) -> int:
-    print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · conversation "
-          f"{cid[:12]} · /new to start over, /quit to leave", file=sys.stderr)
+def _interactive(eng, assistant, cid: str | None, reasoning=None) -> int:
+    which = f"conversation {cid[:12]}" if cid else "a new conversation"
+    print(f"Hearth chat · {eng.info.get('model')} · template {eng.info.get('template')} · {which} · /new to "
+          "start over, /quit to leave", file=sys.stderr)
     if eng.info.get("template") == "transcript":
         print("(a small base model for trying things out: answers are short and often wrong)", file=sys.stderr)
     while True:
@@ -226,12 +228,15 @@ def _interactive(eng, assistant, cid: str, reasoning=None) -> int:
         if cmd in ("/quit", "/exit"):
             return 0
         if cmd == "/new":
-            cid = assistant.new_conversation()
-            print(f"  [new conversation {cid[:12]}]", file=sys.stderr)
+            cid = None
+            print("  [a new conversation starts with your next message]", file=sys.stderr)
             continue
         if cmd.startswith("/") and " " not in cmd:
             print(f"  [unknown command {cmd}: /new starts a new conversation, /quit leaves]", file=sys.stderr)
             continue
+        if cid is None:
+            cid = assistant.new_conversation()
+            print(f"  [conversation {cid[:12]}]", file=sys.stderr)
         _stream_turn(assistant, cid, line, reasoning)
 
 
