@@ -204,7 +204,10 @@ def existing_server(cfg: argparse.Namespace) -> Target:
         raise BenchError(f"the server at {url} lists no chat model in /v1/models")
     port = httpx.URL(url).port or 80
     kinds = {k: w for k, w in WEIGHTS.items() if k != "embeddings" or cfg.embeddings}
-    return Target(url, listener_pid(port), ids, kinds, {"server": f"already running at {url}"})
+    pid = listener_pid(port)
+    seen = ("its processes: pid %d and its descendants" % pid if pid else
+            "no process of this machine listens on its port (or it is not readable): no process samples")
+    return Target(url, pid, ids, kinds, {"server": f"already running at {url}; {seen}"})
 
 
 def warm_up(target: Target, timeout_s: float) -> list[str]:
