@@ -166,3 +166,22 @@ def test_the_new_errors_cross_processes():
                 ModelLoadError("bad", path="/m.gguf", file_fault=True)):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err) and vars(back) == vars(err)
+
+
+def test_a_full_documents_database_is_disk_full_and_keeps_what_it_had(tmp_path):
+    """The documents store said "documents database error: database or disk is full" (issue 29, item 5)."""
+    from app.retrieval.store import DocumentStore, NewChunk
+
+    db = tmp_path / "documents.db"
+
+    def write(s, path, text):
+        s.write_document(path, sha256=path, size=len(text), mtime_ns=1, type="text", page_count=None,
+                         chunks=[NewChunk(text, None, 0, len(text), 10)])
+
+    with DocumentStore(db) as s:
+        write(s, "/kept.md", "kept")
+        pages = s.db.execute("PRAGMA page_count").fetchone()[0]
+        s.db.execute(f"PRAGMA max_page_count = {pages + 4}")
+        with pytest.raises(DiskFull, match=f"^disk full: {db}"):
+            write(s, "/big.md", "word " * 100_000)
+        assert [d.path for d in s.documents()] == ["/kept.md"]

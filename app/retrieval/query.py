@@ -15,7 +15,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 
-from app.errors import StoreError
+from app.errors import store_error
 
 HEADING_WEIGHT = 0.5  # bm25() weight of the heading_path column, text = 1.0 (chosen on the benchmark's dev halves)
 MAX_POSTINGS = 8000  # as ``app.retrieval.store.MAX_BM25_POSTINGS``: chunks scored before common words go
@@ -110,4 +110,4 @@ def _rows(store, sql: str, params: list) -> list[tuple]:
     try:
         return store.db.conn.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"documents database error: {exc}") from exc
+        raise store_error(exc, store.path, "documents database") from exc

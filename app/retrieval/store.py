@@ -24,7 +24,7 @@ import numpy as np
 import sqlite_utils
 
 from app import paths
-from app.errors import StoreError, open_store_db, store_error
+from app.errors import open_store_db, store_error
 from app.retrieval.chunking import LEAD_MIN_TOKENS, LEAD_RECIPE, lead_text
 from app.retrieval.schema import migrations
 from app.retrieval.types import Evidence
@@ -431,29 +431,33 @@ class DocumentStore:
             cur.row_factory = sqlite3.Row
             return cur.fetchall()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"documents database error: {exc}") from exc
+            raise store_error(exc, self.path, "documents database") from exc
 
     def _atomic(self):
-        return _Atomic(self.db)
+        return _Atomic(self.db, self.path)
 
 
 class _Atomic:
-    """``db.atomic()`` that turns SQLite errors into ``StoreError`` (after the rollback)."""
+    """``db.atomic()`` that turns SQLite errors into ``StoreError`` (after the rollback): ``DiskFull`` /
+    ``StoreDamaged`` where that is what happened (``app.errors.store_error``)."""
 
-    def __init__(self, db: sqlite_utils.Database) -> None:
-        self._cm = db.atomic()
+    def __init__(self, db: sqlite_utils.Database, path: Path) -> None:
+        self._cm, self._path = db.atomic(), path
 
     def __enter__(self):
         try:
             return self._cm.__enter__()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"documents database error: {exc}") from exc
+            raise store_error(exc, self._path, "documents database") from exc
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            return self._cm.__exit__(exc_type, exc, tb)
+            handled = self._cm.__exit__(exc_type, exc, tb)
         except sqlite3.DatabaseError as err:
-            raise StoreError(f"documents database error: {err}") from err
+            raise store_error(err, self._path, "documents database") from err
+        if isinstance(exc, sqlite3.DatabaseError) and not handled:  # a write inside failed: rolled back
+            raise store_error(exc, self._path, "documents database") from exc
+        return handled
 
 
 _BLAS = None
