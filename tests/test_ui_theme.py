@@ -73,6 +73,8 @@ def test_prefs_survive_a_restart_and_a_bad_file_gives_defaults():
     assert prefs.load_prefs().theme == "system"
     prefs.prefs_file().write_text("{nope")
     assert prefs.load_prefs().theme == "system"
+    prefs.prefs_file().write_text("[" * 100_000 + "]" * 100_000)  # was a RecursionError: the window never opened
+    assert prefs.load_prefs().theme == "system"
     with pytest.raises(ValueError, match="theme"):
         prefs.save_prefs(prefs.UiPrefs(theme="sepia"))
 

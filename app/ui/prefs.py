@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app import paths
-from app.fileio import atomic_write_text
+from app.fileio import atomic_write_text, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def load_prefs() -> UiPrefs:
     if not path.exists():
         return UiPrefs()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        data = read_json_file(path)  # the shared reader: a file nested 100,000 deep is a ValueError here
+    except (OSError, ValueError) as exc:
         log.warning("ui.json is unreadable (%s); using defaults", exc)
         return UiPrefs()
     theme = data.get("theme", "system") if isinstance(data, dict) else "system"
