@@ -71,10 +71,14 @@ def test_a_store_that_fails_while_running_turns_the_cache_off_until_it_is_tried_
         assert _lookup(cache, metrics) == 0
         assert "disk cache off" in metrics["cache_error"]
         assert "damaged" in cache.stats()["disk_cache"] and cache.stats()["disk_cache"].startswith("off: ")
-        assert _lookup(cache, {}) == 0 and cache.store is None  # not tried again before retry_s
+        later: dict = {}
+        assert _lookup(cache, later) == 0 and cache.store is None  # not tried again before retry_s
+        assert later["cache_error"].startswith("disk cache off: ")  # every answer says so while it is off
         cache.retry_s = 0.0
         cache._retry_at = 0.0  # the hour has passed
-        assert _lookup(cache, {}) == 0 and cache.stats()["disk_cache"] == "on"  # reopened at the next use
+        reopened: dict = {}
+        assert _lookup(cache, reopened) == 0 and cache.stats()["disk_cache"] == "on"  # reopened at the next use
+        assert "cache_error" not in reopened
     finally:
         cache.close()
 

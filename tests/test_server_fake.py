@@ -707,3 +707,17 @@ def test_connections_are_accepted_with_nagle_off():
     finally:
         for s in (conn, client, listener):
             s.close()
+
+
+def test_metrics_say_while_the_disk_prefix_cache_is_off():
+    """A prefix cache that turned itself off was silent in /metrics (issue 29, item 1)."""
+    from app.protocol.types import Done, Metrics
+    from app.server.metrics import ServerMetrics
+
+    m = ServerMetrics()
+    m.generation(Done("stop", Metrics(prompt_tokens=9, cache_error="disk cache off: disk full: /d/kv-cache")))
+    text = m.render()
+    assert "hearth_prefix_cache_disk_off 1" in text and "hearth_prefix_cache_disk_off_generations_total 1" in text
+    m.generation(Done("stop", Metrics(prompt_tokens=9)))  # it was opened again
+    text = m.render()
+    assert "hearth_prefix_cache_disk_off 0" in text and "hearth_prefix_cache_disk_off_generations_total 1" in text

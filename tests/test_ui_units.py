@@ -54,6 +54,9 @@ def test_formatting():
                           "cache_source": "memory"})
     assert texts == {"ttft": "TTFT 250 ms", "decode": "decode 31.2 tok/s",
                      "reused": "reused 80/100 prompt tokens (memory)", "thinking": ""}
+    off = status_texts({"prompt_tokens": 20, "cache_error": "disk cache off: disk full: /d/kv-cache (free some)"})
+    assert off["reused"] == "reused 0/20 prompt tokens · disk cache off"  # the strip says so (issue 29, item 1)
+    assert "·" not in status_texts({"prompt_tokens": 5, "cache_error": "entry rejected: bad shape"})["reused"]
     thought = status_texts({"ttft_s": 0.01, "reasoning_tokens": 40, "answer_tokens": 12, "ttfat_s": 1.25,
                             "reasoning_budget": 256})
     assert thought["thinking"] == "thinking 40 tok · answer 12 tok · TTFAT 1.2 s"

@@ -56,6 +56,8 @@ class ServerMetrics:
         self.client_cancelled = 0
         self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.generations = self.generations_with_cache = 0
+        self.disk_cache_off = 0  # 1 while the last generation said its disk prefix cache is off
+        self.disk_cache_off_answers = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.queue = Histogram(QUEUE_BUCKETS)
@@ -92,6 +94,9 @@ class ServerMetrics:
             self.queue.observe(m.queue_s)
             if m.completion_tokens > 1:
                 self.tpot.observe(m.tpot_s)
+            off = str(getattr(m, "cache_error", "") or "").startswith("disk cache off")
+            self.disk_cache_off = int(off)
+            self.disk_cache_off_answers += int(off)
 
     # -- exposition ----------------------------------------------------------------------------------
     def render(self, engine: Optional[Backend] = None) -> str:
@@ -121,6 +126,12 @@ class ServerMetrics:
             hits = self.generations_with_cache / self.generations if self.generations else 0.0
             _family(out, "hearth_prefix_cache_request_hit_ratio", "gauge",
                     "share of API generations that reused a cached prefix", [("", hits)])
+            _family(out, "hearth_prefix_cache_disk_off", "gauge",
+                    "1 while the disk prefix cache is off (cannot open, read or write; generation goes on without "
+                    "it and it is tried again), as the last API generation reported", [("", self.disk_cache_off)])
+            _family(out, "hearth_prefix_cache_disk_off_generations_total", "counter",
+                    "API generations that ran while the disk prefix cache was off",
+                    [("", self.disk_cache_off_answers)])
             for name, h, help_ in (("hearth_ttft_seconds", self.ttft, "time to first token (after queueing)"),
                                    ("hearth_tpot_seconds", self.tpot, "mean time per output token after the first"),
                                    ("hearth_queue_wait_seconds", self.queue, "time waiting for the engine")):

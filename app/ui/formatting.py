@@ -60,6 +60,8 @@ def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
     cached = int(metrics.get("cached_tokens", 0))
     src = metrics.get("cache_source", "none")
     reused = f"reused {cached}/{prompt} prompt tokens" + (f" ({src})" if cached and src != "none" else "")
+    if str(metrics.get("cache_error") or "").startswith("disk cache off"):
+        reused += " · disk cache off"  # the reason is in the label's tooltip (StatusStrip.show_answer)
     return {"ttft": f"TTFT {metrics.get('ttft_s', 0.0) * 1000:.0f} ms",
             "decode": f"decode {metrics.get('decode_tps', 0.0):.1f} tok/s",
             "reused": reused, "thinking": thinking_text(metrics)}

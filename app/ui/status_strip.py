@@ -86,7 +86,10 @@ class StatusStrip(QWidget):
         self.thinking.setToolTip(THINKING_TIP + (f"\nThinking time: {metrics['thinking_s']:.2f} s"
                                                  if metrics.get("thinking_s") else ""))
         self.reused.setText(texts["reused"])
-        self.reused.setToolTip("Prompt tokens restored from the prefix cache instead of being prefilled")
+        off = str(metrics.get("cache_error") or "")
+        self.reused.setToolTip("Prompt tokens restored from the prefix cache instead of being prefilled"
+                               + (f"\n{off[:1].upper()}{off[1:]}; answers go on without it, and it is tried again "
+                                  "later" if off.startswith("disk cache off") else ""))
         value, maximum, text = context_bar(breakdown, metrics, self.n_ctx)
         self.context.setRange(0, maximum)
         self.context.setValue(value)

@@ -167,7 +167,8 @@ class ReuseMixin:
             return "cold", ("window-only sliding-window cache (swa_full off): a reused prefix would not "
                             "equal a cold prefill")
         if metrics.get("cache_error"):
-            return "cold", f"prefix-cache entry rejected: {metrics['cache_error']}"
+            err = metrics["cache_error"]
+            return "cold", err if err.startswith("disk cache off") else f"prefix-cache entry rejected: {err}"
         if L - 1 < C and not self.turn_breaks:
             return "cold", f"prompt shorter than one chunk ({C} tokens) and not a repeat of the last prompt"
         return "cold", "no cached prefix of this prompt (live or on disk)"

@@ -139,7 +139,10 @@ class PrefixCache:
         st.prompt_tokens += len(tokens)
         L = len(tokens)
         cuts = [b for b in (rt.layout(tokens) if bounds is None else bounds) if b <= L - 1]
-        store = self._usable() if L - 1 >= self.min_tokens and cuts and cuts[-1] > live else None
+        usable = self._usable()
+        if usable is None and self._reopen is not None and self.off:  # every answer says so while it is off
+            metrics.setdefault("cache_error", f"disk cache off: {self.off}")
+        store = usable if L - 1 >= self.min_tokens and cuts and cuts[-1] > live else None
         if store is None:
             return self._count_live(live)
         keys = segment_keys(self.fp, tokens, cuts)
