@@ -247,3 +247,16 @@ def test_one_thread_policy(monkeypatch, cpus, foreground, background):
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
     assert default_threads() == foreground
     assert default_threads(background=True) == background
+
+
+def test_a_child_bug_logged_in_the_parent_shows_the_child_traceback():
+    """A soak's 500 logged only "ChildBug: ValueError: NULL pointer access": not where in the child."""
+    import traceback
+
+    from app.childhost.child import ChildBug
+
+    text = 'Traceback (most recent call last):\n  File "sampling.py", line 63, in row\nValueError: NULL pointer access\n'
+    bug = ChildBug(text)
+    assert str(bug) == "ValueError: NULL pointer access" and bug.child_traceback == text
+    if hasattr(bug, "add_note"):
+        assert 'File "sampling.py", line 63' in "".join(traceback.format_exception(bug))

@@ -53,6 +53,8 @@ class ChildBug(RuntimeError):
         lines = text.rstrip().splitlines()
         super().__init__(lines[-1] if lines else "unknown error")
         self.child_traceback = text
+        if hasattr(self, "add_note"):  # Python 3.11+: a logged traceback shows where in the child it happened
+            self.add_note("Raised in the child process:\n" + text.rstrip())
 
 
 class _ParentGone(BaseException):
