@@ -145,7 +145,9 @@ def test_no_tools_renders_exactly_as_before():
 def test_a_forced_call_gets_the_format_grammar(choice, forced):
     msgs = (ChatMessage("user", "Time in Paris?"),)
     rp = render(msgs, "transcript", tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
-    assert "get_weather" in rp.text and "Tool result:" in rp.stop  # "none" still shows the tools
+    assert "get_weather" in rp.text  # "none" still shows the tools
+    # a forced call's grammar decides where it ends: no stop string cuts it (a string holding "Tool result:")
+    assert rp.stop == (() if forced else ("\n\n", "\nUser:", "User:", "Tool result:"))
     expected = FORMATS["json"].grammar(TOOLS, choice, False) if forced else None
     assert rp.grammar == expected
     if choice is not None and choice.mode == "function":

@@ -41,7 +41,8 @@ class _Slot:
     need_bytes: int = 0
     leases: int = 0
     last_used: float = 0.0
-    keep_alive_s: Optional[float] = None  # the last request's keep_alive (None: the model's TTL)
+    keep_alive_s: Optional[float] = None  # the last lease's keep_alive (None: the model's TTL)
+    pinned: bool = False  # ``ModelPool.pin``: never unloaded while idle unless a lease's keep_alive says so
     error: Optional[HearthError] = None  # the last load's failure (None once it loads)
     error_stamp: Optional[tuple] = None  # the file as it was when a failure it caused was remembered
     loads: int = 0
@@ -50,18 +51,21 @@ class _Slot:
 
 class Lease:
     """A model held for one request: ``engine`` serves it; ``release()`` (or leaving the ``with`` block) gives
-    it back. Releasing twice is harmless."""
+    it back. Releasing twice is harmless. ``keep_alive_s``: the request's keep_alive (None: not given), which
+    sets how long the model stays idle after this lease (``ModelPool._ttl``)."""
 
-    def __init__(self, pool: "ModelPool", slot: _Slot) -> None:
+    def __init__(self, pool: "ModelPool", slot: _Slot, keep_alive_s: Optional[float] = None) -> None:
         self._pool, self._slot = pool, slot
         self.engine = slot.engine
         self.model_id = slot.key
+        self.keep_alive_s = keep_alive_s
         self._released = False
 
     def release(self) -> None:
+        """Give the model back (once); the idle time after it is this lease's keep_alive, else the default."""
         if not self._released:
             self._released = True
-            self._pool._release(self._slot)
+            self._pool._release(self._slot, self.keep_alive_s)
 
     def __enter__(self) -> "Lease":
         return self
@@ -167,11 +171,23 @@ class ModelPool:
             log.warning("loading model %s failed (tried again on the next request): %s", slot.key, exc)
 
     def _lease(self, slot: _Slot, keep_alive_s: Optional[float]) -> Lease:
+        # A request's keep_alive holds for its own lease only: one without it (None) is back on the model's
+        # default TTL, as Ollama treats a missing keep_alive (one keep_alive 0 used to unload the model after
+        # every later request). The last lease given back decides the idle time after it (``_release``).
         slot.leases += 1
         slot.last_used = self._clock()
-        if keep_alive_s is not None:
-            slot.keep_alive_s = keep_alive_s
-        return Lease(self, slot)
+        slot.keep_alive_s = keep_alive_s
+        return Lease(self, slot, keep_alive_s)
+
+    def pin(self, name: Optional[str]) -> str:
+        """Load ``name`` now and keep it loaded while idle until the budget needs its room (``hearth serve
+        --model``'s preload): its default TTL becomes "never"; a request's own keep_alive (0 included) still
+        holds for that request's lease. Returns the model id; raises as ``acquire``."""
+        lease = self.acquire(name)
+        with self._cond:
+            lease._slot.pinned = True
+        lease.release()
+        return lease.model_id
 
     def _wait(self, deadline: float, why: str) -> None:
         left = deadline - self._clock()
@@ -233,10 +249,11 @@ class ModelPool:
                     slot.need_bytes = 0
                     raise
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: _Slot, keep_alive_s: Optional[float] = None) -> None:
         with self._cond:
             slot.leases -= 1
             slot.last_used = self._clock()
+            slot.keep_alive_s = keep_alive_s
             self._cond.notify_all()
             close = slot.leases == 0 and slot.state == "loaded" and self._ttl(slot) == 0
             engine = slot.engine
@@ -247,8 +264,11 @@ class ModelPool:
 
     # -- time to live ---------------------------------------------------------------------------------
     def _ttl(self, slot: _Slot) -> Optional[float]:
-        """Idle seconds before ``slot`` unloads; None: never."""
+        """Idle seconds before ``slot`` unloads (the last lease's keep_alive, else never for a pinned model, else
+        its own TTL, else the pool's); None: never."""
         ttl = slot.keep_alive_s
+        if ttl is None and slot.pinned:
+            return None
         if ttl is None:
             ttl = self._ttl_for(slot.key)
         if ttl is None:

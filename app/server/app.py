@@ -231,7 +231,7 @@ def _generation_routes(app: FastAPI, st: State) -> None:
 def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     def answer(req: Request, err: ApiError) -> JSONResponse:
         metrics.error(err.type, err.code)
-        return err.response(shape_for(req.url.path))
+        return err.response(shape_for(req.url.path, req.headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -95,13 +95,14 @@ class AnswerMismatch(HearthError):
     """A whole answer breaks its ``response_format`` schema where the grammar could not enforce it (a bound, a
     ``multipleOf``...): 422 naming ``param`` and the ``problem`` (``structured.check_answer``)."""
 
-    def __init__(self, problem: str, param: str = "response_format") -> None:
-        super().__init__(f"the model's answer does not match the {param} schema: {problem}. The grammar cannot "
-                         "enforce this keyword while decoding; retry (another seed or temperature) or loosen it")
-        self.problem, self.param = problem, param
+    def __init__(self, problem: str, param: str = "response_format", advice: str | None = None) -> None:
+        advice = advice or ("The grammar cannot enforce this keyword while decoding; retry (another seed or "
+                            "temperature) or loosen it")
+        super().__init__(f"the model's answer does not match the {param} schema: {problem}. {advice}")
+        self.problem, self.param, self.advice = problem, param, advice
 
     def __reduce__(self):
-        return (self.__class__, (self.problem, self.param))
+        return (self.__class__, (self.problem, self.param, self.advice))
 
 
 class InvalidJson(HearthError):
@@ -147,12 +148,17 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
 ANTHROPIC_PATHS = ("/v1/messages",)
 
 
-def shape_for(path: str) -> str:
-    """The error shape a request path answers: "anthropic" for the Messages API, "ollama" for Ollama's
+def shape_for(path: str, headers: Mapping[str, str] | None = None) -> str:
+    """The error shape a request path answers: "anthropic" for the Messages API, and for ``/v1/models`` when
+    the request carries an ``anthropic-version`` header (``headers``: the request's, case-insensitive as
+    Starlette's are; the listing answers in Anthropic's shape then, so do its errors), "ollama" for Ollama's
     ``/api/*``, else "openai"."""
     if path.startswith("/api/"):
         return "ollama"
-    return "anthropic" if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS) else "openai"
+    if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS):
+        return "anthropic"
+    models = path == "/v1/models" or path.startswith("/v1/models/")
+    return "anthropic" if models and headers is not None and "anthropic-version" in headers else "openai"
 
 
 def _retry(seconds: float) -> dict[str, str]:

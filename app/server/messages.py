@@ -369,6 +369,17 @@ def count_tokens(engine: Any, plan: Plan) -> int:
     return len(engine.tokenize(rendered.text, add_bos=rendered.add_bos, special=True))
 
 
+def chat_plan(chat: ChatCompletionRequest, model: str, options: Any) -> Plan:
+    """Blocking: ``convert.chat_plan`` of a Messages body's chat request, its errors naming the Messages API's
+    own fields (``stop`` is ``stop_sequences`` here). Raises ``InvalidRequest``."""
+    try:
+        return convert.chat_plan(chat, model, options)
+    except InvalidRequest as exc:
+        if exc.param != "stop":
+            raise
+        raise InvalidRequest(exc.message.replace("stop strings", "stop sequences"), param="stop_sequences") from None
+
+
 def routes(app: FastAPI, st: Any) -> None:
     """``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` on ``app`` (``st``: the app's ``State``)."""
 
@@ -378,7 +389,7 @@ def routes(app: FastAPI, st: Any) -> None:
         held = await st.hold(body)
 
         async def plan() -> Plan:
-            return await run_in_threadpool(convert.chat_plan, chat, held.model, st.options(held.model))
+            return await run_in_threadpool(chat_plan, chat, held.model, st.options(held.model))
         return await st.answer(held, plan, request, ANSWER)
 
     @app.post("/v1/messages/count_tokens")
@@ -387,7 +398,7 @@ def routes(app: FastAPI, st: Any) -> None:
         chat = await run_in_threadpool(chat_body, body)
         held = await st.hold(body)
         try:
-            plan = await run_in_threadpool(convert.chat_plan, chat, held.model, st.options(held.model))
+            plan = await run_in_threadpool(chat_plan, chat, held.model, st.options(held.model))
             return {"input_tokens": await run_in_threadpool(count_tokens, held.engine, plan)}
         finally:
             held.release()

@@ -61,7 +61,8 @@ class ModelCatalog:
                 remotes: Iterable[str] = ()) -> list[Entry]:
         """The models to list, the served one first: the loaded ``engine``'s (else the first of
         ``extra_paths``, the default model's file), then the registry's, the other ``extra_paths`` when they
-        live elsewhere, the remote engines ``remotes`` (path ``""``) and the served ``embedder``'s."""
+        live elsewhere, the remote engines ``remotes`` (path ``""``) and the served ``embedder``'s (its
+        ``model_path``; ``""`` for one without)."""
         try:
             found = list(self._entries())
         except Exception:  # noqa: BLE001 - a broken models folder must not break /v1/models
@@ -78,9 +79,10 @@ class ModelCatalog:
         if first is not None:  # clients pick the first model listed: the one an absent ``model`` means
             found.sort(key=lambda e: not _same(e[1], first))
         found += [(name, "", "chat") for name in remotes if not any(e[0] == name for e in found)]
-        if embedder is not None:
-            found = [e for e in found if e[0] != _stem(embedder.model_id)]
-            found.append((embedder.model_id, "", "embedding"))
+        if embedder is not None:  # its file (when it has one) gives its size, details and mtime like any model's
+            path = str(getattr(embedder, "model_path", "") or "")
+            found = [e for e in found if e[0] != _stem(embedder.model_id) and not _same(e[1], path)]
+            found.append((embedder.model_id, path, "embedding"))
         return found
 
     def listing(self, engine: Optional[Backend], embedder: Any, pool: Optional[dict[str, dict[str, Any]]] = None,

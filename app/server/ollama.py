@@ -115,10 +115,12 @@ def model_name(name: Optional[str]) -> Optional[str]:
 
 
 # -- mapping onto the chat machinery -------------------------------------------------------------------------
-def sampling(options: Optional[dict[str, Any]], n_ctx: Optional[int] = None) -> dict[str, Any]:
+def sampling(options: Optional[dict[str, Any]], n_ctx: Optional[int] = None,
+             trained: Callable[[], Optional[int]] = lambda: None) -> dict[str, Any]:
     """Ollama ``options`` as chat-completions fields. ``num_predict`` -1 / -2 (no limit / fill the context)
     means no ``max_tokens``; ``mirostat`` 0 (off) and a ``num_ctx`` within ``n_ctx`` (the loaded context, in
-    tokens; None: not checked yet) are accepted; every other option is refused, since it would be ignored.
+    tokens; None: not checked yet; ``trained()``: the model's trained context, for the hint) are accepted;
+    every other option is refused, since it would be ignored.
     Raises ``InvalidRequest`` naming ``options.<key>``."""
     out: dict[str, Any] = {}
     for key, value in (options or {}).items():
@@ -130,7 +132,7 @@ def sampling(options: Optional[dict[str, Any]], n_ctx: Optional[int] = None) -> 
         elif key == "mirostat" and value in (0, None):
             continue
         elif key == "num_ctx":
-            _check_num_ctx(value, n_ctx)
+            _check_num_ctx(value, n_ctx, trained)
         else:
             raise InvalidRequest(f"{at} is not supported by Hearth (per request it honours "
                                  f"{', '.join(SAMPLING)}, num_ctx and mirostat 0); load-time settings such as "
@@ -142,15 +144,17 @@ def sampling(options: Optional[dict[str, Any]], n_ctx: Optional[int] = None) -> 
     return out
 
 
-def _check_num_ctx(value: Any, n_ctx: Optional[int]) -> None:
+def _check_num_ctx(value: Any, n_ctx: Optional[int], trained: Callable[[], Optional[int]]) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidRequest(f"options.num_ctx must be a whole number of tokens >= 1, got {value!r:.40}",
                              param="options.num_ctx")
-    if n_ctx is not None and value > n_ctx:
+    if n_ctx is not None and value > n_ctx:  # the hint: at most the trained context (else LoadSettings' most)
+        top = min(trained() or 1 << 20, 1 << 20)
+        more = (f"load it with a larger context (`hearth serve --n-ctx {min(value, top)}`, or Settings)"
+                if top > n_ctx else f"use a model trained on a longer context than its {top} tokens")
         raise InvalidRequest(f"options.num_ctx {value} is larger than the model's loaded context of {n_ctx} tokens; "
-                             "Hearth does not reload a model per request: send num_ctx <= "
-                             f"{n_ctx}, or load it with a larger context (`hearth serve --n-ctx {value}`, or "
-                             "Settings)", param="options.num_ctx")
+                             f"Hearth does not reload a model per request: send num_ctx <= {n_ctx}, or {more}",
+                             param="options.num_ctx")
 
 
 def response_format(value: Any) -> Optional[dict[str, Any]]:
@@ -445,12 +449,13 @@ class Models:
         return [(m, path, st.catalog.info(path) if path else None) for m, path in rows]
 
     def find(self, name: Optional[str]) -> tuple[dict[str, Any], str, Any]:
-        """Blocking: the row ``name`` names (id or file name, ``:latest`` allowed); ``ModelNotFound``."""
+        """Blocking: the row ``name`` names (id or file name, ``:latest`` allowed; none: the default chat model,
+        the first chat model listed); ``ModelNotFound``."""
         rows = self.rows()
         want = model_name(name)
-        for row in rows:
-            if want in (row[0]["id"], row[0]["hearth"].get("file")):
-                return row
+        for m, path, info in rows:
+            if want in (m["id"], m["hearth"].get("file")) if want else m["hearth"]["kind"] == "chat":
+                return m, path, info
         raise ModelNotFound(name or "", [r[0]["id"] for r in rows])
 
     @staticmethod
@@ -581,7 +586,8 @@ async def _run(st: Any, req: Any, request: Request, answer: OllamaAnswer, option
     answer.load_s = time.perf_counter() - t
 
     async def plan() -> Plan:
-        sampling(options, held.engine.settings.n_ctx)  # num_ctx against the loaded context
+        path = str(getattr(held.engine, "model_path", ""))  # num_ctx against the loaded (and trained) context
+        sampling(options, held.engine.settings.n_ctx, lambda: getattr(st.catalog.info(path), "context_length", None))
         return make(req, held.model, st.options(held.model))
     out = await st.answer(held, plan, request, answer)
     if isinstance(out, StreamingResponse):

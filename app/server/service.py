@@ -264,9 +264,16 @@ async def _check_citations(plan: Plan, choice: fmt.Choice) -> None:
 
 def _check_answer(plan: Plan, choice: fmt.Choice) -> None:
     """A 422 for an answer that breaks its ``response_format`` schema where the grammar could not enforce it
-    (``structured.check_answer``; a stream has sent the text already, so the 422 goes in-band). A call, or a
-    failed one (``hearth.tool_call_error`` says why), is not an answer in the format."""
-    if plan.answer_format is not None and not (choice.tools and (choice.tools.calls or choice.tools.errors)):
+    (``structured.check_answer``), or that one of the request's own ``stop`` strings cut before its JSON was
+    complete under a ``response_format`` grammar (``structured.check_cut``; a cut by ``max_tokens`` goes back as
+    it is, its finish_reason "length" says why). A stream has sent the text already, so the 422 goes in-band. A
+    call, or a failed one (``hearth.tool_call_error`` says why), is not an answer in the format."""
+    if choice.tools and (choice.tools.calls or choice.tools.errors):
+        return
+    dec = plan.requests[0].decoding if plan.requests else None
+    if dec is not None and dec.grammar and dec.stop:
+        structured.check_cut(choice.text, choice.finish_reason, choice.done.info.get("stop_sequence"), dec.stop)
+    if plan.answer_format is not None:
         structured.check_answer(choice.text, choice.finish_reason, plan.answer_format)
 
 

@@ -9,6 +9,7 @@ The reasoning: docs/server.md, 'app/server/structured.py'.
 from __future__ import annotations
 
 import json
+from typing import Optional, Sequence
 
 from app.engine.structured.schema_check import (
     ENFORCED_FORMATS,
@@ -29,7 +30,7 @@ from app.server.errors import AnswerMismatch
 from app.server.openai_schema import ResponseFormat
 
 # The gates' names stay importable from here, where they were first defined.
-__all__ = ["grammar_for", "answer_problem", "checked_format", "check_answer",
+__all__ = ["grammar_for", "answer_problem", "checked_format", "check_answer", "check_cut",
            "check_schema", "unenforceable", "UNENFORCED", "ENFORCED_FORMATS",
            "MAX_SCHEMA_CHARS", "MAX_SCHEMA_DEPTH", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING", "PARAM", "_nesting"]
 
@@ -96,3 +97,22 @@ def check_answer(text: str, finish_reason: str, fmt: ResponseFormat | None) -> N
     problem = answer_problem(text, fmt)
     if problem is not None:
         raise AnswerMismatch(problem, PARAM)
+
+
+CUT_ADVICE = ("A stop sequence applies inside the JSON too, as OpenAI's does; remove it, or choose one the answer "
+              "cannot contain")
+
+
+def check_cut(text: str, finish_reason: str, matched: Optional[str], stops: Sequence[str]) -> None:
+    """Raise ``AnswerMismatch`` (a 422 naming ``response_format``) when one of the request's own ``stops`` (the
+    engine's ``matched``, ``Done.info["stop_sequence"]``) ended an answer decoded under a ``response_format``
+    grammar before its JSON was complete. The template's stop strings do not apply under a grammar
+    (``templates.render``), so only the client's can cut it; the answer would otherwise go back as invalid JSON
+    with finish_reason "stop", which claims a whole answer. An answer that is whole JSON up to the stop passes."""
+    if finish_reason != "stop" or matched is None or matched not in stops:
+        return
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise AnswerMismatch(f"the stop sequence {matched!r} ended it before its JSON was complete ({exc})", PARAM,
+                             CUT_ADVICE) from None

@@ -35,7 +35,7 @@ class RenderedPrompt:
     ``add_bos``: prepend the model's BOS token; ``stop``: extra stop strings this template needs;
     ``name``: the template used (reported in each answer's metadata); ``grammar``: GBNF the answer must follow
     (a forced tool call), None when free; ``tool_format``: the ``ToolFormat`` name whose calls the answer is
-    read for ("" when no tools were offered)."""
+    read for ("" when no tools were offered). ``stop`` is empty while a grammar binds the answer (``render``)."""
 
     text: str
     name: str
@@ -321,6 +321,12 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
     Hugging Face's ``continue_final_message`` do): the messages before it are rendered with the generation
     prompt and its content follows as written, so a client can start the answer, or the thinking, itself.
 
+    While a grammar binds the answer (``answer_grammar``, the ``response_format`` one, or the returned ``grammar``
+    of a forced call or of calls-or-format) the template's and the tool format's stop strings are dropped: they
+    would cut the JSON inside a string ("User: Bob", "Tool result:", a blank line) into invalid JSON; the grammar
+    decides where the answer ends (it allows the end of generation, the end-of-turn token, only once complete). A
+    request's own ``decoding.stop`` still applies (the engine adds it). Unbound answers keep them.
+
     Raises ``InvalidRequest`` for an unknown template name or a template that fails on these messages."""
     if len(messages) > 1 and messages[-1].role == "assistant" and not getattr(messages[-1], "tool_calls", ()):
         head = render(messages[:-1], name, chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
@@ -336,14 +342,17 @@ def render(messages: Sequence[Any], name: str, *, chat_template: str | None = No
                              param="template")
     if not _uses_tools(messages, tools):
         if fn is not None:
-            return fn(messages)
-        assert chat_template is not None  # "gguf" without one was refused above
-        return _gguf(messages, chat_template, bos_token, eos_token, template_vars)
-    fmt = tool_format(name, architecture, chat_template)
-    if fn is None:
-        assert chat_template is not None
-        rp = _gguf_tools(messages, chat_template, bos_token, eos_token, fmt, tools, template_vars)
+            rp = fn(messages)
+        else:
+            assert chat_template is not None  # "gguf" without one was refused above
+            rp = _gguf(messages, chat_template, bos_token, eos_token, template_vars)
     else:
-        rp = fn(_format_turns(messages, fmt, tools))
-    return _with_tool_decoding(rp, fmt, tools, tool_choice, parallel_tool_calls, answer_grammar)
+        fmt = tool_format(name, architecture, chat_template)
+        if fn is None:
+            assert chat_template is not None
+            rp = _gguf_tools(messages, chat_template, bos_token, eos_token, fmt, tools, template_vars)
+        else:
+            rp = fn(_format_turns(messages, fmt, tools))
+        rp = _with_tool_decoding(rp, fmt, tools, tool_choice, parallel_tool_calls, answer_grammar)
+    return replace(rp, stop=()) if rp.grammar or answer_grammar else rp
 
