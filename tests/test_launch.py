@@ -21,6 +21,12 @@ from app.cli import _agents, launch, main
 BUNDLED = "gemma-3-270m-q4_k_m"
 
 
+@pytest.fixture(autouse=True)
+def no_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test asks a real port (/v1/models, /api/ps): whatever listens on 8765 here is not the test's."""
+    monkeypatch.setattr(launch, "_get_json", lambda root, path, key: None)
+
+
 @pytest.fixture
 def no_port(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing answers on the port."""
@@ -86,6 +92,8 @@ def test_print_codex_gives_a_responses_provider_as_overrides(no_port, empty_path
 
 
 def test_print_opencode_writes_an_openai_compatible_provider(no_port, empty_path, capsys, hearth_home):
+    (hearth_home / "models").mkdir(exist_ok=True)
+    (hearth_home / "models" / "qwen2.5-coder.gguf").write_bytes(b"")  # installed: --model is checked
     out = printed(capsys, "--model", "qwen2.5-coder", "opencode", "--", "run", "hi")
     conf = hearth_home / "launch" / "opencode" / "opencode.json"
     assert f"export OPENCODE_CONFIG={conf}" in out and "OPENCODE_DISABLE_AUTOUPDATE=1" in out
@@ -104,7 +112,59 @@ def test_print_with_a_port_answering_uses_it_and_its_default_model(empty_path, m
     assert "--model openai/served-model" in out
 
 
+def test_print_with_a_port_whose_n_ctx_is_below_the_agents_minimum_warns(empty_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"})
+    monkeypatch.setattr(launch, "default_model", lambda root, key: "served-model")
+    monkeypatch.setattr(launch, "loaded_n_ctx", lambda root, key, model: 2048 if model == "served-model" else None)
+    assert main(["launch", "--print", "--n-ctx", "16384", "aider"]) == 0
+    out, err = capsys.readouterr()
+    for text in (out, err):  # in the plan, and said on stderr
+        assert "serves served-model with n_ctx 2048, below aider's minimum of 8192" in text
+        assert "--n-ctx 16384 is ignored: it applies only when `hearth launch` starts the port" in text
+    assert '"max_input_tokens": 2048' in out  # aider is told the context the port really has
+
+
+def test_a_port_found_with_a_small_n_ctx_is_used_with_a_warning(empty_path, monkeypatch, capsys):
+    fake_agent(empty_path, "aider")
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"})
+    monkeypatch.setattr(launch, "default_model", lambda root, key: "served-model")
+    monkeypatch.setattr(launch, "loaded_n_ctx", lambda root, key, model: 4096)
+    monkeypatch.setattr(launch, "spawn_serve", lambda *a: pytest.fail("started a server although one answered"))
+    assert main(["launch", "aider"]) == 0
+    err = capsys.readouterr().err
+    assert "n_ctx 4096, below aider's minimum of 8192" in err and "hearth serve --n-ctx 8192" in err
+    assert "is ignored" not in err  # no --n-ctx given
+
+
 # -- errors --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["--port", "99999"], "--port must be from 1 to 65535, got 99999"),
+    (["--port", "0"], "--port must be from 1 to 65535, got 0"),
+    (["--n-ctx", "10"], "--n-ctx must be from 16 to 1048576, got 10 (aider needs at least 8192)"),
+    (["--model", "nope"], "model 'nope' not found; available: gemma-3-270m-q4_k_m"),
+])
+def test_bad_options_are_one_error_line_before_anything(no_port, empty_path, monkeypatch, capsys, argv, words):
+    monkeypatch.setattr(launch, "spawn_serve", lambda *a: pytest.fail("started a server for bad options"))
+    for print_only in ([], ["--print"]):
+        assert main(["launch", *print_only, *argv, "aider"]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.strip().splitlines() == [f"hearth: error: {words}"]
+
+
+def test_a_model_the_answering_port_does_not_list_is_refused(empty_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "probe", lambda host, port: {"status": "ok"})
+    monkeypatch.setattr(launch, "port_models", lambda root, key: ["served-model"])
+    assert main(["launch", "--print", "--model", "nope", "aider"]) == 1
+    assert "model 'nope' not found; available: served-model" in capsys.readouterr().err
+    assert main(["launch", "--print", "--model", "served-model", "aider"]) == 0
+
+
+def test_n_ctx_below_the_agents_minimum_is_a_warning_naming_it(no_port, empty_path, capsys):
+    assert main(["launch", "--print", "--n-ctx", "4096", "aider"]) == 0
+    out, err = capsys.readouterr()
+    assert "--n-ctx 4096 is below aider's minimum of 8192" in err and "--n-ctx 4096" in out
+
+
 def test_unknown_agent_lists_the_known_ones(capsys):
     assert main(["launch", "vim"]) == 1
     err = capsys.readouterr().err
@@ -207,6 +267,26 @@ def test_a_serve_that_dies_is_reported_with_its_log_and_the_agent_never_runs(emp
     assert main(["launch", "aider"]) == 1
     assert "address already in use" in capsys.readouterr().err
     assert not (empty_path / "aider.json").exists()
+
+
+def test_a_failed_start_shows_this_runs_log_only(empty_path, monkeypatch, capsys, hearth_home):
+    fake_agent(empty_path, "aider")
+    monkeypatch.setattr(launch, "probe", lambda host, port: None)
+    old = hearth_home / "logs" / "launch-serve-8765.log"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text("hearth: serving every installed model on http://127.0.0.1:8765/v1\n"
+                   "hearth: error: model 'nope' not found\n")  # an earlier run's lines
+
+    def dead(cmd, key, log):
+        with open(log, "a") as f:  # as the real one writes: appending to the file it is given
+            f.write("hearth: error: port 8765 on 127.0.0.1 is in use\n")
+        return FakeServe(exit_at_once=1)
+
+    monkeypatch.setattr(launch, "spawn_serve", dead)
+    assert main(["launch", "aider"]) == 1
+    err = capsys.readouterr().err
+    assert "port 8765 on 127.0.0.1 is in use" in err and str(old) in err
+    assert "serving every installed model" not in err and "'nope'" not in err
 
 
 def test_ctrl_c_belongs_to_the_agent_and_the_started_port_is_still_stopped(empty_path, monkeypatch):

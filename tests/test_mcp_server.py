@@ -21,7 +21,7 @@ from app.retrieval.ingest import Ingester
 from app.retrieval.store import DocumentStore
 from app.server import ServerThread, create_app
 from app.server.errors import DocumentsUnavailable
-from app.server.mcp_library import Library, WritesNotAllowed, cited_grammar, evidence_key
+from app.server.mcp_library import Library, WritesNotAllowed, cited_grammar, cited_sentences, evidence_key
 from app.server.mcp_server import build_server
 from app.server.source import Held
 from app.settings import ServerSettings
@@ -160,6 +160,27 @@ def test_require_citations_decodes_under_the_citation_grammar(corpus):
     assert eng.seen[1].decoding.grammar is None
 
 
+def test_the_citation_grammar_may_end_after_any_cited_sentence_and_must_after_a_few():
+    one, three = cited_grammar(["a1b2c3d4e5f6"], 1), cited_grammar(["a1b2c3d4e5f6"])
+    # the newline a base model ends its turn with is allowed once, after a whole citation; then only the end
+    assert one.startswith('root ::= sentence "\\n"?\n')
+    assert three.startswith('root ::= sentence (" " sentence (" " sentence)?)? "\\n"?\n')
+    assert cited_sentences(24) == 1 and cited_sentences(80) == 2 and cited_sentences(2048) == 3
+    with pytest.raises(ValueError):
+        cited_grammar(["a1b2c3d4e5f6"], 0)
+
+
+def test_require_citations_bounds_the_sentences_by_max_tokens_and_drops_the_ending_newline(corpus):
+    eng = FakeEngine(n_ctx=4096, reply=lambda req: citing_reply(req).split(" It costs")[0] + "\n")
+    try:
+        out = Library(lambda: corpus[0], engine=lambda: Held(eng, "fake")).ask(
+            "What is the code word?", k=1, max_tokens=48, require_citations=True)
+    finally:
+        eng.close()
+    assert eng.seen[0].decoding.grammar == cited_grammar(out["cited"], 1)
+    assert out["answer"] == f"The code word is PELICAN [E:{out['cited'][0]}]." and out["all_supported"] is True
+
+
 # -- through the SDK client ----------------------------------------------------------------------------------
 def run_client(server, body, **client_kw):
     async def main():
@@ -180,18 +201,27 @@ def test_tools_listed_with_schemas_and_read_only_hints(corpus):
 
 
 @pytest.mark.parametrize("tool,args,words", [
-    ("search_documents", {"query": "", "k": 3}, "query must be a non-empty string"),
+    ("search_documents", {"query": "", "k": 3}, "query must be a non-empty string, got ''"),
     ("search_documents", {"query": "code", "k": 99}, "k must be an integer from 1 to 20, got 99"),
-    ("search_documents", {"query": "code", "k": "many"}, "k"),
+    ("search_documents", {"query": "code", "k": "many"}, "k: Input should be a valid integer"),
     ("read_passage", {"evidence_id": "0123456789ab"}, "unknown evidence ID '0123456789ab'"),
     ("read_conversation", {"conversation_id": "nope"}, "no conversation with id 'nope'"),
-    ("ask", {"question": "code?"}, "no model"),
+    ("ask", {"question": "code?"}, "this server has no model"),
     ("ingest", {"path": "/tmp"}, "writes are off"),
 ])
 def test_bad_calls_are_tool_errors_naming_the_problem(corpus, tool, args, words):
     r = run_client(build_server(Library(lambda: corpus[0])), lambda c: c.call_tool(tool, args))
-    text = r.content[0].text
-    assert r.is_error and words in text and "Traceback" not in text
+    (block,) = r.content
+    # the bare message (docs/mcp.md): "Error executing tool <name>" is kept for unexpected failures
+    assert r.is_error and block.text.startswith(words) and "\n" not in block.text
+    assert "Error executing tool" not in block.text and "Traceback" not in block.text
+
+
+def test_an_unexpected_failure_is_named_by_the_tool_alone(corpus):
+    def broken():
+        raise RuntimeError("secret internals")
+    r = run_client(build_server(Library(broken)), lambda c: c.call_tool("search_documents", {"query": "code"}))
+    assert r.is_error and r.content[0].text == "Error executing tool search_documents"
 
 
 def confirm(action: str, content: dict | None = None):

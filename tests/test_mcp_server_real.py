@@ -6,6 +6,7 @@ happens: the client's context ends the child (stdin closed, then SIGTERM, SIGKIL
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from app.assistant import DocumentSource
 from app.retrieval.ingest import Ingester
 from app.retrieval.store import DocumentStore
 from app.server import ServerThread, create_app
+from app.server.mcp_library import cited_sentences
 from app.settings import ServerSettings
 
 pytestmark = pytest.mark.model
@@ -27,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-real-mcp"
 CODE = "The code word is PELICAN."
 QUESTION = "What is the code word?"
+CITED_MAX_TOKENS = 64  # room for one cited sentence (cited_sentences(64) == 1) and the end
 
 
 def check_answer(asked: dict, given_id: str) -> None:
@@ -47,15 +50,21 @@ async def search_read_ask(c) -> tuple[set, dict, dict, dict]:
     names = {t.name for t in (await c.list_tools()).tools}
     hit = (await c.call_tool("search_documents", {"query": "code word", "k": 3})).structured_content["hits"][0]
     read = await c.call_tool("read_passage", {"evidence_id": hit["evidence_id"], "neighbours": 1})
-    asked = (await c.call_tool("ask", {"question": QUESTION, "k": 2, "max_tokens": 24,
+    asked = (await c.call_tool("ask", {"question": QUESTION, "k": 2, "max_tokens": CITED_MAX_TOKENS,
                                        "require_citations": True})).structured_content
     return names, hit, read.structured_content, asked
 
 
 def check_cited(asked: dict, given_id: str) -> None:
     """``ask`` with ``require_citations``: the base model, held to the citation grammar, cites the passage it
-    was given after its first sentence, and the check finds that sentence supported."""
+    was given after its first sentence, and the check finds that sentence supported. The grammar lets it end
+    after a cited sentence (the newline it ends its turn with) and bounds the sentences, so it stops before
+    ``max_tokens`` with every citation whole (it used to run on to ``length``, the last citation cut)."""
     check_answer(asked, given_id)
+    assert asked["finish_reason"] == "stop", asked
+    whole = re.fullmatch(r"[^.\[\]\n]+\. \[E:[0-9a-f]{12}\]( [^.\[\]\n]+\. \[E:[0-9a-f]{12}\])*", asked["answer"])
+    assert whole, asked["answer"]
+    assert asked["answer"].count("[E:") == len(asked["citations"]) <= cited_sentences(CITED_MAX_TOKENS)
     assert asked["cited"] == [given_id] and asked["answer"].lstrip().startswith(("PELICAN. [E:", "The code word"))
     first = asked["citations"][0]
     assert first["supported"] is True and first["support"]["missing"] == []

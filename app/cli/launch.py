@@ -1,12 +1,13 @@
 """``hearth launch AGENT [-- AGENT ARGS]``: run a coding agent (aider, Claude Code, Codex, opencode) against
 Hearth's port.
 
-The port is found first: whatever answers ``/health`` as Hearth on the configured host and port (a
-``hearth serve`` or ``hearth service``) is used as it is. Otherwise ``hearth serve`` is started in the
-background with an n_ctx the agent's system prompt fits in (``_agents.AGENTS``, ``--n-ctx`` overrides),
-and stopped when the agent exits. The agent's exit status is ``hearth launch``'s. ``--print`` shows the
-command, environment and config files and runs nothing. Per-agent wiring lives in ``app.cli._agents``; the
-table and the measured run: docs/launch.md.
+``--port``, ``--n-ctx`` and ``--model`` are checked before anything runs (one error line each). The port is
+found first: whatever answers ``/health`` as Hearth on the configured host and port (a ``hearth serve`` or
+``hearth service``) is used as it is, with a warning when its loaded n_ctx is below the agent's minimum.
+Otherwise ``hearth serve`` is started in the background with an n_ctx the agent's system prompt fits in
+(``_agents.AGENTS``, ``--n-ctx`` overrides), its log emptied first, and stopped when the agent exits. The
+agent's exit status is ``hearth launch``'s. ``--print`` shows the command, environment and config files and
+runs nothing. Per-agent wiring lives in ``app.cli._agents``; the table and the measured run: docs/launch.md.
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from app.cli import _agents
-from app.errors import HearthError
+from app.errors import HearthError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a cold start loads the model and may assemble the bundled one first
 STOP_TIMEOUT_S = 30.0  # closing the engine saves the prefix cache's last chunks to disk first
+N_CTX_RANGE = (16, 1 << 20)  # what the engine's LoadSettings accepts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``hearth launch`` to the CLI's subcommands."""
     p = sub.add_parser("launch", help="run a coding agent (aider, claude, codex, opencode) against Hearth's port",
                        description="Find Hearth's port (or start `hearth serve` until the agent exits) and run a "
                                    "coding agent pointed at it. Hearth's options go before AGENT, the "
@@ -59,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Resolve the agent and the port, then print the plan or run the agent; returns the agent's exit code."""
+    """Check the options, resolve the agent and the port, then print the plan or run the agent; returns the
+    agent's exit code."""
     from app.settings import load_user_settings
 
     agent = _agents.get(args.agent)
@@ -69,15 +73,58 @@ def run(args: argparse.Namespace) -> int:
     server = load_user_settings().server
     host, port = args.host or server.host, args.port if args.port is not None else server.port
     key = args.api_key or server.api_key or None
-    n_ctx = args.n_ctx or agent.min_n_ctx
+    check_port(port)
+    n_ctx = check_n_ctx(args.n_ctx, agent)
+    check_model(args.model, host, port, key)
     exe = find_executable(agent)
     if args.print_only:
-        return _print(agent, exe, host, port, key, n_ctx, args.model, rest)
+        return _print(agent, exe, host, port, key, n_ctx, args.model, rest, args.n_ctx)
     if exe is None:
         raise _not_installed(agent)
-    with port_for(host, port, key, n_ctx, args.model) as endpoint:
+    with port_for(host, port, key, n_ctx, args.model, agent=agent, n_ctx_flag=args.n_ctx) as endpoint:
         plan = agent.plan(endpoint, config_dir(agent), rest, exe)
         return run_plan(plan)
+
+
+# -- the options, checked before anything runs ---------------------------------------------------------------
+def check_port(port: int) -> None:
+    """Raises ``InvalidRequest`` unless ``port`` is a TCP port (1-65535)."""
+    if not 1 <= port <= 65535:
+        raise InvalidRequest(f"--port must be from 1 to 65535, got {port}", param="port")
+
+
+def check_n_ctx(n_ctx: int | None, agent: _agents.Agent) -> int:
+    """The n_ctx a port started here gets: ``n_ctx`` (``--n-ctx``), else the agent's minimum. Raises
+    ``InvalidRequest`` outside what the engine accepts; below the agent's minimum, a warning on stderr."""
+    if n_ctx is None:
+        return agent.min_n_ctx
+    low, high = N_CTX_RANGE
+    if not low <= n_ctx <= high:
+        raise InvalidRequest(f"--n-ctx must be from {low} to {high}, got {n_ctx} ({agent.name} needs at least "
+                             f"{agent.min_n_ctx})", param="n_ctx")
+    if n_ctx < agent.min_n_ctx:
+        print(f"hearth: warning: --n-ctx {n_ctx} is below {agent.name}'s minimum of {agent.min_n_ctx} "
+              "(docs/launch.md): its system prompt and tools may not fit, and its requests fail with "
+              "context_length_exceeded", file=sys.stderr)
+    return n_ctx
+
+
+def check_model(model: str | None, host: str, port: int, key: str | None) -> None:
+    """Raises ``ModelNotFound`` (listing the ids there are) unless ``model`` (``--model``) names a model: one
+    the port that answers lists, else (no port yet) an installed model or a model file, as ``hearth serve
+    --model`` resolves it. None (the default model) is not checked."""
+    from app import paths
+    from app.catalog.registry import BUNDLED_MODEL_ID, resolve_model
+    from app.errors import ModelNotFound
+
+    if not model or model in (BUNDLED_MODEL_ID, paths.BUNDLED_MODEL_FILENAME):
+        return
+    if probe(host, port) is None:
+        resolve_model(model)
+        return
+    listed = port_models(_root(host, port), key)
+    if listed is not None and _model_id(model) not in listed and model not in listed:
+        raise ModelNotFound(model, listed)
 
 
 # -- the agent's executable --------------------------------------------------------------------------------
@@ -122,16 +169,62 @@ def probe(host: str, port: int) -> dict | None:
     return probe_health(host, port)
 
 
-def default_model(root: str, key: str | None) -> str | None:
-    """The port's default model id (the first of ``/v1/models``), None when it cannot be asked."""
-    req = urllib.request.Request(f"{root}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+def _get_json(root: str, path: str, key: str | None) -> Any:
+    """``GET root+path`` as JSON (with the key), None when it cannot be asked."""
+    req = urllib.request.Request(f"{root}{path}", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - the loopback port
-            data = json.loads(r.read())["data"]
-    except (OSError, ValueError, KeyError, TypeError):
+            return json.loads(r.read())
+    except (OSError, ValueError):
         return None
-    ids = [m["id"] for m in data if isinstance(m, dict) and m.get("hearth", {}).get("kind", "chat") == "chat"]
+
+
+def port_models(root: str, key: str | None) -> list[str] | None:
+    """The chat model ids the port lists (``/v1/models``, the default first), None when it cannot be asked."""
+    try:
+        data = _get_json(root, "/v1/models", key)["data"]
+        return [m["id"] for m in data if isinstance(m, dict) and m.get("hearth", {}).get("kind", "chat") == "chat"]
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def default_model(root: str, key: str | None) -> str | None:
+    """The port's default model id (the first of ``/v1/models``), None when it cannot be asked."""
+    ids = port_models(root, key)
     return ids[0] if ids else None
+
+
+def loaded_n_ctx(root: str, key: str | None, model: str) -> int | None:
+    """The n_ctx ``model`` is loaded with on the port (``/api/ps``' ``context_length``, known for the port's
+    default model while it is loaded), None when not known."""
+    try:
+        for m in _get_json(root, "/api/ps", key)["models"]:
+            if model in (m.get("name"), m.get("model")) and isinstance(m.get("context_length"), int):
+                return m["context_length"]
+    except (KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def existing_port(root: str, key: str | None, model: str, agent: _agents.Agent,
+                  n_ctx_flag: int | None) -> tuple[int | None, list[str]]:
+    """What a port that already answers offers ``agent``: ``(its loaded n_ctx or None, notes for the
+    person)``; a note warns when that n_ctx is below the agent's minimum, and when ``--n-ctx`` was given
+    (it applies only to a port started here)."""
+    have, need = loaded_n_ctx(root, key, model), agent.min_n_ctx
+    if have is None:
+        notes = [f"using the port on {root} as it is; its n_ctx for {model} is not known until the model is "
+                 f"loaded ({agent.name} needs at least {need})"]
+    elif have < need:
+        notes = [f"warning: the port on {root} serves {model} with n_ctx {have}, below {agent.name}'s minimum "
+                 f"of {need}: its requests may fail with context_length_exceeded; restart that port with "
+                 f"`hearth serve --n-ctx {need}` (it is used as it is)"]
+    else:
+        notes = [f"using the port on {root} as it is ({model}: n_ctx {have}; {agent.name} needs at least {need})"]
+    if n_ctx_flag is not None:
+        notes.append(f"warning: --n-ctx {n_ctx_flag} is ignored: it applies only when `hearth launch` starts the "
+                     f"port, and the port on {root} keeps its own n_ctx")
+    return have, notes
 
 
 def _model_id(model: str | None) -> str:
@@ -193,18 +286,31 @@ def _wait_ready(proc: subprocess.Popen, host: str, port: int, log_path: Path) ->
         time.sleep(0.25)
 
 
+def serve_log(port: int) -> Path:
+    """The log of the ``hearth serve`` a launch starts on ``port`` (``logs/launch-serve-<port>.log``), emptied:
+    each run's log holds that run's lines only."""
+    from app import paths
+
+    path = paths.logs_dir() / f"launch-serve-{port}.log"
+    path.write_bytes(b"")
+    return path
+
+
 @contextmanager
-def port_for(host: str, port: int, key: str | None, n_ctx: int, model: str | None) -> Iterator[_agents.Endpoint]:
-    """The endpoint of the Hearth port on ``host:port``: the one that answers, else a ``hearth serve``
+def port_for(host: str, port: int, key: str | None, n_ctx: int, model: str | None,
+             agent: _agents.Agent | None = None, n_ctx_flag: int | None = None) -> Iterator[_agents.Endpoint]:
+    """The endpoint of the Hearth port on ``host:port``: the one that answers (with ``agent``, a warning when
+    its n_ctx is below the agent's minimum or ``n_ctx_flag`` would be ignored), else a ``hearth serve``
     started here with ``n_ctx`` and stopped when the block ends."""
     root = _root(host, port)
     if probe(host, port) is not None:
-        print(f"hearth: using the port on {root} (its own n_ctx; the agent needs about {n_ctx})", file=sys.stderr)
-        yield _agents.Endpoint(root, model and _model_id(model) or default_model(root, key) or _model_id(None), key)
+        mid = model and _model_id(model) or default_model(root, key) or _model_id(None)
+        have, notes = existing_port(root, key, mid, agent, n_ctx_flag) if agent else (None, [])
+        for note in notes:
+            print(f"hearth: {note}", file=sys.stderr)
+        yield _agents.Endpoint(root, mid, key, have)
         return
-    from app import paths
-
-    log_path = paths.logs_dir() / "launch-serve.log"
+    log_path = serve_log(port)
     print(f"hearth: starting `hearth serve` on {root} with n_ctx {n_ctx} (log: {log_path})", file=sys.stderr)
     proc = spawn_serve(serve_command(host, port, n_ctx, model), key, log_path)
     try:
@@ -245,17 +351,19 @@ def run_plan(plan: _agents.Plan) -> int:
 
 
 def _print(agent: _agents.Agent, exe: str | None, host: str, port: int, key: str | None, n_ctx: int,
-           model: str | None, rest: list[str]) -> int:
+           model: str | None, rest: list[str], n_ctx_flag: int | None = None) -> int:
     root = _root(host, port)
     found = probe(host, port) is not None
     mid = _model_id(model) if model or not found else (default_model(root, key) or _model_id(None))
-    endpoint = _agents.Endpoint(root, mid, key, None if found else n_ctx)
+    have, notes = existing_port(root, key, mid, agent, n_ctx_flag) if found else (None, [])
+    endpoint = _agents.Endpoint(root, mid, key, have if found else n_ctx)
     plan = agent.plan(endpoint, config_dir(agent), rest, exe)
     lines = [f"# agent: {agent.name} via {agent.api}; minimum n_ctx {agent.min_n_ctx}"]
     if exe is None:
         lines.append(f"# NOT INSTALLED; install with: {agent.install}")
     if found:
         lines.append(f"# port: {root} answers; used as it is")
+        lines += [f"# {note}" for note in notes]
     else:
         lines.append(f"# port: nothing answers on {root}; would start (and stop when the agent exits):")
         lines.append("#   " + shlex.join(serve_command(host, port, n_ctx, model)))
@@ -265,4 +373,7 @@ def _print(agent: _agents.Agent, exe: str | None, host: str, port: int, key: str
     lines += [f"export {k}={shlex.quote(v)}" for k, v in plan.env.items() if v is not None]
     lines.append(shlex.join(plan.argv))
     print("\n".join(lines))
+    for note in notes:
+        if note.startswith("warning:"):
+            print(f"hearth: {note}", file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ from app.cli._engine_args import add_load_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``hearth mcp`` to the CLI's subcommands."""
     p = sub.add_parser(
         "mcp", help="serve your documents and conversations to MCP clients (stdio)",
         description="Serve Hearth as an MCP server over stdin/stdout: tools search_documents, read_passage, "
@@ -30,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve the MCP tools over stdio until the client closes stdin; the index and the model are closed
+    afterwards. Returns 0."""
     from app.server.mcp_library import Library
     from app.server.mcp_server import build_server
 
@@ -53,6 +56,7 @@ class _Opened:
         self._engine: Any = None
 
     def documents(self) -> Any:
+        """The default collection's ``DocumentSource``, opened on first use."""
         with self._lock:
             if self._docs is None:
                 from app.assistant import DocumentSource
@@ -61,6 +65,7 @@ class _Opened:
             return self._docs
 
     def hold(self) -> Any:
+        """The chat model (``--model`` and the engine flags), loaded on first use, as a ``Held``."""
         from app.server.source import Held
 
         with self._lock:
@@ -74,6 +79,7 @@ class _Opened:
         return Held(eng, loaded_id(eng))
 
     def close(self) -> None:
+        """Close whatever was opened."""
         with self._lock:
             if self._engine is not None:
                 self._engine.close()

@@ -24,6 +24,8 @@ MAX_RESULTS = 50  # conversation search hits per call
 MAX_NEIGHBOURS = 5  # passages read on each side of one passage
 MAX_ANSWER_TOKENS = 2048
 DEFAULT_ANSWER_TOKENS = 256
+MAX_CITED_SENTENCES = 3  # require_citations: an answer of 1-3 cited sentences
+TOKENS_PER_CITED_SENTENCE = 40
 _EVIDENCE = re.compile(r"\[?\s*(?:E:)?\s*([0-9a-fA-F]{12})\s*\]?")
 NO_DOCUMENTS = ("this server has no document index: start the port with `hearth serve --documents` (the "
                 "desktop app's port has one); `hearth mcp` opens the default collection")
@@ -139,8 +141,9 @@ class Library:
         (evidence IDs the answer cites, in order), ``citations`` (each checked: ``supported``, the citing
         sentence's span ``sentence_start`` / ``sentence_end`` in ``answer``, ``support``), ``all_supported``
         (false when nothing is cited), ``evidence`` (the passages given) and ``notice``.
-        ``require_citations``: decode under ``cited_grammar`` (every sentence ends with a citation of a given
-        passage) when passages were found, for models that do not cite on their own. Raises
+        ``require_citations``: decode under ``cited_grammar`` (1-3 sentences, ``cited_sentences(max_tokens)``,
+        each ending with a citation of a given passage) when passages were found, for models that do not cite
+        on their own. Raises
         ``InvalidRequest`` for bad arguments, ``DocumentsUnavailable``, and the engine's errors
         (``NoModelLoaded``, ``ContextLengthExceeded``, ...)."""
         text = _text(question, "question")
@@ -154,14 +157,15 @@ class Library:
             messages, grounding = ground(held.engine, docs, (ChatMessage("user", text),), k=k,
                                          max_tokens=max_tokens)
             ids = [e.evidence_id for e in grounding.evidence]
-            grammar = cited_grammar(ids) if require_citations and ids else None
+            grammar = cited_grammar(ids, cited_sentences(max_tokens)) if require_citations and ids else None
             done = held.engine.complete(GenerateRequest(
                 messages=messages, decoding=DecodingParams(temperature=0.0, max_tokens=max_tokens, grammar=grammar),
                 priority=Caller.PORT.priority))
         finally:
             held.release()
-        checked = grounding.checked_citations(done.text)
-        return {"answer": done.text, "model": held.model, "finish_reason": done.finish_reason,
+        answer = done.text.rstrip("\n") if grammar else done.text  # the newline that ended it
+        checked = grounding.checked_citations(answer)
+        return {"answer": answer, "model": held.model, "finish_reason": done.finish_reason,
                 "cited": list(dict.fromkeys(c["evidence_id"] for c in checked)), "citations": checked,
                 "all_supported": bool(checked) and all(c["supported"] for c in checked),
                 "evidence": given(grounding.evidence), "notice": grounding.notice}
@@ -204,15 +208,30 @@ class Library:
         return DocumentStore(self.documents().store.path)
 
 
-def cited_grammar(evidence_ids: list[str]) -> str:
-    """GBNF for an answer whose every sentence ends with a citation: ``<sentence>. [E:<id>]``, sentences
-    joined by one space, ``<id>`` one of ``evidence_ids`` (12 hex digits each). A sentence holds no ``.``
-    (so no decimal point or abbreviation), no newline and no brackets; the marker after the period cites
-    that sentence (``app.retrieval.citecheck``'s reading)."""
+def cited_grammar(evidence_ids: list[str], max_sentences: int = MAX_CITED_SENTENCES) -> str:
+    """GBNF for an answer of 1 to ``max_sentences`` sentences, each ending with a citation: ``<sentence>.
+    [E:<id>]``, sentences joined by one space, ``<id>`` one of ``evidence_ids`` (12 hex digits each), then
+    optionally one newline, after which only the end of generation is allowed. So the answer may end after
+    any complete cited sentence (a base model ends its turn with a newline, which the grammar must allow),
+    and must end after ``max_sentences``: a small model never runs on to ``max_tokens`` with its last
+    citation cut. A sentence holds no ``.`` (so no decimal point or abbreviation), no newline and no
+    brackets; the marker after the period cites that sentence (``app.retrieval.citecheck``'s reading)."""
+    if max_sentences < 1:
+        raise ValueError(f"max_sentences must be at least 1, got {max_sentences}")
     ids = " | ".join(f'"{evidence_key(i)}"' for i in evidence_ids)
-    return ('root ::= sentence (" " sentence)*\n'
+    more = ""
+    for _ in range(max_sentences - 1):
+        more = f' (" " sentence{more})?'
+    return (f'root ::= sentence{more} "\\n"?\n'
             'sentence ::= [^.\\[\\]\\n]+ "." " [E:" id "]"\n'
             f"id ::= {ids}\n")
+
+
+def cited_sentences(max_tokens: int) -> int:
+    """How many cited sentences ``require_citations`` allows in ``max_tokens``: one per
+    ``TOKENS_PER_CITED_SENTENCE`` (a sentence and its ``[E:<12 hex digits>]``, ~15-40 tokens), 1 to
+    ``MAX_CITED_SENTENCES``."""
+    return max(1, min(MAX_CITED_SENTENCES, max_tokens // TOKENS_PER_CITED_SENTENCE))
 
 
 def _default_conversations() -> Any:

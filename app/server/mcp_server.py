@@ -9,6 +9,7 @@ strings. The reasoning: docs/mcp.md, 'Hearth as an MCP server'.
 
 import asyncio
 import functools
+import logging
 from typing import Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, Field
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 from app.errors import HearthError
 from app.server.mcp_library import DEFAULT_ANSWER_TOKENS, MAX_ANSWER_TOKENS, MAX_K, Library
 
+log = logging.getLogger(__name__)
 PATH = "/mcp"
 INSTRUCTIONS = ("Hearth's local documents and conversations. search_documents finds passages (cite them by "
                 "evidence ID), read_passage reads one with its neighbours, ask answers from the documents with "
@@ -35,10 +37,10 @@ def build_server(library: Library, name: str = "hearth") -> Any:
     """The ``MCPServer`` offering ``library`` as tools: ``search_documents``, ``read_passage``,
     ``list_documents``, ``search_conversations``, ``read_conversation``, ``ask`` (all read-only) and
     ``ingest`` (refused unless ``library.allow_writes``, and then only after the person confirms through
-    the client). A ``HearthError`` from the library becomes a tool error carrying its message."""
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer(name, title="Hearth", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING")
+    the client). A ``HearthError`` from the library becomes a tool error carrying its message alone (bad
+    input: ``bare_error``); only an unexpected failure reads ``Error executing tool <name>``."""
+    server = _server_class()(name, title="Hearth", instructions=INSTRUCTIONS, version=_version(),
+                             log_level="WARNING")
     _document_tools(server, library)
     _conversation_tools(server, library)
     _ask_tool(server, library)
@@ -56,6 +58,48 @@ async def call(fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args))
     except HearthError as exc:
         raise ToolError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _server_class() -> type:
+    """The SDK's ``MCPServer`` with ``call_tool`` answering anticipated failures bare (``bare_error``)."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import CallToolResult, TextContent
+
+    class HearthMCPServer(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            """The SDK's ``call_tool``; an anticipated failure is an ``isError`` result with its bare message."""
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                text = bare_error(exc)
+                if text is None:
+                    raise
+                log.info("Tool %r refused: %r", name, text)
+                return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+    return HearthMCPServer
+
+
+def bare_error(exc: BaseException) -> Optional[str]:
+    """The message an anticipated tool failure is answered with, None for anything else. The SDK (2.3) wraps
+    every failure of a tool as ``ToolError("Error executing tool <name>: <message>")`` from the original;
+    docs/mcp.md keeps that prefix for unexpected failures (``UnexpectedToolError``: the message withheld).
+    Bad input, a refusal (a ``ToolError`` raised here or by a resolver) or arguments that fail the input
+    schema (a pydantic ``ValidationError``, given as ``<argument>: <problem>`` per error) come back bare."""
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ToolError) or isinstance(exc, UnexpectedToolError):
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                         for e in cause.errors())
+    if isinstance(cause, ToolError) and not isinstance(cause, UnexpectedToolError):
+        return str(cause)
+    return None
 
 
 def _tool(server: Any, **annotations: Any) -> Callable:
@@ -224,6 +268,7 @@ def mount(app: Any, st: Any, *, allow_writes: bool = False) -> None:
     from starlette.routing import Route
 
     def library() -> Library:
+        """The port's documents, its default model and the data folder's conversations."""
         return Library(lambda: st.documents.provider, engine=lambda: st.source.acquire(None, None, st.embedder),
                        allow_writes=allow_writes)
 
