@@ -255,7 +255,8 @@ def test_a_child_bug_logged_in_the_parent_shows_the_child_traceback():
 
     from app.childhost.child import ChildBug
 
-    text = 'Traceback (most recent call last):\n  File "sampling.py", line 63, in row\nValueError: NULL pointer access\n'
+    text = ('Traceback (most recent call last):\n  File "sampling.py", line 63, in row\n'
+            "ValueError: NULL pointer access\n")
     bug = ChildBug(text)
     assert str(bug) == "ValueError: NULL pointer access" and bug.child_traceback == text
     if hasattr(bug, "add_note"):
