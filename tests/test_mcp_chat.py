@@ -61,7 +61,7 @@ def test_the_question_shows_server_tool_and_arguments_and_reads_the_answer(typed
 def test_without_a_terminal_a_call_is_refused_unless_yes_tools() -> None:
     out = io.StringIO()
     never = lambda: pytest.fail("asked without a terminal")  # noqa: E731
-    assert TerminalPermission(False, read=never, out=out)(request()) is Permission.DENY
+    assert TerminalPermission(False, read=never, out=out)(request()) is Permission.NOBODY  # not asked: not "denied"
     assert "refused" in out.getvalue() and "--yes-tools" in out.getvalue()
     assert TerminalPermission(False, yes=True, read=never, out=out)(request()) is Permission.ONCE
     assert TerminalPermission(True, yes=True, read=never, out=out)(request()) is Permission.ONCE
@@ -118,7 +118,9 @@ def test_message_without_a_terminal_refuses_the_call_and_the_model_is_told(fake,
     write_mcp(hearth_home)
     assert chat("--message", "What is 2 + 3?") == 0
     out, err = capsys.readouterr()
-    assert "did not allow" in out and "refused: nobody to ask" in err
+    assert "was not allowed" in out and "nobody was there" in out and "refused: nobody to ask" in err
+    # nobody was asked: not "You denied" (before: "(You denied the call of 'add'.)")
+    assert "You denied" not in err and "(Not run: nobody was there to allow 'add'.)" in err
     assert {t.name for t in fake.seen[0].tools} >= {"t__add", "t__echo"}
 
 
@@ -149,6 +151,48 @@ def test_interactive_always_is_saved_to_mcp_json_and_not_asked_again(fake, heart
     assert out.count("Done. 5") == 2
     assert err.count("allow? [y]es once") == 1  # the second turn's call ran without asking
     assert load_config(hearth_home / "mcp.json").server("t").always_allow == {"add"}
+
+
+def test_interactive_always_is_not_asked_again_in_the_same_turn(fake, hearth_home, capsys, monkeypatch) -> None:
+    def twice(req: GenerateRequest) -> str:
+        start = max(i for i, m in enumerate(req.messages) if m.role == "user")
+        if req.tools and sum(1 for m in req.messages[start:] if m.tool_calls) < 2:
+            return ADD
+        return f"Done. {req.messages[-1].content}"
+
+    fake.runtime.reply = twice
+    write_mcp(hearth_home)
+    monkeypatch.setattr(sys, "stdin", Tty("What is 2 + 3?\na\n/quit\n"))
+    assert chat() == 0
+    out, err = capsys.readouterr()
+    assert "Done. 5" in out
+    assert err.count("allow? [y]es once") == 1 and err.count("[ok · 1 bytes") == 2  # the 2nd call: not asked
+
+
+def forced_only(req: GenerateRequest) -> str:
+    """The bundled base model's way: a call whenever tool_choice forces one, else an answer."""
+    if req.tools and req.choice.forces_call:
+        return ADD
+    last = req.messages[-1]
+    return f"Done. {last.content}" if last.role == "tool" else "Done."
+
+
+def test_tool_choice_required_forces_the_first_call_then_the_model_answers(fake, hearth_home, capsys) -> None:
+    # Before: every step but the last was forced (5 calls), and the last step's answer copied the calls.
+    fake.runtime.reply = forced_only
+    write_mcp(hearth_home)
+    assert chat("--message", "What is 2 + 3?", "--tool-choice", "required", "--yes-tools") == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "Done. 5" and err.count("allowed by --yes-tools") == 1
+    assert [r.choice.mode for r in fake.seen] == ["required", "none"]
+
+
+def test_tool_choice_with_no_mcp_is_refused_in_one_line(fake, hearth_home, capsys) -> None:
+    write_mcp(hearth_home)
+    assert chat("--message", "hi", "--no-mcp", "--tool-choice", "required") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "hearth: error: --tool-choice needs MCP tools; drop --no-mcp"
+    assert not fake.seen
 
 
 def test_no_mcp_offers_no_tools(fake, hearth_home, capsys) -> None:
@@ -196,3 +240,21 @@ def test_hearth_chat_with_the_bundled_model_forced_runs_the_tool(tmp_path: Path,
     assert "[ok · " in p.stderr or "[error · " in p.stderr  # the tool ran (a wrong argument is the tool's error)
     assert "Traceback" not in p.stderr
     assert isinstance(json.loads(p.stdout)["text"], str)
+
+
+@pytest.mark.model
+def test_hearth_chat_required_calls_once_then_answers_from_the_result(tmp_path: Path, bundled_model: Path) -> None:
+    # Before: with the default step limit the model called the tool on every step but the last (5 times), and
+    # the last step's answer was the call pattern as text (" Tool call: {...}").
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / bundled_model.name).symlink_to(bundled_model)
+    write_mcp(home, alwaysAllow=["add"], disabledTools=["echo", "crash", "slow", "grow", "big", "fail", "header"])
+    p = subprocess.run([sys.executable, "-m", "app.cli", "chat", "--message", "Add 2 and 3 with the add tool.",
+                        "--tool-choice", "required", "--temperature", "0", "--max-tokens", "48", "--n-ctx", "2048",
+                        "--json"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env={**os.environ, "HEARTH_HOME": str(home)})
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("[tool t › ") == 1, p.stderr
+    text = json.loads(p.stdout)["text"]
+    assert "Tool call" not in text and text.strip(), text

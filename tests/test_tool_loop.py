@@ -276,6 +276,76 @@ def test_a_forced_choice_asks_for_one_call_per_step(hub) -> None:
     assert box.options((), 1) == {}
 
 
+def forced_only(call: str, final: str = "Done."):
+    """A model like the bundled base one: it calls only when ``tool_choice`` forces it (every time it does),
+    else answers ``final`` and the last tool result."""
+
+    def reply(req: GenerateRequest) -> str:
+        if req.tools and req.choice.forces_call:
+            return call
+        last = req.messages[-1]
+        return f"{final} {last.content}" if last.role == "tool" else final
+
+    return reply
+
+
+def test_a_forced_choice_is_forced_until_the_first_results_then_the_model_answers(hub, memory_store) -> None:
+    # Before: every step but the last was forced; the model called 5 times and the last step copied the calls.
+    box = ToolBox(hub, Asker(), tool_choice=ToolChoice("required"))
+    with FakeEngine(reply=forced_only(call_text("t__add", a=2, b=3))) as eng:
+        _, events = run(eng, memory_store, box)
+        choices = [r.choice.mode for r in eng.seen]
+        _, again = run(eng, memory_store, box, "And again?")  # a new turn is forced again
+        choices_again = [r.choice.mode for r in eng.seen[len(choices):]]
+    assert choices == ["required", "none"] and choices_again == ["required", "none"]
+    assert len([e for e in events if isinstance(e, ToolResultShown)]) == 1
+    assert events[-1].result.text == "Done. 5" and again[-1].result.text == "Done. 5"
+
+
+def test_a_refused_call_is_not_forced_again(hub, memory_store) -> None:
+    asker = Asker(Permission.DENY)
+    box = ToolBox(hub, asker, tool_choice=ToolChoice("function", "t__echo"))
+    with FakeEngine(reply=forced_only(call_text("t__echo", text="x"), final="Without it:")) as eng:
+        _, events = run(eng, memory_store, box)
+        choices = [r.choice.mode for r in eng.seen]
+    assert choices == ["function", "none"] and len(asker.asked) == 1
+    assert events[-1].result.text.startswith("Without it: The person did not allow")
+
+
+def test_step_choice_forces_until_results_then_auto_beside_other_tools_else_none() -> None:
+    from app.assistant.tool_loop import step_choice
+
+    req, fn = ToolChoice("required"), ToolChoice("function", "t__add")
+    assert step_choice(req, 1, 6, results_in=False, other_tools=False) == req
+    assert step_choice(fn, 2, 6, results_in=False, other_tools=True) == fn
+    assert step_choice(req, 2, 6, results_in=True, other_tools=False) == ToolChoice("none")
+    assert step_choice(fn, 2, 6, results_in=True, other_tools=True) == ToolChoice("auto")
+    assert step_choice(None, 2, 6, results_in=True, other_tools=False) is None
+    assert step_choice(ToolChoice("auto"), 6, 6, results_in=False, other_tools=True) == ToolChoice("none")
+
+
+def test_always_counts_from_the_next_call_of_the_same_turn(hub, memory_store) -> None:
+    # Before: the turn's tools kept the old alwaysAllow, so the second call of the turn was asked again.
+    asker = Asker(Permission.ALWAYS)
+    with FakeEngine(reply=scripted(call_text("t__add", a=1, b=1), call_text("t__add", a=2, b=2),
+                                   final="=")) as eng:
+        _, events = run(eng, memory_store, ToolBox(hub, asker))
+    asked = [e for e in events if isinstance(e, ToolCallRequested)]
+    assert len(asker.asked) == 1 and [e.needs_permission for e in asked] == [True, False]
+    assert [e.text for e in events if isinstance(e, ToolResultShown)] == ["2", "4"]
+    assert load_config().server("t").always_allow == {"add"}
+
+
+def test_nobody_to_ask_is_not_said_to_be_a_denial(hub, memory_store) -> None:
+    from app.assistant import deny_all
+
+    with FakeEngine(reply=scripted(call_text("t__echo", text="secret"), final="Answer:")) as eng:
+        _, events = run(eng, memory_store, ToolBox(hub, deny_all))
+    shown = next(e for e in events if isinstance(e, ToolResultShown))
+    assert shown.outcome == "denied" and shown.notice == "Not run: nobody was there to allow 'echo'."
+    assert "nobody was there" in shown.text and "The person did not allow" not in shown.text
+
+
 def test_toolbox_refuses_bad_limits(hub) -> None:
     with pytest.raises(ValueError, match="max_steps"):
         ToolBox(hub, max_steps=0)

@@ -33,6 +33,7 @@ class Permission(str, enum.Enum):
     ONCE = "once"  # this call only
     ALWAYS = "always"  # this call and every later one of the tool (saved as ``alwaysAllow``)
     DENY = "deny"
+    NOBODY = "nobody"  # nobody could be asked (no terminal, ``--message``, the port): not run, as DENY
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,24 @@ PermissionFn = Callable[[ToolCallRequested], Permission]
 
 
 def deny_all(_request: ToolCallRequested) -> Permission:
-    """A permission callback for adapters with no one to ask: every call that needs asking is denied."""
-    return Permission.DENY
+    """A permission callback for adapters with no one to ask: every call that needs asking is refused
+    (``Permission.NOBODY``)."""
+    return Permission.NOBODY
+
+
+def step_choice(forced: ToolChoice | None, step: int, max_steps: int, *, results_in: bool,
+                other_tools: bool) -> ToolChoice | None:
+    """The ``tool_choice`` of ``step`` (1-based) of a tool loop whose caller asked for ``forced`` (None: "auto"):
+    "none" on the last step; a forcing choice ("required", a named function) only until the first results are
+    in (``results_in``: a call ran, or was refused, on an earlier step), so that a small model is not made to
+    repeat its call until the last step, which then copies the calls as text (the bundled 270M model did). After
+    the results the model answers from them: "auto" when tools of someone else's are offered too
+    (``other_tools``: the port's client may still want its own called), else "none"."""
+    if step >= max_steps:
+        return ToolChoice("none")
+    if forced is not None and forced.forces_call and results_in:
+        return ToolChoice("auto" if other_tools else "none")
+    return forced
 
 
 class ToolBox:
@@ -95,7 +112,8 @@ class ToolBox:
     servers are offered, read at the start of each turn); ``permission``: asked before each call of a tool not
     in ``alwaysAllow`` (runs on the turn's thread and may block); ``max_steps``: generations per turn (1 to
     32); ``call_timeout_s``: seconds one call may take; ``tool_choice``: for the steps before the last (None:
-    "auto"); ``config_path``: the mcp.json an ALWAYS answer is saved to (None: the data folder's)."""
+    "auto"; a forcing one only until the first results are in, ``step_choice``); ``config_path``: the mcp.json
+    an ALWAYS answer is saved to (None: the data folder's)."""
 
     def __init__(self, hub: Any, permission: PermissionFn = deny_all, *, max_steps: int = DEFAULT_MAX_STEPS,
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, tool_choice: ToolChoice | None = None,
@@ -108,6 +126,8 @@ class ToolBox:
         self.max_steps, self.call_timeout_s = int(max_steps), float(call_timeout_s)
         self.tool_choice, self.config_path = tool_choice, config_path
         self._tools: dict[str, Any] = {}
+        self._always: set[tuple[str, str]] = set()  # (server, tool) answered ALWAYS during this turn
+        self._results_in = False  # a call of this turn ran or was refused: a forced choice is not forced again
         self._cancel = threading.Event()
 
     # ---- per turn -----------------------------------------------------------------------------------------
@@ -115,7 +135,7 @@ class ToolBox:
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools to offer now: each enabled tool of a ready server whose schema the engine accepts (a tool
         it refuses is left out, with a warning in the log)."""
-        specs, self._tools = [], {}
+        specs, self._tools, self._always = [], {}, set()
         for t in self.hub.tools():
             try:
                 spec = parse_tools([t.openai_tool()])[0]
@@ -127,18 +147,21 @@ class ToolBox:
         return tuple(specs)
 
     def options(self, specs: tuple[ToolSpec, ...], step: int) -> dict[str, Any]:
-        """Generation options for ``step`` (1-based): the tools, and tool_choice "none" on the last step. A
-        forced choice asks for one call per step: with several allowed, the grammar lets a small model repeat
-        the call until ``max_tokens`` cuts the last one off (and a cut call passes none on)."""
+        """Generation options for ``step`` (1-based): the tools, and the step's tool_choice (``step_choice``:
+        "none" on the last step, a forced choice only until the first results are in). A forced choice asks
+        for one call per step: with several allowed, the grammar lets a small model repeat the call until
+        ``max_tokens`` cuts the last one off (and a cut call passes none on)."""
         if not specs:
             return {}
-        choice = ToolChoice("none") if step >= self.max_steps else self.tool_choice
+        choice = step_choice(self.tool_choice, step, self.max_steps, results_in=self._results_in,
+                             other_tools=any(s.name not in self._tools for s in specs))
         return {"tools": specs, "tool_choice": choice,
                 "parallel_tool_calls": not (choice is not None and choice.forces_call)}
 
     def reset(self) -> None:
-        """A new turn: forget a cancel of the previous one."""
+        """A new turn: forget a cancel and the results of the previous one."""
         self._cancel.clear()
+        self._results_in = False
 
     def cancel(self) -> None:
         """Stop the turn's tool use (any thread): a running call is abandoned (it ends on its own timeout)."""
@@ -165,6 +188,7 @@ class ToolBox:
             builder = session.builder
             shown = builder.cut_result(text, builder.tool_result_cap)
             note = shown[shown.rfind("\n") + 1:] if shown != text else None
+            self._results_in = True
             yield ToolResultShown(call, tip, text, meta["outcome"], meta["size_bytes"], meta.get("elapsed_s", 0.0),
                                   notice, note)
         return tip
@@ -174,24 +198,33 @@ class ToolBox:
         tool = self._tools.get(call.name)
         args = _arguments(call)
         yield ToolCallRequested(call, tool.server if tool else "", tool.name if tool else call.name, args,
-                                bool(tool) and not tool.always_allowed, step)
+                                bool(tool) and not self._always_allowed(tool), step)
         if tool is None:
             why = f"no tool named {call.name!r} is available now"
             return _failed(why), _meta("failed", why), f"The model called {call.name!r}, which is not available."
         if args is None:
             why = "the arguments are not a JSON object"
             return _failed(why), _meta("failed", why, tool), f"The call of {tool.name!r} had unreadable arguments."
-        if not tool.always_allowed and not self._allowed(tool, call, args, step):
+        answer = Permission.ONCE if self._always_allowed(tool) else self._ask(tool, call, args, step)
+        if answer is Permission.NOBODY:
+            return (f"This call of {tool.name!r} was not allowed: it needs a person's permission and nobody was "
+                    "there to give it. Do not call it again for this request; answer without it."), \
+                _meta("denied", None, tool), f"Not run: nobody was there to allow {tool.name!r}."
+        if answer is Permission.DENY:
             return (f"The person did not allow this call of {tool.name!r}. Do not call it again for this request; "
                     "answer without it."), _meta("denied", None, tool), f"You denied the call of {tool.name!r}."
         return self._invoke(tool, call, args)
 
-    def _allowed(self, tool: Any, call: ToolCall, args: dict, step: int) -> bool:
+    def _always_allowed(self, tool: Any) -> bool:
+        """In ``alwaysAllow`` when the turn began, or answered ALWAYS since (the turn's tools are not re-read)."""
+        return tool.always_allowed or (tool.server, tool.name) in self._always
+
+    def _ask(self, tool: Any, call: ToolCall, args: dict, step: int) -> Permission:
         answer = Permission(self.permission(ToolCallRequested(call, tool.server, tool.name, args, True, step)))
         self._check_cancel()
         if answer is Permission.ALWAYS:
             self._remember_always(tool)
-        return answer is not Permission.DENY
+        return answer
 
     def _invoke(self, tool: Any, call: ToolCall, args: dict) -> tuple[str, dict, str | None]:
         from app.mcp import ToolError
@@ -236,6 +269,7 @@ class ToolBox:
             log.warning("cannot save alwaysAllow for %s of %s: %s", tool.name, tool.server, exc)
             return
         self.hub.apply_config(cfg)
+        self._always.add((tool.server, tool.name))
 
     def _check_cancel(self) -> None:
         if self._cancel.is_set():

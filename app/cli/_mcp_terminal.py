@@ -74,8 +74,9 @@ def toolbox(hub: Any, permission: Callable[[ToolCallRequested], Permission], set
 
 class TerminalPermission:
     """The ``ToolBox`` permission callback of ``hearth chat``. ``interactive``: a person can answer (a TTY,
-    without ``--message``); otherwise each call that needs asking is refused, unless ``yes`` (``--yes-tools``)
-    allows it. ``read``: reads one answer line ("" at end of input); ``out``: where the question goes."""
+    without ``--message``); otherwise each call that needs asking is refused as asked of nobody
+    (``Permission.NOBODY``), unless ``yes`` (``--yes-tools``) allows it. ``read``: reads one answer line ("" at
+    end of input); ``out``: where the question goes."""
 
     def __init__(self, interactive: bool, yes: bool = False, read: Optional[Callable[[], str]] = None,
                  out: Optional[TextIO] = None) -> None:
@@ -92,7 +93,7 @@ class TerminalPermission:
         if not self.interactive:
             print(f"  [tool {req.server} › {req.tool}: refused: nobody to ask (no terminal, or --message); "
                   "--yes-tools allows calls, alwaysAllow in mcp.json allows a tool]", file=out)
-            return Permission.DENY
+            return Permission.NOBODY
         print(f"\n  The model wants to call {req.tool!r} of MCP server {req.server!r} with:\n    "
               f"{_shown_args(req)}", file=out)
         while True:

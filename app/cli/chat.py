@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allow every MCP tool call without asking (else each call of a tool not in alwaysAllow is "
                    "asked; with --message or without a terminal it is refused)")
     p.add_argument("--tool-choice", default=None, choices=("auto", "required"),
-                   help="with MCP tools: required makes the model call a tool on every step but the last "
-                   "(default auto: the model decides)")
+                   help="with MCP tools: required makes the model call a tool first, then answer from the "
+                   "result (default auto: the model decides)")
     add_load_args(p)
     add_decoding_args(p)
     p.set_defaults(func=run_terminal_chat)
@@ -67,6 +67,8 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         raise InvalidRequest("the message is empty", param="message")
     if args.conversation is not None and not args.conversation.strip():
         raise InvalidRequest("--conversation needs a conversation id (or a unique prefix)", param="conversation")
+    if args.tool_choice is not None and args.no_mcp:
+        raise InvalidRequest("--tool-choice needs MCP tools; drop --no-mcp", param="tool_choice")
     if args.docs:
         from app.assistant.evidence import check_k
 

@@ -73,17 +73,17 @@ def run(args: argparse.Namespace) -> int:
                        api_key=args.api_key or base.api_key,
                        cors_origins=args.cors_origin if args.cors_origin is not None else base.cors_origins,
                        max_queue=args.max_queue if args.max_queue is not None else base.max_queue)
-    if not is_loopback(settings.host):
-        if not args.expose:
-            print(f"hearth: error: refusing to bind {settings.host}: it is not a loopback address. Add "
-                  f"{EXPOSE_FLAG} if you mean it (and set --api-key).", file=sys.stderr)
-            return 2
-        print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
-              f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
+    if not is_loopback(settings.host) and not args.expose:
+        print(f"hearth: error: refusing to bind {settings.host}: it is not a loopback address. Add "
+              f"{EXPOSE_FLAG} if you mean it (and set --api-key).", file=sys.stderr)
+        return 2
     refused = mcp_refusal(getattr(args, "mcp_tools", False), settings.host, settings.api_key)
-    if refused:
+    if refused:  # before the warning: a command that will not serve warns about nothing
         print(f"hearth: error: {refused}", file=sys.stderr)
         return 2
+    if not is_loopback(settings.host):
+        print(f"hearth: WARNING: serving on {settings.host}:{settings.port}; other machines that can reach it "
+              f"can use this model{'' if settings.api_key else ' WITHOUT an API key'}.", file=sys.stderr)
     user = replace(user, load=load_settings(args, user))  # a bad load flag is one line before anything starts
     budget = _budget_bytes(args.models_budget_gb)
     _check_port_free(settings.host, settings.port)  # before a model loads: fail fast with one line

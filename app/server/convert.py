@@ -36,7 +36,8 @@ class Plan:
     ``consistency``: the ``hearth.self_consistency`` spec (``app.engine.policies.consistency.SelfConsistencySpec``):
     each request is then sampled ``consistency.n`` times and the vote's choice answers it; ``answer_format``:
     the ``response_format`` each whole answer is checked against after generation (``structured.check_answer``;
-    None: nothing the grammar leaves out to check, or the format waits for a forced call)."""
+    None: nothing the grammar leaves out to check, or the format waits for a forced call); ``mcp_format``: with
+    ``hearth.mcp_tools``, the format's grammar, which decodes the steps after a forced call (``mcp_tools``)."""
 
     kind: str  # "chat" | "text"
     model: str
@@ -50,6 +51,7 @@ class Plan:
     mcp_tools: bool = False  # hearth.mcp_tools: the port's MCP tools are offered and run (Service, mcp_tools)
     mcp_choice: Any = None  # with mcp_tools and no tools of the client's: its tool_choice, checked by mcp_tools
     answer_format: Any = None
+    mcp_format: Optional[str] = None  # with mcp_tools: the response_format grammar, for the steps not forced
 
 
 def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:
@@ -65,8 +67,9 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
     tools = parse_tools(body.tools)
     mcp = bool(body.hearth is not None and body.hearth.mcp_tools)
     mcp_choice = body.tool_choice if mcp and not tools else None  # checked against the MCP tools (mcp_tools)
+    fmt_grammar = grammar_for(body.response_format)
     choice, grammar = tools_with_format(messages, parse_tool_choice(None if mcp_choice else body.tool_choice, tools),
-                                        grammar_for(body.response_format))
+                                        fmt_grammar)
     dec = _decoding(body, max_tokens, grammar)
     check_tool_grammars(tools, ToolChoice("required") if grammar and choice.mode == "auto" and tools else choice)
     parallel = body.parallel_tool_calls if body.parallel_tool_calls is not None else True
@@ -74,8 +77,8 @@ def chat_plan(body: ChatCompletionRequest, model: str, options: Optional[PortOpt
                     tool_choice=choice, parallel_tool_calls=parallel).validate()
     sc = reasoning.self_consistency(body, options, base, logprobs=lp is not None, tools=bool(tools))
     return Plan("chat", model, _choices(base, body.n), (0,) * body.n, body.stream, _include_usage(body), lp,
-                consistency=sc, mcp_tools=mcp, mcp_choice=mcp_choice,
-                answer_format=checked_format(body.response_format) if grammar else None)
+                consistency=sc, mcp_tools=mcp, mcp_choice=mcp_choice, mcp_format=fmt_grammar if mcp else None,
+                answer_format=checked_format(body.response_format) if grammar or (mcp and fmt_grammar) else None)
 
 
 def completion_plan(body: CompletionRequest, model: str, options: Optional[PortOptions] = None) -> Plan:

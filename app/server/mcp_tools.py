@@ -4,8 +4,10 @@ request that asks with ``"hearth": {"mcp_tools": true}``.
 The calls go through ``app.assistant.ToolBox``, the tool loop the window and ``hearth chat`` use, with
 ``deny_all`` as its permission: nobody is at the port to ask, so only tools in ``alwaysAllow`` run and any
 other call is answered to the model as not allowed. A request carries its own history, so each result
-becomes a ``tool`` message of the next step's request instead of a stored message (``_Results``). Every call
-is logged (server, tool, argument bytes, outcome, seconds) and counted for /metrics.
+becomes a ``tool`` message of the next step's request instead of a stored message (``_Results``). A forced
+``tool_choice`` forces the first step's call only (``ToolBox.options``), and a ``response_format`` grammar
+decodes every step that is not forced (``_PortBox``), so that the answer after the results is in the format.
+Every call is logged (server, tool, argument bytes, outcome, seconds) and counted for /metrics.
 docs/tools.md, 'MCP in the terminal and on the port'.
 """
 
@@ -22,7 +24,7 @@ from app.assistant import ToolBox, ToolCallRequested, ToolResultShown, deny_all
 from app.assistant.tool_loop import DEFAULT_CALL_TIMEOUT_S, DEFAULT_MAX_STEPS
 from app.engine.chat.tools import check_tool_grammars, parse_tool_choice
 from app.errors import InvalidRequest
-from app.protocol.tools import ToolCall
+from app.protocol.tools import ToolCall, ToolSpec
 from app.protocol.types import ChatMessage, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -48,12 +50,16 @@ class PortTools:
         if plan.consistency is not None:
             raise InvalidRequest("hearth.mcp_tools cannot be combined with hearth.self_consistency", param=_PARAM)
 
-    def toolbox(self, req: GenerateRequest, raw_choice: Any = None) -> tuple[ToolBox, GenerateRequest]:
+    def toolbox(self, req: GenerateRequest, raw_choice: Any = None,
+                answer_grammar: Optional[str] = None) -> tuple["_PortBox", GenerateRequest]:
         """A ``ToolBox`` for one request's steps and ``req`` with the MCP tools added to the client's own. The
         request's ``tool_choice`` (or ``raw_choice``, the client's when it sent no tools of its own, checked
-        here against the MCP tools) forces the steps before the last. ``InvalidRequest`` when a name is taken
-        twice or the choice does not fit the tools."""
-        box = ToolBox(self.hub, deny_all, max_steps=self.max_steps, call_timeout_s=self.call_timeout_s)
+        here against the MCP tools) applies to the steps before the last, a forcing one until the first results
+        are in; ``answer_grammar`` (the ``response_format``'s, default the request's grammar) decodes the steps
+        that are not forced. ``InvalidRequest`` when a name is taken twice or the choice does not fit the
+        tools."""
+        box = _PortBox(self.hub, deny_all, max_steps=self.max_steps, call_timeout_s=self.call_timeout_s)
+        box.answer_grammar = answer_grammar if answer_grammar is not None else req.decoding.grammar
         specs = box.specs()
         clash = sorted({t.name for t in req.tools} & {s.name for s in specs})
         if clash:
@@ -65,9 +71,9 @@ class PortTools:
             check_tool_grammars(every, box.tool_choice)
         elif req.tools:  # without tools of the client's, its tool_choice is "none" only for lack of tools
             box.tool_choice = req.tool_choice
-        return box, replace(req, **box.options(every, 1)).validate()
+        return box, box.step_request(req, every, 1)
 
-    def next_request(self, box: ToolBox, req: GenerateRequest, text: str, calls: tuple[ToolCall, ...],
+    def next_request(self, box: "_PortBox", req: GenerateRequest, text: str, calls: tuple[ToolCall, ...],
                      step: int, n_ctx: int) -> Optional[GenerateRequest]:
         """After step ``step`` answered ``text`` with ``calls``: run them (blocking) and return the request of
         the next step, whose history ends with the calls and their results. None when the answer is final: no
@@ -79,7 +85,7 @@ class PortTools:
         events = box.run_calls(results, "", calls, "", step)
         self._log(events)
         history = (*req.messages, ChatMessage("assistant", text, tuple(calls)), *results.messages)
-        return replace(req, messages=history, **box.options(req.tools, step + 1)).validate()
+        return box.step_request(replace(req, messages=history), req.tools, step + 1)
 
     def _log(self, events: Any) -> None:
         """Drive ``ToolBox.run_calls``: one log line and one count per call."""
@@ -109,6 +115,21 @@ class PortTools:
     def close(self) -> None:
         """Stop the servers (at most about 10 s)."""
         self.hub.close()
+
+
+class _PortBox(ToolBox):
+    """The port's ``ToolBox``: also the request's ``response_format`` grammar (``answer_grammar``), which
+    decodes each step whose ``tool_choice`` does not force a call (a forced call decodes through the tools'
+    grammar, and one request has one grammar: docs/server.md, 'Tools with structured output')."""
+
+    answer_grammar: Optional[str] = None
+
+    def step_request(self, req: GenerateRequest, specs: tuple[ToolSpec, ...], step: int) -> GenerateRequest:
+        """``req`` as step ``step`` runs it: the tools, the step's ``tool_choice`` and grammar."""
+        opts = self.options(specs, step)
+        choice = opts.get("tool_choice")
+        grammar = None if choice is not None and choice.forces_call else self.answer_grammar
+        return replace(req, decoding=replace(req.decoding, grammar=grammar), **opts).validate()
 
 
 class BoxStopper:
@@ -159,5 +180,5 @@ def prepare(tools: Optional[PortTools], plan: Any) -> tuple[Any, list[ToolBox]]:
         raise InvalidRequest("hearth.mcp_tools: this port offers no MCP tools (they need `hearth serve "
                              "--mcp-tools` and servers in mcp.json)", param=_PARAM)
     tools.check(plan)
-    pairs = [tools.toolbox(r, plan.mcp_choice) for r in plan.requests]
+    pairs = [tools.toolbox(r, plan.mcp_choice, plan.mcp_format) for r in plan.requests]
     return replace(plan, requests=tuple(r for _, r in pairs)), [b for b, _ in pairs]
