@@ -37,3 +37,13 @@ def wait_dead(host, timeout_s: float = 10.0) -> bool:
     while host.alive and time.monotonic() < deadline:
         time.sleep(0.05)
     return not host.alive
+
+
+def end_stopped(pids: list[int]) -> None:
+    """Continue and kill every process a test stopped (``SIGSTOP``); one that is gone already is skipped."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break

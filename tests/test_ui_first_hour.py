@@ -12,6 +12,7 @@ from PySide6.QtCore import QRect
 from PySide6.QtWidgets import QApplication
 
 from tests.fakes import FakeEngine
+from tests.test_ui_reasoning import close_window
 
 pytestmark = pytest.mark.gui
 
@@ -27,13 +28,6 @@ def open_window(qtbot, autoload: bool = False):
     qtbot.addWidget(w)
     w.show()
     return w
-
-
-def close_window(w) -> None:
-    ctx = w.ctx
-    w.close()
-    assert ctx.pool.pool.activeThreadCount() == 0 and ctx.pool.active == 0
-    assert not [t for t in threading.enumerate() if t.name == "hearth-tool-call" and t.is_alive()]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from crashes import gone, kill, wait_dead
+from crashes import end_stopped, gone, kill, wait_dead
 
 from app.childhost import ChildHost, Timeouts
 from app.childhost.watchdog import BEATS, Heartbeat
@@ -61,15 +61,6 @@ def make_mux() -> Mux:
     return Mux()
 
 
-def _end(pids: list[int]) -> None:
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
-
-
 def _stop(host: ChildHost, stopped: list[int]) -> int:
     pid = host.pid
     os.kill(pid, signal.SIGSTOP)
@@ -107,7 +98,7 @@ def test_a_stopped_child_is_killed_mid_request_and_the_next_request_restarts_it(
         assert not h.alive and gone(pid, 5) and crashes == [1]
         assert h.request("echo", 1) == (1,) and h.pid != pid
     finally:
-        _end(stopped)
+        end_stopped(stopped)
         h.close()
 
 
@@ -125,7 +116,7 @@ def test_an_idle_stopped_engine_is_reported_not_alive_killed_and_counted():
         assert gone(pid, 5) and crashes == [1]
         assert h.request("echo", 2) == (2,) and h.pid != pid
     finally:
-        _end(stopped)
+        end_stopped(stopped)
         h.close()
 
 
@@ -143,7 +134,7 @@ def test_a_deadline_ends_a_request_on_a_stopped_child_before_the_watchdog_does()
         assert 1.0 <= time.monotonic() - t0 < 2.5
         assert not call.open
     finally:
-        _end(stopped)
+        end_stopped(stopped)
         h.close()
 
 
@@ -188,5 +179,5 @@ def test_a_request_the_child_died_before_reading_goes_to_the_next_child(lane):
         assert got and got[0] in ((3,), ("pong", h.pid)) and h.pid != pid
         assert crashes == [1]
     finally:
-        _end(stopped)
+        end_stopped(stopped)
         h.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from crashes import gone, kill
+from crashes import end_stopped, gone, kill
 from engine_runs import served
 
 from app.engine.local.engine import Engine
@@ -29,16 +29,6 @@ pytestmark = pytest.mark.model
 def _raw(prompt: str, max_tokens: int, deadline_s: float | None = None) -> GenerateRequest:
     return GenerateRequest(prompt=prompt, decoding=DecodingParams(max_tokens=max_tokens, temperature=0.0),
                            deadline_s=deadline_s, prefix_cache=False)
-
-
-def _end(pids: list[int]) -> None:
-    """Continue and kill every process a test stopped (gone already: nothing to do)."""
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
 
 
 class _Drain(threading.Thread):
@@ -97,7 +87,7 @@ def test_a_stopped_engine_fails_its_requests_is_reported_killed_and_restarted(bu
             assert done.metrics.completion_tokens > 0 and eng.pid not in (None, pid)
             assert httpx.get(f"{url}/health").json()["engine_alive"] is True
     finally:
-        _end(stopped)
+        end_stopped(stopped)
         eng.close()
 
 
@@ -141,7 +131,7 @@ def test_a_request_right_after_an_idle_crash_is_served(bundled_model: Path):
             assert got[0].json()["choices"][0]["message"]["content"] is not None
             assert _engine_pid() != pid
         finally:
-            _end(stopped)
+            end_stopped(stopped)
 
 
 def _engine_pid() -> int:

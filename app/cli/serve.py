@@ -128,7 +128,7 @@ def _pool(args: argparse.Namespace, user, settings, budget: int | None):
     default = str(resolve_model(args.model))  # None: the bundled model, named here so /health can report it
     if args.model:
         try:
-            pool.acquire(default, keep_alive_s=-1).release()  # preloaded, kept until the budget needs the room
+            pool.pin(default)  # preloaded, kept while idle until the budget needs the room
         except BaseException:
             pool.close()
             raise

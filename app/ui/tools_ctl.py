@@ -46,7 +46,7 @@ class ToolsController(QObject):
         self.start_timeout_s, self.call_timeout_s, self.max_steps = START_TIMEOUT_S, CALL_TIMEOUT_S, MAX_STEPS
         if settings is not None:
             self.use_settings(settings)
-        self.tool_choice: Any = None  # None: "auto"; a ToolChoice forces the steps before the last
+        self.tool_choice: Any = None  # None: "auto"; a ToolChoice forces calls until the first results
         try:
             cfg = load_config(config_path)
         except (HearthError, OSError) as exc:
