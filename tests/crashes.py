@@ -4,9 +4,12 @@ threads ends its own serving loop instead: ``tests/fakes.py::FakeRuntime.crash_n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -47,3 +50,22 @@ def end_stopped(pids: list[int]) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 break
+
+
+@contextlib.contextmanager
+def tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's ``size=``, e.g. ``"1m"``) mounted under ``tmp_path`` for a disk-full test
+    and unmounted after it whatever happens; the test is skipped where it cannot be mounted (not root)."""
+    import pytest
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from crashes import tmpfs
 
 from app.engine.local.prefix_cache import PrefixCache, PrefixStore, segment_keys
 from app.engine.pool import ModelPool
@@ -250,17 +250,8 @@ def test_an_unwritable_cache_folder_does_not_stop_the_model(bundled_model, cold_
 @pytest.fixture
 def small_disk(tmp_path):
     """A 512 KiB tmpfs (root only): room for the index, not for a segment; unmounted after the test."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True
-                      ).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path, "512k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.model

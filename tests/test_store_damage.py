@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import os
 import pickle
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
+from crashes import tmpfs
 
 from app.errors import DiskFull, ModelLoadError, StoreDamaged, StoreError, store_error
 from app.memory import Store
@@ -95,17 +94,8 @@ def test_a_healthy_store_opens_again(tmp_path, kind):
 @pytest.fixture
 def full_disk(tmp_path):
     """A 1 MiB tmpfs (root only), unmounted after the test; skipped where it cannot be mounted."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
-    try:
+    with tmpfs(tmp_path, "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill_until_full(store: Store, cid: str) -> DiskFull:
