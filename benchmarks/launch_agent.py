@@ -154,26 +154,19 @@ def two_runs(root: Path, model: Path, port: int, launch_starts_first: bool = Fal
     return {"n_ctx": AIDER_MIN_N_CTX, "runs": [first, second]}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the two runs on a temporary folder and print their figures (``--json``: everything)."""
     import tempfile
 
     from app.catalog.bundled import ensure_bundled_model
+    from benchmarks.peer import free_port
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print every field, the agent's output included")
     args = ap.parse_args(argv)
     model = ensure_bundled_model(REPO / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf")
     with tempfile.TemporaryDirectory(prefix="hearth-launch-agent-") as tmp:
-        result = two_runs(Path(tmp), model, _free_port())
+        result = two_runs(Path(tmp), model, free_port())
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
