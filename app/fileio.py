@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MAX_JSON_DEPTH", "JsonFileError", "atomic_path", "atomic_write_bytes", "atomic_write_text",
-           "read_json_file", "set_aside"]
+           "lone_surrogate", "read_json_file", "set_aside"]
 
 MAX_JSON_DEPTH = 64  # nesting levels a config file may have; Hearth writes at most 5
 # A JSON string (an unterminated one runs to the end) or a bracket outside strings: enough to count nesting
@@ -124,7 +124,7 @@ def read_json_file(path: str | os.PathLike[str], *, max_depth: int = MAX_JSON_DE
         raise JsonFileError(str(p), f"not valid JSON ({e.msg}{hint})", e.lineno, e.colno) from None
     except RecursionError:  # not reached after _too_deep; kept so that no file can stop a command
         raise JsonFileError(str(p), "nested too deeply") from None
-    bad = _lone_surrogate(data)
+    bad = lone_surrogate(data)
     if bad is not None:
         raise JsonFileError(str(p), f"{bad} holds a lone surrogate (a \\ud800-\\udfff escape without its "
                                     "pair), which is not text")
@@ -178,7 +178,7 @@ def _line_column(text: str, pos: int) -> tuple[int, int]:
     return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
 
 
-def _lone_surrogate(data: Any) -> str | None:
+def lone_surrogate(data: Any) -> str | None:
     """Where the first string or key holding a lone surrogate is (``a.b[2]``), or None (depth is bounded)."""
     stack: list[tuple[Any, str]] = [(data, "")]
     while stack:

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import InvalidRequest
-from app.fileio import MAX_JSON_DEPTH, _lone_surrogate  # the config files' walk, shared
+from app.fileio import MAX_JSON_DEPTH, lone_surrogate  # the config files' walk, shared
 from app.server.errors import ApiError, InvalidJson, shape_for
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # default of ServerSettings.max_body_bytes
@@ -136,7 +136,7 @@ def _check_surrogates(text: str, data: Any) -> None:
         return
     except UnicodeEncodeError:
         pass
-    where = _lone_surrogate(data) or "the request"
+    where = lone_surrogate(data) or "the request"
     raise InvalidRequest(f"{where} holds a lone surrogate (\\ud800-\\udfff), which is not valid Unicode text",
                          param=where.removeprefix("the key "))
 
