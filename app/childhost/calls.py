@@ -36,15 +36,13 @@ class _Dead(Exception):
         self.timed_out, self.unresponsive = timed_out, unresponsive
 
 
-class Call:
-    """One main-lane request in flight. Iterating yields each event's payload (a tuple); when the final reply
-    arrives iteration ends and ``result`` holds it, or the child's error is raised (``HearthError``,
-    ``ChildBug``; ``EngineCrashed`` if the child dies). ``open`` is True until then."""
+class _Request:
+    """What ``Call`` and ``MuxCall`` share: iterating yields each event's payload (a tuple); when the final
+    reply arrives iteration ends and ``result`` holds it, or the child's error is raised. ``open`` is True until
+    then. A subclass's ``_next`` returns the next message as ``(kind, *payload)``."""
 
-    def __init__(self, host: ChildHost, child: Any, op: str) -> None:
-        self._host, self._child, self.op = host, child, op
-        self.open = True
-        self.result: Any = None
+    open: bool
+    result: Any
 
     def __iter__(self) -> Iterator[tuple]:
         while self.open:
@@ -54,6 +52,9 @@ class Call:
                 continue
             self.open = False
             self.result = _unwrap(msg)
+
+    def _next(self) -> tuple:
+        raise NotImplementedError
 
     def wait(self) -> Any:
         """Run to the end, dropping events; returns ``result``."""
@@ -69,6 +70,17 @@ class Call:
         except Exception:  # noqa: BLE001 - the caller abandoned this request
             pass
 
+
+class Call(_Request):
+    """One main-lane request in flight. Iterating yields each event's payload (a tuple); when the final reply
+    arrives iteration ends and ``result`` holds it, or the child's error is raised (``HearthError``,
+    ``ChildBug``; ``EngineCrashed`` if the child dies). ``open`` is True until then."""
+
+    def __init__(self, host: ChildHost, child: Any, op: str) -> None:
+        self._host, self._child, self.op = host, child, op
+        self.open = True
+        self.result = None
+
     def _next(self) -> tuple:
         try:
             return self._host._receive(self._child, self._child.main, self._host.timeouts.reply_s)
@@ -77,7 +89,7 @@ class Call:
             raise self._host._died(self._child, self.op, dead) from None
 
 
-class MuxCall:
+class MuxCall(_Request):
     """One request in flight on a multiplexed lane. Iterating yields each event's payload (a tuple, without the
     request id); when the final reply arrives iteration ends and ``result`` holds it, or the child's error is
     raised (``HearthError``, ``ChildBug``; ``EngineCrashed`` if the child dies, or sends no heartbeat past
@@ -92,18 +104,16 @@ class MuxCall:
         self._inbox: "queue.Queue[tuple]" = queue.Queue()
         self._resent = False
         self.open = True
-        self.result: Any = None
+        self.result = None
 
-    def __iter__(self) -> Iterator[tuple]:
-        while self.open:
+    def _next(self) -> tuple:
+        """The next message without its request id; a death before the child read the request sends it again
+        (``_again``) and waits on."""
+        while True:
             msg = self._get()
-            if msg[0] == "event":
-                yield msg[2:]
-                continue
             if msg[0] == "_dead" and self._again(msg[1]):
                 continue
-            self.open = False
-            self.result = _unwrap((msg[0], *msg[2:]))
+            return (msg[0], *msg[2:])
 
     def _get(self) -> tuple:
         """The next message for this request; past the deadline, ``EngineCrashed`` once the child has sent no
@@ -147,19 +157,6 @@ class MuxCall:
             return False
         self._host._mux_send(self._child, (kind, self.rid))
         return True
-
-    def wait(self) -> Any:
-        """Run to the end, dropping events; returns ``result``."""
-        for _payload in self:
-            pass
-        return self.result
-
-    def drain(self) -> None:
-        """After a cancel: wait for the final reply and drop it (errors included)."""
-        try:
-            self.wait()
-        except Exception:  # noqa: BLE001 - the caller abandoned this request
-            pass
 
 
 def _unwrap(msg: tuple) -> Any:
