@@ -52,6 +52,12 @@ def date_group(iso: str, today: date | None = None) -> str:
     return "Older"
 
 
+def disk_cache_off(metrics: dict[str, Any]) -> str:
+    """The answer's ``cache_error`` when it says the prefix cache's disk tier is off, else ""."""
+    err = str(metrics.get("cache_error") or "")
+    return err if err.startswith("disk cache off") else ""
+
+
 def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
     """The status strip's labels for one answer's ``Metrics`` dict (empty dict → dashes)."""
     if not metrics:
@@ -60,7 +66,7 @@ def status_texts(metrics: dict[str, Any]) -> dict[str, str]:
     cached = int(metrics.get("cached_tokens", 0))
     src = metrics.get("cache_source", "none")
     reused = f"reused {cached}/{prompt} prompt tokens" + (f" ({src})" if cached and src != "none" else "")
-    if str(metrics.get("cache_error") or "").startswith("disk cache off"):
+    if disk_cache_off(metrics):
         reused += " · disk cache off"  # the reason is in the label's tooltip (StatusStrip.show_answer)
     return {"ttft": f"TTFT {metrics.get('ttft_s', 0.0) * 1000:.0f} ms",
             "decode": f"decode {metrics.get('decode_tps', 0.0):.1f} tok/s",

@@ -18,7 +18,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from app.ui import theme
-from app.ui.formatting import context_bar, context_tooltip, speculative_text, status_texts
+from app.ui.formatting import context_bar, context_tooltip, disk_cache_off, speculative_text, status_texts
 from app.ui.labels import ElidedLabel
 
 THINKING_TIP = ("Thinking tokens and answer tokens of the last answer (sampled tokens; inserted text counts in "
@@ -86,10 +86,10 @@ class StatusStrip(QWidget):
         self.thinking.setToolTip(THINKING_TIP + (f"\nThinking time: {metrics['thinking_s']:.2f} s"
                                                  if metrics.get("thinking_s") else ""))
         self.reused.setText(texts["reused"])
-        off = str(metrics.get("cache_error") or "")
+        off = disk_cache_off(metrics)
         self.reused.setToolTip("Prompt tokens restored from the prefix cache instead of being prefilled"
                                + (f"\n{off[:1].upper()}{off[1:]}; answers go on without it, and it is tried again "
-                                  "later" if off.startswith("disk cache off") else ""))
+                                  "later" if off else ""))
         value, maximum, text = context_bar(breakdown, metrics, self.n_ctx)
         self.context.setRange(0, maximum)
         self.context.setValue(value)
