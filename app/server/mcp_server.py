@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, Field
 
+from app import __version__
 from app.errors import HearthError
 from app.server.mcp_library import DEFAULT_ANSWER_TOKENS, MAX_ANSWER_TOKENS, MAX_K, Library
 
@@ -39,7 +40,7 @@ def build_server(library: Library, name: str = "hearth") -> Any:
     ``ingest`` (refused unless ``library.allow_writes``, and then only after the person confirms through
     the client). A ``HearthError`` from the library becomes a tool error carrying its message alone (bad
     input: ``bare_error``); only an unexpected failure reads ``Error executing tool <name>``."""
-    server = _server_class()(name, title="Hearth", instructions=INSTRUCTIONS, version=_version(),
+    server = _server_class()(name, title="Hearth", instructions=INSTRUCTIONS, version=__version__,
                              log_level="WARNING")
     _document_tools(server, library)
     _conversation_tools(server, library)
@@ -193,15 +194,6 @@ def _ingest_tool(server: Any, lib: Library) -> None:
         if not (isinstance(confirmed, AcceptedElicitation) and confirmed.data.confirm):
             raise ToolError(f"not indexed: the person did not allow indexing {path}")
         return await call(lib.ingest, path)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hearth")
-    except PackageNotFoundError:
-        return "0"
 
 
 class McpEndpoint:
