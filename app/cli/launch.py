@@ -235,6 +235,12 @@ def _model_id(model: str | None) -> str:
     return model_id(model) if model.lower().endswith(".gguf") else model  # a file's id is its stem; an id as is
 
 
+def _port_model(root: str, key: str | None, model: str | None) -> str:
+    """The model id the agent asks the port at ``root`` for: ``model``'s (``--model``), else the port's default,
+    else the bundled model's."""
+    return _model_id(model) if model else default_model(root, key) or _model_id(None)
+
+
 def serve_command(host: str, port: int, n_ctx: int, model: str | None) -> list[str]:
     """The ``hearth serve`` a launch starts when no port answers. ``--model`` (default: the bundled one) makes it
     load the model before it answers, so the agent's first request does not wait for the load."""
@@ -304,7 +310,7 @@ def port_for(host: str, port: int, key: str | None, n_ctx: int, model: str | Non
     started here with ``n_ctx`` and stopped when the block ends."""
     root = _root(host, port)
     if probe(host, port) is not None:
-        mid = model and _model_id(model) or default_model(root, key) or _model_id(None)
+        mid = _port_model(root, key, model)
         have, notes = existing_port(root, key, mid, agent, n_ctx_flag) if agent else (None, [])
         for note in notes:
             print(f"hearth: {note}", file=sys.stderr)
@@ -315,8 +321,7 @@ def port_for(host: str, port: int, key: str | None, n_ctx: int, model: str | Non
     proc = spawn_serve(serve_command(host, port, n_ctx, model), key, log_path)
     try:
         _wait_ready(proc, host, port, log_path)
-        yield _agents.Endpoint(root, model and _model_id(model) or default_model(root, key) or _model_id(None),
-                               key, n_ctx)
+        yield _agents.Endpoint(root, _port_model(root, key, model), key, n_ctx)
     finally:
         stop_serve(proc)
 
@@ -354,7 +359,7 @@ def _print(agent: _agents.Agent, exe: str | None, host: str, port: int, key: str
            model: str | None, rest: list[str], n_ctx_flag: int | None = None) -> int:
     root = _root(host, port)
     found = probe(host, port) is not None
-    mid = _model_id(model) if model or not found else (default_model(root, key) or _model_id(None))
+    mid = _port_model(root, key, model) if found else _model_id(model)
     have, notes = existing_port(root, key, mid, agent, n_ctx_flag) if found else (None, [])
     endpoint = _agents.Endpoint(root, mid, key, have if found else n_ctx)
     plan = agent.plan(endpoint, config_dir(agent), rest, exe)
