@@ -12,19 +12,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from app.childhost.child import ChildBug
 from app.childhost.watchdog import BEAT_S, MAIN_READ, STALE_S
-from app.errors import EngineUnresponsive
 
 if TYPE_CHECKING:
     from app.childhost.host import ChildHost
 
 log = logging.getLogger(__name__)
-
-
-def unresponsive(message: str) -> EngineUnresponsive:
-    """The error of a request whose child stopped sending heartbeats (an ``EngineUnresponsive``, a kind of
-    ``EngineCrashed``: the edges treat it as a crash with its own code; the message says "stopped responding" /
-    "not responding")."""
-    return EngineUnresponsive(message)
 
 
 class _Dead(Exception):

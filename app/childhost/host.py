@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from app.childhost.calls import Call, MuxCall, _Dead, _unwrap, unresponsive
+from app.childhost.calls import Call, MuxCall, _Dead, _unwrap
 from app.childhost.child import ChildBug, Handler, _child_main, _close, _run_handler
 from app.childhost.watchdog import SIDE_READ, UNRESPONSIVE_S, Heartbeat, new_pulse
-from app.errors import EngineCrashed, ModelLoadError
+from app.errors import EngineCrashed, EngineUnresponsive, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -436,9 +436,9 @@ class ChildHost:
         if child.mark_dead() and self.on_crash is not None:
             self.on_crash()
         if isinstance(dead, _Dead) and dead.unresponsive:
-            return unresponsive(f"{self.label} stopped responding during {doing}: it sent no heartbeat for "
-                                f"{self.timeouts.unresponsive_s:g} s (stopped or frozen) and was killed; it "
-                                "restarts on the next request")
+            return EngineUnresponsive(f"{self.label} stopped responding during {doing}: it sent no heartbeat "
+                                      f"for {self.timeouts.unresponsive_s:g} s (stopped or frozen) and was killed; "
+                                      "it restarts on the next request")
         if isinstance(dead, _Dead) and dead.timed_out:
             why = f"it did not answer within {self.timeouts.reply_s:.0f} s and was stopped"
         else:
@@ -452,7 +452,7 @@ class ChildHost:
             call._child.calls.pop(call.rid, None)
         self._mux_send(call._child, ("cancel", call.rid))
         after = self.timeouts.unresponsive_s
-        return unresponsive(f"{self.label} is not responding: its deadline ({call.deadline_s:g} s) passed while "
-                            f"it sent no heartbeat for {silent_s:.1f} s (stopped or frozen)"
-                            + (f"; it is killed after {after:g} s without one and restarts on the next request"
-                               if after is not None else ""))
+        return EngineUnresponsive(f"{self.label} is not responding: its deadline ({call.deadline_s:g} s) passed "
+                                  f"while it sent no heartbeat for {silent_s:.1f} s (stopped or frozen)"
+                                  + (f"; it is killed after {after:g} s without one and restarts on the next "
+                                     "request" if after is not None else ""))
