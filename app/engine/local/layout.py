@@ -21,6 +21,16 @@ from typing import Callable, Iterable
 TAIL_SPLIT = 64
 
 
+def common_prefix(have: list[int], tokens: list[int], limit: int | None = None) -> int:
+    """How many leading tokens ``have`` and ``tokens`` share, counting at most ``limit`` (None: the shorter
+    length; ``limit`` must not exceed it)."""
+    top = min(len(have), len(tokens)) if limit is None else limit
+    n = 0
+    while n < top and have[n] == tokens[n]:
+        n += 1
+    return n
+
+
 def layout_bounds(tokens: list[int], chunk: int, breaks: Iterable[int] = (),
                   tail_split: int = TAIL_SPLIT) -> list[int]:
     """The positions (sorted) where the canonical chunks of ``tokens`` (L tokens) end: every turn break's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from app.engine.local.layout import usable_within
+from app.engine.local.layout import common_prefix, usable_within
 from app.engine.local.seqs import LlamaSeq, _Slot
 
 MIN_LIVE_REUSE = 16  # a shorter live prefix (the BOS before the first turn break) is prefilled, not reused
@@ -29,11 +29,7 @@ class ReuseMixin:
         ends a chunk at, or into the next chunk when both chunks are big enough (``layout.usable_within`` with
         ``split_rows``); all but the last token for a repeat of the same prompt."""
         L = len(tokens)
-        have = slot.tokens
-        limit = min(len(have), L - 1)
-        n = 0
-        while n < limit and have[n] == tokens[n]:
-            n += 1
+        n = common_prefix(slot.tokens, tokens, min(len(slot.tokens), L - 1))
         got = (usable_within(self.layout(tokens) if bounds is None else bounds, n, slot.bounds, self.split_rows,
                              SPLIT_ALIGN)
                if n else 0)

@@ -17,7 +17,7 @@ from typing import Any
 from app.engine.chat.reasoning_budget import BudgetForcer
 from app.engine.chat.templates import RenderedPrompt, choose_template_name, template_tool_caps, tool_format
 from app.engine.chat.thinking import markers_for
-from app.engine.local.layout import next_bound
+from app.engine.local.layout import common_prefix, next_bound
 from app.engine.local.llama import (
     GGML_TYPES,
     _context_with_sequences,
@@ -376,9 +376,7 @@ def _drops_other_chunks(bounds: set[int], have: list[int], tokens: list[int]) ->
     """Whether a KV holding ``have`` (its chunks ending at ``bounds``) ends a chunk past its common prefix with
     the prompt ``tokens``: a chunk the prompt does not contain, which giving the slot to it would drop. (A next
     step that extends the KV's prompt drops at most the answer and the part of a chunk it computes again.)"""
-    n, top = 0, min(len(have), len(tokens))
-    while n < top and have[n] == tokens[n]:
-        n += 1
+    n = common_prefix(have, tokens)
     return any(b > n for b in bounds)
 
 
