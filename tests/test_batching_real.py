@@ -12,7 +12,7 @@ import pytest
 from app.engine.local.engine import Engine
 from app.engine.local.layout import TAIL_SPLIT
 from app.errors import Cancelled
-from app.protocol.types import DecodingParams, Delta, Done, GenerateRequest, LoadSettings
+from app.protocol.types import ChatMessage, DecodingParams, Delta, Done, GenerateRequest, LoadSettings
 
 pytestmark = pytest.mark.model
 
@@ -189,3 +189,23 @@ def test_a_prefix_saved_from_one_slot_restores_exactly_into_another(bundled_mode
     with Engine(bundled_model, LoadSettings(n_ctx=2048, n_parallel=4), prefix_cache=cache) as eng:
         moved = with_busy_slots(eng, 1)
     assert moved.metrics.cache_source == "disk" and moved.text == cold.text
+
+
+
+def test_short_chats_arriving_together_that_overflow_one_batch_are_each_prefilled_alone(engine4):
+    # Four chats of ~150 tokens each: a turn break ends their first chunk early, so the step's prefill budget
+    # admitted all four, and merged into one llama_decode they overflowed the 256-token batch (a NULL seq_id: a
+    # 500 for each of them in the soak). Now no group passes n_batch; here each prompt goes alone, and its
+    # answer is the solo run's.
+    notes = [" ".join(f"The {w} stall at number {i} sells {i + 2} kinds of bread." for i in range(12))
+             for w in ("east", "west", "north", "south")]
+
+    def chat(note: str) -> GenerateRequest:
+        return GenerateRequest(messages=(ChatMessage("system", "You keep notes."), ChatMessage("user", note)),
+                               decoding=DecodingParams.make(temperature=0.0, max_tokens=6, logit_bias=NO_EOS))
+
+    together = at_once(engine4, [chat(n) for n in notes])
+    assert all(d is not None and d.metrics.completion_tokens == 6 for d in together), together
+    assert all(130 < d.metrics.prompt_tokens < 250 for d in together)
+    solo = [engine4.complete(chat(n)) for n in notes]
+    assert [d.text for d in together] == [d.text for d in solo]

@@ -134,3 +134,19 @@ def test_reuse_goes_into_a_chunk_only_when_both_batches_are_big():
     assert usable_within(prompt, 600, have, 64) == 600  # the common prefix ends first
     assert usable_within(prompt, 700, {256, 300, 512}, 64) == 256  # cuts differ below: the base rule's answer
     assert usable_within([100, 400], 390, {300}, 64) == 36  # from token 0: [36, 100) is still 64 tokens
+
+
+def test_short_prompts_prefilled_together_fit_one_batch():
+    from types import SimpleNamespace
+
+    from app.engine.local.runtime import short_groups
+
+    def seqs(*lengths):  # prompts of these lengths; all but the last token go in together
+        return [SimpleNamespace(tokens=[0] * n) for n in lengths]
+
+    # 3 × 180 tokens would overflow a 256-token batch (the soak's NULL pointer): each goes alone (no group).
+    assert short_groups(seqs(181, 181, 181), 256) == []
+    a = seqs(101, 101, 101, 41, 11)
+    assert short_groups(a, 256) == [a[:2], a[2:]]  # 200 | 100 + 40 + 10
+    assert all(sum(len(s.tokens) - 1 for s in g) <= 256 for g in short_groups(seqs(*[60] * 9), 256))
+    assert short_groups(seqs(11), 256) == []

@@ -240,21 +240,22 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         ``pending``: the next decode step evaluates it with the other sequences' tokens (alone when no other
         sequence decodes: then exactly the solo computation) and samples the first answer token from its logits.
 
-        Short prompts (L−1 < n_batch) of several requests arriving together are evaluated in one
-        ``llama_decode`` instead (a burst of chat turns costs one weight pass, not one each): their KV is then
-        not a solo prefill's, so their slots do not offer the same-prompt reuse afterwards (their prompts are
-        shorter than a chunk, so they hold no reusable chunk and are never saved to disk anyway)."""
+        Short prompts (L−1 < n_batch) of several requests arriving together are evaluated together instead,
+        in ``llama_decode`` calls of at most ``n_batch`` tokens (``short_groups``; a burst of chat turns costs
+        one weight pass, not one each): their KV is then not a solo prefill's, so their slots do not offer the
+        same-prompt reuse afterwards (their prompts are shorter than a chunk, so they hold no reusable chunk
+        and are never saved to disk anyway)."""
         C = self.settings.n_batch
-        short = sorted((s for s in seqs if s.pos == 0 and 0 < len(s.tokens) - 1 < C), key=lambda s: s.slot)
-        if len(short) < 2:
-            short = []
+        groups = short_groups(sorted((s for s in seqs if s.pos == 0 and 0 < len(s.tokens) - 1 < C),
+                                     key=lambda s: s.slot), C)
+        short = [s for g in groups for s in g]
         now = time.perf_counter()
         for seq in seqs:
             if seq.t_prefill is None:
                 seq.t_prefill = now
-        if short:
-            self._decode([(s.slot, 0, s.tokens[:-1]) for s in short])
-            for s in short:
+        for group in groups:
+            self._decode([(s.slot, 0, s.tokens[:-1]) for s in group])
+            for s in group:
                 self.slots[s.slot].tokens.extend(s.tokens[:-1])
                 s.pos = len(s.tokens) - 1
                 self._prompt_in(s, merged=True)
@@ -351,6 +352,9 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         ``llama_get_logits_ith``; item j's token i is at ``lasts[j] - len(tokens_j) + 1 + i``). Raises
         ``HearthError``."""
         b = self.batch
+        total = sum(len(toks) for _sid, _pos, toks in items)
+        if total > self.settings.n_batch:  # the batch holds n_batch tokens; writing past it is a NULL seq_id
+            raise HearthError(f"a decode batch of {total} tokens exceeds n_batch {self.settings.n_batch}")
         n = 0
         lasts = []
         for j, (seq_id, pos0, toks) in enumerate(items):
@@ -370,6 +374,22 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
             why = "no free KV cell" if rc == 1 else "aborted" if rc == 2 else f"error {rc}"
             raise HearthError(f"llama_decode failed ({why}) on a batch of {n} tokens")
         return lasts
+
+
+def short_groups(short: list, capacity: int) -> list[list]:
+    """Short prompts to prefill together, in order, each group's prompts (all but their last token, ``len(s.tokens)
+    - 1`` tokens each) summing to at most ``capacity`` tokens (the batch's ``n_batch``). A prompt that would
+    be alone in its group is left out: it takes the solo path, whose KV is a cold prefill's."""
+    groups: list[list] = [[]]
+    used = 0
+    for s in short:
+        size = len(s.tokens) - 1
+        if groups[-1] and used + size > capacity:
+            groups.append([])
+            used = 0
+        groups[-1].append(s)
+        used += size
+    return [g for g in groups if len(g) >= 2]
 
 
 def _drops_other_chunks(bounds: set[int], have: list[int], tokens: list[int]) -> bool:
