@@ -28,7 +28,7 @@ from app.engine.local.llama import (
 )
 from app.engine.local.prompting import PromptMixin, _MetaView
 from app.engine.local.reuse import MIN_COPY_TOKENS, MIN_LIVE_REUSE, ReuseMixin
-from app.engine.local.sampling import SamplingMixin
+from app.engine.local.sampling import SamplingMixin, close_sampler
 from app.engine.local.seqs import LlamaSeq, _Slot
 from app.engine.local.settle import SETTLE_MAX_TOKENS, SETTLE_PROBE, SettleMixin, _Settle
 from app.engine.local.speculation import DraftModel, SpeculationMixin
@@ -168,34 +168,38 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         tokens, tools_tokens = self._prompt_tokens(request, rp, suffix, d)
         n_ctx = self.settings.n_ctx
         sampler = self._sampler(d)
-        allowed = request.prefix_cache and self.reuse_ok
-        busy = set(range(self.n_slots)) - set(free)
-        bounds = self.layout(tokens)
-        live = {i: self.live_prefix(self.slots[i], tokens, bounds) if allowed else 0 for i in free}
-        slot = max((self.slots[i] for i in free),
-                   key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
-        self._settle_wanted.pop(slot.seq_id, None)
-        self._settling.pop(slot.seq_id, None)  # its KV is consistent after every chunk: reused as it is
-        if slot.seq_id in self._save_wanted and _drops_other_chunks(slot.bounds, slot.tokens, tokens):
-            self._save_one(slot.seq_id)  # chunks this request would drop, not saved yet (``SAVE_GRACE_S``)
-        copied = self._copy_longer(slot, tokens, live[slot.seq_id], bounds) if allowed else None
-        if copied is not None:
-            live[slot.seq_id] = len(slot.tokens)
-        seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
-        seq.tokens, seq.sampler, seq.bounds = tokens, sampler, bounds
-        seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
-        seq.room = n_ctx - len(tokens)
-        if thinks:
-            self._force_budget(seq, request, budget, inside, d)
-        seq.metrics["prompt_tokens"] = len(tokens)
-        seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
-        self._plan_speculation(seq, request, d)
-        if request.tools:
-            seq.info.update(tool_format=rp.tool_format, tools_tokens=tools_tokens)
-        self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache, disk=copied is None)
-        if copied is not None:
-            seq.metrics["cache_copied_from_slot"] = copied
-            seq.metrics["cache_reuse_reason"] += f" (copied from slot {copied})"
+        try:
+            allowed = request.prefix_cache and self.reuse_ok
+            busy = set(range(self.n_slots)) - set(free)
+            bounds = self.layout(tokens)
+            live = {i: self.live_prefix(self.slots[i], tokens, bounds) if allowed else 0 for i in free}
+            slot = max((self.slots[i] for i in free),
+                       key=lambda s: (live[s.seq_id], -_runs(busy | {s.seq_id}), -s.last_used))
+            self._settle_wanted.pop(slot.seq_id, None)
+            self._settling.pop(slot.seq_id, None)  # its KV is consistent after every chunk: reused as it is
+            if slot.seq_id in self._save_wanted and _drops_other_chunks(slot.bounds, slot.tokens, tokens):
+                self._save_one(slot.seq_id)  # chunks this request would drop, not saved yet (``SAVE_GRACE_S``)
+            copied = self._copy_longer(slot, tokens, live[slot.seq_id], bounds) if allowed else None
+            if copied is not None:
+                live[slot.seq_id] = len(slot.tokens)
+            seq = LlamaSeq(rid, request, slot.seq_id, rp.stop)
+            seq.tokens, seq.sampler, seq.bounds = tokens, sampler, bounds
+            seq.max_new = min(d.max_tokens or n_ctx, n_ctx - len(tokens))  # None: until the context is full
+            seq.room = n_ctx - len(tokens)
+            if thinks:
+                self._force_budget(seq, request, budget, inside, d)
+            seq.metrics["prompt_tokens"] = len(tokens)
+            seq.info = {"template": rp.name, "model": os.path.basename(self.model_path)}
+            self._plan_speculation(seq, request, d)
+            if request.tools:
+                seq.info.update(tool_format=rp.tool_format, tools_tokens=tools_tokens)
+            self._reuse(seq, slot, live[slot.seq_id], request.prefix_cache, disk=copied is None)
+            if copied is not None:
+                seq.metrics["cache_copied_from_slot"] = copied
+                seq.metrics["cache_reuse_reason"] += f" (copied from slot {copied})"
+        except BaseException:
+            close_sampler(sampler)  # its grammar's C++ state goes now, not when Python's cycle collector runs
+            raise
         return seq
 
     def _prompt_tokens(self, request: GenerateRequest, rp: RenderedPrompt, suffix: str, d) -> tuple[list[int], int]:
@@ -329,6 +333,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         """``seq`` left its slot. Its KV stays for the next request's reuse unless the step that ended it
         failed (``clean=False``): then the slot is emptied. A finished chat answer is remembered for
         ``idle_step``."""
+        close_sampler(seq.sampler)
+        seq.sampler = None
         slot = self.slots[seq.slot]
         slot.last_used = time.perf_counter()
         self._probe_waits = False

@@ -83,3 +83,12 @@ class SamplingMixin:
 def _token_lp(lp, token: int) -> float:
     logits, _top, lse = lp
     return float(logits[token] - lse)
+
+
+def close_sampler(sampler: Any) -> None:
+    """Free ``sampler`` (a llama-cpp-python ``LlamaSampler`` or None) now. Its free callback holds the object
+    itself (a reference cycle), so dropping it leaves the chain and its grammar's C++ state, up to a few MB
+    for a JSON-schema grammar, to Python's cyclic garbage collector: in the soak the engine grew by about
+    10 MiB a minute between collections (docs/benchmarks.md, "Soak")."""
+    if sampler is not None:
+        sampler.close()

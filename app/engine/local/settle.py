@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from app.engine.local.layout import next_bound, usable
+from app.engine.local.llama import trim_heap
 from app.engine.local.reuse import MIN_LIVE_REUSE
 from app.engine.local.seqs import LlamaSeq
 from app.protocol.types import ChatMessage
@@ -51,7 +52,7 @@ class SettleMixin:
         answer's turn out again in the canonical layout, one chunk (at most ``n_batch`` tokens) per call, then
         save the chunks of the slots used since to the disk cache, one slot per call (``_save_one``), each once
         it has been unused ``SAVE_GRACE_S`` (``idle_delay``); once, as early, ``_probe_split``. Returns True while
-        more remains.
+        more remains; once none does, ``trim_heap``.
 
         Why: a chat's next request is its previous prompt, the answer, and a new user turn. The answer's KV was
         decoded one token at a time, so it is not what a cold prefill of those tokens gives, and the next turn
@@ -91,7 +92,10 @@ class SettleMixin:
                 self._lib.llama_memory_seq_rm(self.mem, sid, -1, -1)
                 self.slots[sid].forget()
             self._settling.clear()
-        return bool(self._settling or self._settle_wanted) or self._deferred_work()
+        more = bool(self._settling or self._settle_wanted) or self._deferred_work()
+        if not more:
+            trim_heap()  # the idle work is done: the heap's free pages go back before the next request
+        return more
 
     def _probe_wanted(self) -> bool:
         """``_probe_split`` has not run, and has not found every slot holding KV since a request last left."""
