@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -307,16 +308,7 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         seqs = sorted(seqs, key=lambda s: s.slot)
         n = self.settings.n_batch
         drafts = {s.rid: self._propose(s, len(seqs)) for s in seqs if s.spec_mode and not s.inserts}
-        groups: list[list[LlamaSeq]] = [[]]
-        used = 0
-        for s in seqs:
-            size = 1 + len(s.inserts) + len(drafts.get(s.rid, ()))
-            if groups[-1] and used + size > n:
-                groups.append([])
-                used = 0
-            groups[-1].append(s)
-            used += size
-        for group in groups:
+        for group in batch_groups(seqs, lambda s: 1 + len(s.inserts) + len(drafts.get(s.rid, ())), n):
             feeds = [[s.pending] + s.inserts + drafts.get(s.rid, []) for s in group]
             every = frozenset(j for j, s in enumerate(group) if s.rid in drafts)
             kv = [len(self.slots[s.slot].tokens) for s in group]
@@ -382,20 +374,26 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         return lasts
 
 
-def short_groups(short: list, capacity: int) -> list[list]:
-    """Short prompts to prefill together, in order, each group's prompts (all but their last token, ``len(s.tokens)
-    - 1`` tokens each) summing to at most ``capacity`` tokens (the batch's ``n_batch``). A prompt that would
-    be alone in its group is left out: it takes the solo path, whose KV is a cold prefill's."""
+def batch_groups(items: list, size: Callable[[Any], int], capacity: int) -> list[list]:
+    """``items`` in order, in consecutive groups whose ``size`` (tokens each) sums to at most ``capacity``
+    (the batch's ``n_batch``); an item larger than ``capacity`` is a group of its own."""
     groups: list[list] = [[]]
     used = 0
-    for s in short:
-        size = len(s.tokens) - 1
-        if groups[-1] and used + size > capacity:
+    for item in items:
+        n = size(item)
+        if groups[-1] and used + n > capacity:
             groups.append([])
             used = 0
-        groups[-1].append(s)
-        used += size
-    return [g for g in groups if len(g) >= 2]
+        groups[-1].append(item)
+        used += n
+    return groups if groups[-1] else []
+
+
+def short_groups(short: list, capacity: int) -> list[list]:
+    """Short prompts to prefill together (``batch_groups`` of all but their last token, ``len(s.tokens) - 1``
+    tokens each). A prompt that would be alone in its group is left out: it takes the solo path, whose KV is
+    a cold prefill's."""
+    return [g for g in batch_groups(short, lambda s: len(s.tokens) - 1, capacity) if len(g) >= 2]
 
 
 def _drops_other_chunks(bounds: set[int], have: list[int], tokens: list[int]) -> bool:
