@@ -125,11 +125,19 @@ def test_edits_and_regenerations_are_branches(memory_store: Store) -> None:
     r = memory_store.begin_streaming_message(cid, u2)  # regenerate the answer to u2
     r = memory_store.finish_message(r, content="Fine, four days then.")
     assert [m.content for m in memory_store.children(u2)] == ["OK, 4 days.", "Fine, four days then."]
-    same = memory_store.begin_streaming_message(cid, u2)  # a regeneration identical to an existing answer
-    assert memory_store.finish_message(same, content="OK, 4 days.") == a2
-    assert len(memory_store.children(u2)) == 2
+    # A regeneration identical to an existing answer is a version of its own (it was merged into the old one,
+    # and the window jumped back to it: issue 27), keyed by its variant; the original is untouched.
+    same = memory_store.finish_message(memory_store.begin_streaming_message(cid, u2), content="OK, 4 days.")
+    again = memory_store.finish_message(memory_store.begin_streaming_message(cid, u2), content="OK, 4 days.")
+    assert len({a2, same, again}) == 3
+    kids = memory_store.children(u2)
+    assert [m.id for m in kids] == [a2, r, same, again]
+    assert [m.content for m in kids] == ["OK, 4 days.", "Fine, four days then.", "OK, 4 days.", "OK, 4 days."]
+    assert [m.meta.get("variant") for m in kids] == [None, None, 2, 3]
     assert [m.id for m in memory_store.children(None, conversation_id=cid)] == [u1]
-    assert memory_store.get_conversation(cid).current_message_id == a2
+    assert memory_store.get_conversation(cid).current_message_id == again
+    # An appended (not generated) message with the same text is still the same message: idempotent writes.
+    assert memory_store.append_message(cid, "assistant", "OK, 4 days.", u2) == a2
 
 
 def test_finished_messages_cannot_be_overwritten(memory_store: Store) -> None:
@@ -324,6 +332,18 @@ def test_import_as_new_recomputes_ids(memory_store: Store) -> None:
     assert by_id[s.first_message_id].content.startswith("Plan 3 days")
     assert by_id[s.last_message_id].content == "Skip the ferry; walk."
     assert {c.message_id for c in copy.citations} <= set(by_id)
+
+
+def test_identical_regenerations_stay_apart_through_export_and_import(memory_store: Store) -> None:
+    cid = memory_store.create_conversation()
+    u, a = turn(memory_store, cid, "Name a colour", "Blue.", None)
+    b = memory_store.finish_message(memory_store.begin_streaming_message(cid, u), content="Blue.")
+    for fmt in ("json", "md"):
+        new = memory_store.import_conversation(memory_store.export_conversation(cid, fmt), as_new=True)
+        kids = memory_store.load_conversation(new).messages[1:]
+        assert [m.content for m in kids] == ["Blue.", "Blue."] and len({m.id for m in kids}) == 2
+        assert memory_store.get_conversation(new).current_message_id == kids[1].id
+    assert b != a
 
 
 def test_conversation_management(memory_store: Store) -> None:

@@ -71,14 +71,15 @@ def test_a_finished_message_keeps_its_reasoning(memory_store: Store) -> None:
     assert memory_store.reasoning_for(a).text == "thought"
 
 
-def test_an_identical_answer_keeps_the_first_reasoning(memory_store: Store) -> None:
+def test_an_identical_answer_is_a_version_with_its_own_reasoning(memory_store: Store) -> None:
     cid = memory_store.create_conversation()
     u = memory_store.append_message(cid, "user", "q")
     first = streamed(memory_store, cid, u, "same", "first way", tokens=2)
     second = streamed(memory_store, cid, u, "same", "second way", tokens=9)
-    assert first == second
+    assert first != second  # a regeneration that repeats the text is a version of its own (issue 27)
     assert memory_store.reasoning_for(first).text == "first way"
-    assert memory_store.db.execute("SELECT count(*) FROM message_reasoning").fetchone() == (1,)
+    assert memory_store.reasoning_for(second).text == "second way"
+    assert memory_store.db.execute("SELECT count(*) FROM message_reasoning").fetchone() == (2,)
 
 
 def test_a_stopped_answer_keeps_its_partial_reasoning_under_its_id(memory_store: Store) -> None:

@@ -243,12 +243,16 @@ def parent_key(parent_id: str | None, conversation_id: str) -> str:
 
 def message_id(role: str, content: str, parent_id: str | None, conversation_id: str,
                tool_calls: tuple[ToolCall, ...] | list = (), tool_call_id: str | None = None,
-               name: str | None = None) -> str:
+               name: str | None = None, variant: int = 1) -> str:
     """The content address of a message: sha256 hex over ``[parent key, role, content]`` (JSON, UTF-8), with
-    ``{"tool_calls", "tool_call_id", "name"}`` appended when the message has any of them."""
+    ``{"tool_calls", "tool_call_id", "name"}`` appended when the message has any of them, then
+    ``{"variant": variant}`` when ``variant`` > 1: the k-th generated answer with the same text under the same
+    parent (a regeneration that repeated an earlier one is a version of its own; its meta keeps ``variant``)."""
     parts: list[Any] = [parent_key(parent_id, conversation_id), role, content]
     if tool_calls or tool_call_id is not None or name is not None:
         parts.append({"tool_calls": calls_to_list(tool_calls), "tool_call_id": tool_call_id, "name": name})
+    if variant > 1:
+        parts.append({"variant": variant})
     payload = json.dumps(parts, ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 

@@ -363,7 +363,7 @@ class Store(SummariesCitations, PresetsProjects):
         ``meta`` is merged into its meta, ``tool_calls`` (if given) are the calls the answer made;
         ``reasoning`` (text) and ``reasoning_info`` (its ``REASONING_INFO_KEYS``) are stored apart, given or
         not the reasoning streamed so far stays. Returns the final id: for ``complete`` the content hash (the
-        provisional row is re-keyed, or dropped in favour of an identical existing sibling), else the same
+        provisional row is re-keyed; a repeat of an existing sibling's text gets a ``variant`` id), else the same
         id; the reasoning follows it."""
         if status not in ("complete", "error"):
             raise InvalidRequest(f"status must be complete or error, got {status!r}", param="status")
@@ -398,17 +398,25 @@ class Store(SummariesCitations, PresetsProjects):
                                [mid, mid, mid]).fetchone())
 
     def _rekey(self, db: Database, final: dict) -> str:
+        """Move a finished streamed message to its content address. When an earlier answer under the same
+        parent has the same text (a regeneration that repeated it), this one is a version of its own, keyed
+        with the first free ``variant`` (``records.message_id``) and marked so in its meta."""
         old = final["id"]
-        new = message_id(final["role"], final["content"], final["parent_id"], final["conversation_id"],
-                         loads_calls(final["tool_calls"], "tool_calls", None), final["tool_call_id"],
-                         final["tool_name"])
+        calls = loads_calls(final["tool_calls"], "tool_calls", None)
+        variant = 1
+        while True:
+            new = message_id(final["role"], final["content"], final["parent_id"], final["conversation_id"],
+                             calls, final["tool_call_id"], final["tool_name"], variant=variant)
+            if new == old or not db.execute("SELECT 1 FROM messages WHERE id = ?", [new]).fetchone():
+                break
+            variant += 1
         if new == old:
             return old
-        if not db.execute("SELECT 1 FROM messages WHERE id = ?", [new]).fetchone():
-            self._insert_message(db, dict(final, id=new))
+        if variant > 1:
+            final = dict(final, meta=dumps_json({**loads_json(final["meta"], "meta", None), "variant": variant}))
+        self._insert_message(db, dict(final, id=new))
         db.execute("UPDATE citations SET message_id = ? WHERE message_id = ?", [new, old])
-        # an identical answer stored before keeps its own reasoning (OR IGNORE); ours goes with the old row
-        db.execute("UPDATE OR IGNORE message_reasoning SET message_id = ? WHERE message_id = ?", [new, old])
+        db.execute("UPDATE message_reasoning SET message_id = ? WHERE message_id = ?", [new, old])
         db.execute("DELETE FROM messages WHERE id = ?", [old])
         return new
 

@@ -206,7 +206,7 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
         parent = idmap.get(m["parent_id"]) if m.get("parent_id") else None
         if m.get("status", "complete") == "complete":
             new = message_id(m["role"], m["content"], parent, new_conversation_id, m.get("tool_calls") or (),
-                             m.get("tool_call_id"), m.get("name"))
+                             m.get("tool_call_id"), m.get("name"), variant=_variant(m))
         else:
             new = provisional_id(m["role"], parent, new_conversation_id)
         idmap[m["id"]] = new
@@ -220,3 +220,10 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
                               id=summary_id(new_conversation_id, first, last, s["text"])))
     citations = [dict(c, message_id=idmap[c["message_id"]]) for c in doc["citations"]]
     return {**doc, "conversation": conv, "messages": messages, "summaries": summaries, "citations": citations}
+
+
+def _variant(m: dict[str, Any]) -> int:
+    """The ``variant`` of an exported message (its meta's, ``records.message_id``; 1 when absent or bad)."""
+    meta = m.get("meta")
+    v = meta.get("variant", 1) if isinstance(meta, dict) else 1
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 1 else 1
