@@ -162,6 +162,9 @@ def test_parse_ldd_not_found_lines():
     text = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibQt6XcbQpa.so.6 => /x/libQt6XcbQpa.so.6 (0x7f)\n"
             "\tlibxcb-cursor.so.0 => not found\n\tlibxcb-icccm.so.4 => not found\n")
     assert qt.parse_ldd(text) == ["libxcb-cursor.so.0", "libxcb-icccm.so.4"]
+    # ldd names a missing library once for each library that needs it: `hearth doctor` listed each twice
+    again = text + "\tlibxcb-cursor.so.0 => not found\n\tlibxcb-icccm.so.4 => not found\n"
+    assert qt.parse_ldd(again) == ["libxcb-cursor.so.0", "libxcb-icccm.so.4"]
 
 
 def test_unknown_soname_is_said_not_guessed():
@@ -237,10 +240,31 @@ def test_platform_name_follows_qt():
 def test_display_check():
     none = checks.check_display(_no_display_env())
     assert none.status == "warn" and "no display" in none.summary and "hearth serve" in none.fix
-    x11 = checks.check_display({"DISPLAY": ":0"})
-    assert x11.status == "ok" and "X11 :0" in x11.summary
     off = checks.check_display({"QT_QPA_PLATFORM": "offscreen"})
     assert off.status == "info"
+
+
+@pytest.mark.skipif(not LINUX, reason="X11's abstract sockets are Linux's")
+def test_display_check_asks_the_server(tmp_path: Path):
+    import socket
+
+    n = 4000 + os.getpid() % 1000  # a display number nothing else uses
+    dead = checks.check_display({"DISPLAY": f":{n}"})  # set, but no X server (it said "ok": issue 27)
+    assert dead.status == "warn" and f"DISPLAY=:{n} is set but no display server answers" in dead.summary
+    assert "hearth serve" in dead.fix and dead.details["answers"] == {"DISPLAY": False}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:  # an X server's listening socket
+        server.bind(f"\0/tmp/.X11-unix/X{n}")
+        server.listen(1)
+        x11 = checks.check_display({"DISPLAY": f":{n}.0"})
+        assert x11.status == "ok" and f"X11 :{n}.0" in x11.summary
+    wl = tmp_path / "wayland-9"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(wl))
+        server.listen(1)
+        env = {"WAYLAND_DISPLAY": "wayland-9", "XDG_RUNTIME_DIR": str(tmp_path), "DISPLAY": f":{n}"}
+        both = checks.check_display(env)
+        assert both.status == "ok" and "Wayland wayland-9" in both.summary and "X11" not in both.summary
+    assert qt.server_answers("DISPLAY", "not a display") is None  # unreadable: not judged
 
 
 def _write_port(home: Path, port: int) -> None:

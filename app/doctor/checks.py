@@ -31,16 +31,25 @@ def _gib(n: int | None) -> str:
 
 
 def check_display(env: dict[str, str] | None = None) -> Check:
-    """An X11 or Wayland display (Linux); macOS and Windows always have one."""
+    """An X11 or Wayland display (Linux) whose server answers (``qt.server_answers``); macOS and Windows
+    always have one."""
     env = os.environ if env is None else env
     if sys.platform in ("darwin", "win32"):
         return Check("display", "ok", f"{platform.system()} desktop session")
     qpa = env.get("QT_QPA_PLATFORM", "")
     found = {k: env[k] for k in ("DISPLAY", "WAYLAND_DISPLAY") if env.get(k)}
-    if found:
-        kind = " and ".join(("X11 " + found["DISPLAY"]) if k == "DISPLAY" else ("Wayland " + found[k])
-                            for k in found)
+    answers = {k: qt.server_answers(k, v, env) for k, v in found.items()}
+    live = {k: v for k, v in found.items() if answers[k] is not False}
+    if live:
+        kind = " and ".join(("X11 " + live["DISPLAY"]) if k == "DISPLAY" else ("Wayland " + live[k])
+                            for k in live)
         return Check("display", "ok", f"{kind}{f' (QT_QPA_PLATFORM={qpa})' if qpa else ''}", details=found)
+    if found:
+        named = " and ".join(f"{k}={v}" for k, v in found.items())
+        return Check("display", "warn", f"{named} is set but no display server answers there: the window "
+                     "cannot open; `hearth` starts the terminal chat",
+                     f"{HEADLESS}\nfor the window: start it from your desktop session (or `ssh -X`), or unset "
+                     f"{' and '.join(found)}", details={**found, "answers": answers})
     if qpa in ("offscreen", "minimal", "vnc"):
         return Check("display", "info", f"no display; QT_QPA_PLATFORM={qpa} draws without one",
                      details={"QT_QPA_PLATFORM": qpa})

@@ -175,8 +175,9 @@ def missing_libraries(plugin: Path, search_dirs: list[str] | None = None) -> lis
 
 
 def parse_ldd(text: str) -> list[str]:
-    """Sonames ``ldd`` reports as ``=> not found``, in order."""
-    return [m.group(1) for m in re.finditer(r"^\s*(\S+)\s+=>\s+not found", text, re.M)]
+    """Sonames ``ldd`` reports as ``=> not found``, in order, each once (``ldd`` repeats a soname for every
+    library that needs it)."""
+    return list(dict.fromkeys(m.group(1) for m in re.finditer(r"^\s*(\S+)\s+=>\s+not found", text, re.M)))
 
 
 def _ldd_missing(plugin: Path) -> list[MissingLib] | None:
@@ -215,6 +216,39 @@ def has_display(env: dict[str, str] | None = None) -> bool:
     if sys.platform in ("darwin", "win32"):
         return True
     return bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY") or env.get("QT_QPA_PLATFORM"))
+
+
+def server_answers(var: str, value: str, env: dict[str, str] | None = None, timeout: float = 1.0) -> bool | None:
+    """Whether the display server that ``var`` = ``value`` names accepts a connection (Linux). ``DISPLAY``:
+    ``[host]:N[.S]``; a local one (no host, or ``unix``) at the socket ``/tmp/.X11-unix/XN`` or its abstract
+    twin, a remote one at TCP port 6000 + N (the X11 conventions, Xlib's ``_X11TransConnect``).
+    ``WAYLAND_DISPLAY``: a socket path, relative to ``$XDG_RUNTIME_DIR`` unless absolute (libwayland's
+    ``wl_display_connect``). None when ``value`` cannot be read as either (not judged)."""
+    import socket
+
+    env = os.environ if env is None else env
+    if var == "WAYLAND_DISPLAY":
+        runtime = env.get("XDG_RUNTIME_DIR", "")
+        path = value if os.path.isabs(value) else os.path.join(runtime, value) if runtime else None
+        targets = [(socket.AF_UNIX, path)] if path else []
+    else:
+        m = re.fullmatch(r"(?:(?P<host>[^:]*)/)?(?P<h>[^:/]*):(?P<n>\d+)(?:\.\d+)?", value.strip())
+        if m is None:
+            return None
+        n, host = int(m["n"]), m["h"]
+        if host in ("", "unix"):
+            targets = [(socket.AF_UNIX, f"/tmp/.X11-unix/X{n}"), (socket.AF_UNIX, f"\0/tmp/.X11-unix/X{n}")]
+        else:
+            targets = [(socket.AF_INET, (host, 6000 + n))]
+    for family, address in targets:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(address)
+                return True
+        except OSError:
+            continue
+    return False if targets else None
 
 
 def startup_check(env: dict[str, str] | None = None) -> QtReport | None:
