@@ -206,3 +206,32 @@ def test_engine_error_mid_answer_keeps_what_was_said(memory_store: Store) -> Non
         chat.send(cid, "again?")
     last = memory_store.messages(cid)[-1]
     assert (last.status, last.content, last.meta["error"]) == ("error", "par", "EngineCrashed")
+
+
+def test_tool_definitions_are_their_own_part_of_the_context(memory_store: Store) -> None:
+    # The exact prompt count includes the tool definitions the engine rendered; the parts do not, so they
+    # were all counted as "Chat template" in the window's context tooltip (494 of them: issue 27).
+    defs = 40
+
+    def generate(messages, max_tokens, **opts):
+        yield Delta("Sunny. ")
+        yield Done("stop", Metrics(prompt_tokens=count(messages), completion_tokens=2),
+                   info={"tools_tokens": defs})
+
+    def count(messages) -> int:
+        return sum(words(m.content) + OVERHEAD for m in messages) + 1 + defs
+
+    chat = ChatSession(memory_store, generate, words, n_ctx=1024, max_tokens=64, system_prompt="Be brief.",
+                       message_overhead=OVERHEAD, margin=8, update_interval_s=0.0, count_messages=count)
+    cid = chat.new_conversation()
+    result = chat.send(cid, "weather in Oslo")
+    ctx = result.context
+    assert ctx["tool_definitions"] == defs and ctx["template"] == 2 * OVERHEAD + 1
+    assert sum(ctx[k] for k in ("system", "summaries", "history", "evidence", "user", "tool_definitions",
+                                "template")) == result.metrics["prompt_tokens"]
+    assert memory_store.get_message(result.message_id).meta["context"] == ctx  # after a restart too
+
+    from app.ui.formatting import context_tooltip
+
+    tip = context_tooltip(ctx, result.metrics)
+    assert f"Tool definitions: {defs}" in tip and f"Chat template (role markers, BOS): {2 * OVERHEAD + 1}" in tip

@@ -270,8 +270,10 @@ class ChatSession:
         thought = (done.reasoning if done is not None and done.reasoning else thought) or ""
         voted = (done.info or {}).get("self_consistency") if done is not None else None
         thinking = bool(thought or metrics.get("reasoning_tokens"))
+        _tool_definitions(plan.breakdown, (done.info or {}) if done is not None else {})
         final = self.store.finish_message(aid, "complete", content=text, token_count=tokens, tool_calls=calls,
                                           meta={"finish_reason": finish_reason, "metrics": metrics,
+                                                "context": plan.breakdown,
                                                 **({"tool_errors": errors} if errors else {}),
                                                 **({"self_consistency": voted} if voted else {})},
                                           reasoning=thought if thinking else None,
@@ -280,3 +282,14 @@ class ChatSession:
             self.store.add_citations(final, citations)
         return TurnResult(conversation_id, user_id, final, text, finish_reason, metrics, plan.breakdown,
                           added, plan.dropped_ids, calls, errors, thought)
+
+
+def _tool_definitions(breakdown: dict[str, int], info: dict[str, Any]) -> None:
+    """Move the tokens the tool definitions took (the engine's ``info["tools_tokens"]``) out of the exact
+    breakdown's ``template`` part (the prompt count includes them, the parts do not) into
+    ``tool_definitions``. Nothing when no tools were offered or the breakdown is an estimate."""
+    defs = info.get("tools_tokens")
+    if isinstance(defs, int) and defs > 0 and "template" in breakdown:
+        moved = min(defs, breakdown["template"])
+        breakdown["template"] -= moved
+        breakdown["tool_definitions"] = moved

@@ -181,7 +181,8 @@ class SummaryRequest:
 class ContextPlan:
     """One turn's prompt. ``breakdown`` in tokens: system, summaries, history, evidence, user (with an exact
     ``count_messages``: each part's own text, plus ``template``: what the chat template adds, so that the parts
-    sum to the exact prompt; without it, estimates that include ``message_overhead`` per message),
+    sum to the exact prompt; without it, estimates that include ``message_overhead`` per message;
+    ``tool_definitions``, moved out of ``template`` once the engine has counted them, after the answer),
     reserved (max_tokens), free (n_ctx − prompt − reserved) and n_ctx. ``evidence_kept``: indices (rank order) of
     the passages given to the model; ``evidence_dropped``: how many were left out for room.
     ``content_tokens``: each part's own text, in tokens, without the template's markers."""
@@ -202,7 +203,7 @@ class ContextPlan:
     def prompt_tokens(self) -> int:
         b = self.breakdown
         return (b["system"] + b["summaries"] + b["history"] + b["evidence"] + b["user"] + b.get("tools", 0)
-                + b.get("template", 0))
+                + b.get("tool_definitions", 0) + b.get("template", 0))
 
 
 def _exact_breakdown(plan: ContextPlan, exact: int) -> ContextPlan:

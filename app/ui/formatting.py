@@ -136,7 +136,7 @@ def thinking_label(tokens: int | None, streaming: bool, expanded: bool, note: st
 
 _PARTS = (("System prompt", "system"), ("Summaries of older turns", "summaries"), ("Recent turns", "history"),
           ("Document evidence", "evidence"), ("Your message", "user"),
-          ("This turn's tool calls and results", "tools"),
+          ("This turn's tool calls and results", "tools"), ("Tool definitions", "tool_definitions"),
           ("Chat template (role markers, BOS)", "template"))
 
 
@@ -187,7 +187,7 @@ def context_tooltip(breakdown: dict[str, Any], metrics: dict[str, Any] | None = 
         # answers since the turn pipeline carry an exact breakdown (its ``template`` part); older ones an estimate
         lines.append("  Per part:" if "template" in breakdown else "  Estimated per part:")
     lines += [f"  {label}: {_int(breakdown, key)}" for label, key in _PARTS
-              if key not in ("template", "tools") or key in breakdown]
+              if key not in ("template", "tools", "tool_definitions") or key in breakdown]
     lines.append(f"  Answer: {_int(metrics, 'completion_tokens')}")
     lines.append(f"  Reserved for the answer: {_int(breakdown, 'reserved')}")
     lines.append(f"  Free: {_int(breakdown, 'free')}")
