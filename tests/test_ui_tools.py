@@ -118,6 +118,10 @@ def stdio_window(qtbot, hearth_home: Path):
 
 def test_a_call_is_shown_asked_for_run_shown_collapsed_and_stored(qtbot, stdio_window) -> None:
     w = stdio_window
+    # The chat says tools are on, and which (nothing did: issue 27)
+    qtbot.waitUntil(lambda: shown(w.header.tools), timeout=10_000)
+    n = len(w.ctx.tools.hub.tools())
+    assert w.header.tools.text() == f"🔧 Tools on: {n}" and "t: add" in w.header.tools.toolTip()
     send(qtbot, w, "What is 2 + 3?")
     qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)
     tw = tool_widget(w)
@@ -360,6 +364,7 @@ def test_without_mcp_json_turns_offer_no_tools(qtbot) -> None:
         send(qtbot, w, "hi")
         qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
         assert w.chat_model.items()[-1].content == "plain" and w.ctx.engine.engine.seen[-1].tools == ()
+        assert not w.header.tools.isVisibleTo(w) and w.header.tools.text() == ""
         dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
         assert dlg.mcp.servers.count() == 0 and not dlg.mcp.editor.isEnabled()
         dlg.accept()

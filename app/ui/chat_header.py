@@ -54,12 +54,15 @@ class ChatHeader(QFrame):
         self.preset.setMinimumContentsLength(10)
         self.preset.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.preset.activated.connect(lambda i: self.preset_chosen.emit(self.preset.itemData(i) or ""))
+        self.tools = QLabel(visible=False)  # MCP tools offered to the model (``set_tools``)
+        self.tools.setObjectName("toolsIndicator")
+        self.tools.setAccessibleName("Tools offered to the model")
         self.toggle = QToolButton(text="System prompt ▸", checkable=True)
         self.toggle.setObjectName("systemPromptToggle")
         self.toggle.toggled.connect(self._toggle)
         row.addWidget(self.project)
         row.insertWidget(0, self.title, 1)  # the title takes the free width (cut with its project note kept)
-        for w in (QLabel("Preset:"), self.preset, self.toggle):
+        for w in (self.tools, QLabel("Preset:"), self.preset, self.toggle):
             row.addWidget(w)
         outer.addLayout(row)
         self.editor = QWidget(visible=False)
@@ -81,6 +84,12 @@ class ChatHeader(QFrame):
         ed.addWidget(self.prompt)
         ed.addLayout(buttons)
         outer.addWidget(self.editor)
+
+    def set_tools(self, text: str, tip: str) -> None:
+        """Show which tools the model is offered (``formatting.tools_indicator``); hidden for ``""``."""
+        self.tools.setText(text)
+        self.tools.setToolTip(tip)
+        self.tools.setVisible(bool(text))
 
     def _toggle(self, on: bool) -> None:
         self.editor.setVisible(on)

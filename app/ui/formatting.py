@@ -204,3 +204,22 @@ def model_label(entry: Any) -> str:
     if entry.error:
         name += "  ⚠ unusable"
     return name
+
+
+def tools_indicator(tools: list[Any], servers: int) -> tuple[str, str]:
+    """The chat header's tools note as ``(text, tooltip)``: ``tools`` the enabled tools of the running MCP
+    servers (``McpHub.tools()``), ``servers`` how many are configured. ``("", "")`` when none is configured
+    (the model is offered nothing)."""
+    if servers <= 0:
+        return "", ""
+    if not tools:
+        return ("Tools: none ready", f"{servers} MCP server{'s' if servers != 1 else ''} configured, none running "
+                "with a tool switched on: the model is offered no tools. See the Tools page.")
+    by_server: dict[str, list[str]] = {}
+    for t in tools:
+        by_server.setdefault(t.server, []).append(t.name + (" (always allowed)" if t.always_allowed else ""))
+    n = len(tools)
+    lines = [f"The model is offered {n} tool{'s' if n != 1 else ''}; each call asks you first unless you "
+             "allowed it always. Switch them off on the Tools page."]
+    lines += [f"{server}: {', '.join(names)}" for server, names in by_server.items()]
+    return f"🔧 Tools on: {n}", "\n".join(lines)

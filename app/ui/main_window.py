@@ -33,6 +33,7 @@ from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
 from app.ui.chat_header import ChatHeader
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
+from app.ui.formatting import tools_indicator
 from app.ui.labels import fit_width
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
@@ -85,6 +86,8 @@ class MainWindow(QMainWindow):
         if ctx.tools.config_error:
             self._server_notes[""] = f"mcp.json is not used: {ctx.tools.config_error}"
             self._show_notes()
+        ctx.tools.config_changed.connect(self._show_tools)
+        self._show_tools()
         ctx.tools.start()
         self.service = ServiceController(ctx.pool, lambda: ctx.settings,
                                          lambda: ctx.settings.server.port if ctx.server.running else None, self)
@@ -474,12 +477,19 @@ class MainWindow(QMainWindow):
         self.ctx.chat.answer(row.call_id, permission)
 
     def _tools_status(self, status: Any) -> None:
-        """A server's ``ServerStatus``: a failure is named under the chat until it runs again."""
+        """A server's ``ServerStatus``: a failure is named under the chat until it runs again; the header's
+        tools note follows."""
         if status.state == "failed":
             self._server_notes[status.name] = f"MCP server {status.name!r} failed: {status.error}"
         elif status.state in ("ready", "stopped"):
             self._server_notes.pop(status.name, None)
         self._show_notes()
+        self._show_tools()
+
+    def _show_tools(self) -> None:
+        """The chat header's note of the tools the model is offered (none configured: hidden)."""
+        hub = self.ctx.tools.hub
+        self.header.set_tools(*tools_indicator(hub.tools(), len(hub.config.servers)))
 
     def _show_notes(self) -> None:
         text = "\n".join(self._server_notes.values())
