@@ -349,9 +349,9 @@ def test_identical_regenerations_stay_apart_through_export_and_import(memory_sto
 def test_conversation_management(memory_store: Store) -> None:
     a, b = memory_store.create_conversation("a"), memory_store.create_conversation("b")
     turn(memory_store, a, "q", "r", None)
-    memory_store.rename(b, "renamed")
-    assert [c.title for c in memory_store.list_conversations()] == ["renamed", "a"]
-    assert memory_store.list_conversations()[1].message_count == 2
+    memory_store.rename(b, "renamed")  # a rename keeps the chat's place (it jumped to the top: issue 27)
+    assert [c.title for c in memory_store.list_conversations()] == ["a", "renamed"]
+    assert memory_store.list_conversations()[0].message_count == 2
     assert memory_store.resolve_conversation_id(a[:6]) == a
     memory_store.delete(a)
     assert [c.id for c in memory_store.list_conversations()] == [b] and memory_store.search("q") == []

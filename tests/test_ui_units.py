@@ -214,8 +214,13 @@ def test_conversation_model_groups_by_date_and_shows_hits():
     assert m.row_of("c3") == 4
     hit = SimpleNamespace(conversation_id="c2", conversation_title="chat 2", message_id="m9", role="user",
                           snippet="the [launch] code")
-    m.set_hits("launch", [hit])
-    assert m.rowCount() == 2 and m.index(1).data(KindRole) == "hit" and "[launch]" in m.index(1).data()
+    other = SimpleNamespace(**{**hit.__dict__, "message_id": "m10", "snippet": "a second [launch] date"})
+    m.set_hits("launch", [hit, other])
+    assert m.rowCount() == 3 and m.index(1).data(KindRole) == "hit"
+    # The match leads, the chat follows: two hits in one chat no longer read the same (issue 27)
+    assert m.index(1).data() == "the [launch] code\n   in chat 2"
+    assert m.index(2).data() == "a second [launch] date\n   in chat 2"
+    assert m.index(1).data(Qt.ItemDataRole.ToolTipRole) == "chat 2\nuser: the [launch] code"
 
 
 def test_document_model_status_and_per_conversation_choice():
@@ -349,8 +354,12 @@ def test_sidebar_rename_delete_search(qtbot, memory_store):
     qtbot.addWidget(bar)
     bar.refresh()
     assert [bar.model.index(i).data() for i in range(bar.model.rowCount())] == ["Today", "Recipes", "Trip planning"]
-    bar.rename(b, "Cooking")
-    assert bar.model.index(1).data() == "Cooking"
+    bar.rename(a, "Travel")  # keeps its place (it jumped to the top, away from the mouse: issue 27)
+    assert [bar.model.index(i).data() for i in range(bar.model.rowCount())] == ["Today", "Recipes", "Travel"]
+    from app.ui.sidebar import delete_question
+
+    assert "“Travel”" in delete_question(store.get_conversation(a).title)  # the confirmation names the chat
+    assert "“" + "x" * 59 + "…”" in delete_question("x" * 80) and "“New chat”" in delete_question(None)
     picked = []
     bar.selected.connect(lambda cid, mid: picked.append((cid, mid)))
     bar.search.setText("ferry")
@@ -362,7 +371,7 @@ def test_sidebar_rename_delete_search(qtbot, memory_store):
     bar.deleted.connect(deleted.append)
     bar.delete(b, confirm=False)
     qtbot.waitUntil(lambda: bar.model.rowCount() == 2, timeout=2000)
-    assert deleted == [b] and bar.model.index(1).data() == "Trip planning"
+    assert deleted == [b] and bar.model.index(1).data() == "Travel"
     # the search debounce started by clear() must not fire after the store is closed (in a later test)
     qtbot.waitUntil(lambda: not bar._debounce.isActive(), timeout=2000)
 

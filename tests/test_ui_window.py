@@ -275,6 +275,24 @@ def test_edit_makes_a_branch_and_keys_work(qtbot, window):
     assert w.sidebar.search.hasFocus()
 
 
+def test_a_search_hit_opens_its_chat_at_the_match_highlighted(qtbot, window):
+    w = window
+    ask(qtbot, w, "What is the capital of France?")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    w.sidebar.search.setText("capital")
+    qtbot.waitUntil(lambda: "result" in (w.sidebar.model.index(0).data() or ""), timeout=5_000)
+    hit = w.sidebar.model.index(1)
+    assert hit.data().startswith("What is the [capital]") and "\n   in " in hit.data()
+    w.sidebar.view.clicked.emit(hit)
+    question = w.chat.widgets[0]
+    # the match is marked in the message (it was only in a tooltip: issue 27)
+    qtbot.waitUntil(lambda: len(question.body.extraSelections()) == 1, timeout=5_000)
+    mark = question.body.extraSelections()[0]
+    assert mark.cursor.selectedText() == "capital"
+    qtbot.waitUntil(lambda: not w.sidebar._debounce.isActive(), timeout=2000)  # none fires after the store closes
+
+
 def test_esc_during_a_load_aborts_it_and_frees_the_process(qtbot, window):
     w = window
     job = w.ctx.engine.job

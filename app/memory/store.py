@@ -173,10 +173,11 @@ class Store(SummariesCitations, PresetsProjects):
         return ids[0]
 
     def rename(self, conversation_id: str, title: str) -> None:
+        """Give the conversation ``title``. Its ``updated`` time (the sidebar's order: last activity) stays, so
+        a renamed chat keeps its place. Raises ``StoreError`` for an unknown id."""
         self.get_conversation(conversation_id)
         with self._tx() as db:
-            db.execute("UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                       [title, now(), conversation_id])
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", [title, conversation_id])
 
     def update_conversation(self, conversation_id: str, *, model: str | None = None,
                             settings: dict | None = None) -> None:

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QTextBrowser,
+    QTextEdit,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -86,6 +87,33 @@ class MarkdownView(QTextBrowser):
             QGuiApplication.clipboard().setText(self.blocks[n])
         else:
             self.link_activated.emit(url.toString())
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of a sidebar search (``Store.search``'s FTS5 query) to highlight: quotes, ``*``, parentheses
+    and the operators AND / OR / NOT / NEAR dropped."""
+    words = re.findall(r"[^\s\"()*^:]+", query)
+    return [w for w in words if w not in ("AND", "OR", "NOT", "NEAR")]
+
+
+def highlight_terms(view: QTextBrowser, terms: list[str]) -> int:
+    """Mark every case-insensitive occurrence of ``terms`` in ``view`` (extra selections in the theme's
+    accent colours, the document untouched); returns how many were marked."""
+    c = theme.PALETTES[theme.current()]
+    fmt = QTextCharFormat()
+    fmt.setBackground(QColor(c.accent))
+    fmt.setForeground(QColor(c.accent_text))
+    marks = []
+    doc = view.document()
+    for term in terms:
+        cursor = doc.find(term, 0)
+        while not cursor.isNull():
+            sel = QTextEdit.ExtraSelection()
+            sel.cursor, sel.format = cursor, fmt
+            marks.append(sel)
+            cursor = doc.find(term, cursor)
+    view.setExtraSelections(marks)
+    return len(marks)
 
 
 def _code_runs(doc: QTextDocument) -> list[list[Any]]:
@@ -506,6 +534,17 @@ class ChatView(QWidget):
         self._dirty.clear()
         if at_end:
             self._scroll_to_end()
+
+    def show_match(self, message_id: str, query: str) -> bool:
+        """Scroll to the message ``message_id`` and highlight each word of the search ``query`` in it
+        (case-insensitive; FTS syntax such as quotes and ``*`` dropped). False when it is not shown."""
+        widget = next((w for w in self.widgets if getattr(w, "row", None) is not None and w.row.id == message_id
+                       and hasattr(w, "body")), None)
+        if widget is None:
+            return False
+        highlight_terms(widget.body, search_terms(query))
+        self.scroll.ensureWidgetVisible(widget)
+        return True
 
     def _scroll_to_end(self) -> None:
         self._end_timer.start()  # after the layout has taken the new sizes

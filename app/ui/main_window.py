@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDialog,
@@ -358,6 +358,9 @@ class MainWindow(QMainWindow):
         self.set_editing(None)
         tip = descend(self.ctx.store, message_id) if message_id else None
         self.show_branch(tip)
+        if message_id:  # opened from a search hit: show the match, once the rows have their sizes
+            query = self.sidebar.search.text().strip()
+            QTimer.singleShot(0, lambda: self.chat.show_match(message_id, query))
         self.documents.show_selection(self.ctx.conversation_documents(cid))
         rs = self.ctx.store.reasoning_settings(cid)
         self.chat.show_effort(rs.effort, rs.budget_tokens)

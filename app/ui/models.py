@@ -94,8 +94,11 @@ class ConversationListModel(_ListModel):
         rows = [SidebarRow("header", f"{len(hits)} result{'s' if len(hits) != 1 else ''} for “{query}”")]
         for h in hits:
             snippet = " ".join(h.snippet.split())
-            rows.append(SidebarRow("hit", f"{h.conversation_title or 'New chat'} — {snippet}", h.conversation_id,
-                                   h.message_id, tooltip=f"{h.role}: {snippet}"))
+            title = h.conversation_title or "New chat"
+            # the matching text first (hits in one chat all began with its title, cut before the match), then
+            # where it is; the tooltip holds both whole
+            rows.append(SidebarRow("hit", f"{snippet}\n   in {title}", h.conversation_id, h.message_id,
+                                   tooltip=f"{title}\n{h.role}: {snippet}"))
         self._reset(rows)
 
     def row_of(self, conversation_id: str) -> int:

@@ -183,9 +183,17 @@ class Sidebar(QWidget):
         self.refresh()
 
     def delete(self, cid: str, confirm: bool = True) -> None:
-        if confirm and QMessageBox.question(self, "Delete chat", "Delete this chat and all its messages? "
-                                            "This cannot be undone.") != QMessageBox.StandardButton.Yes:
+        if confirm and QMessageBox.question(self, "Delete chat", delete_question(
+                self.store.get_conversation(cid).title)) != QMessageBox.StandardButton.Yes:
             return
         self.store.delete(cid)
         self.refresh()
         self.deleted.emit(cid)
+
+
+def delete_question(title: str | None) -> str:
+    """The confirmation asked before deleting a chat, naming it (``title`` cut at 60 characters)."""
+    name = (title or "New chat").strip() or "New chat"
+    if len(name) > 60:
+        name = name[:59] + "…"
+    return f"Delete the chat “{name}” and all its messages? This cannot be undone."
