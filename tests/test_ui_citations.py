@@ -122,3 +122,26 @@ def test_unsupported_sentences_as_the_markdown_shows_them():
     assert unsupported_sentences(content, [bad, twice, good]) == [
         ("Store below 30 °C", "not in the cited passage: 30 °C; another")]
     assert unsupported_sentences(content, [{**bad, "sentence_end": 999}]) == []  # a span past the text: skipped
+
+
+def test_passages_stay_under_every_answer_after_later_turns_and_reopening(qtbot, window):
+    # Answers that cite nothing show the passages they were given; those vanished one turn later and after
+    # reopening (only the newest answer had them: issue 27). They are stored with each answer now.
+    w = window
+    w.ctx.engine.engine.runtime.reply = lambda req: "No citation here."
+    for question in ("When does the ferry to Lindholm leave?", "From which pier does the ferry leave?"):
+        w.chat.composer.setPlainText(question)
+        qtbot.keyClick(w.chat.composer, Qt.Key.Key_Return)
+        qtbot.waitUntil(lambda: not w.ctx.chat.busy and last_answer(w).row.id is not None, timeout=TURN_MS)
+    cid = w.conversation_id
+    for reopened in (False, True):
+        if reopened:
+            w.new_chat()
+            w.open_conversation(cid)
+        answers = [x for x in w.chat.widgets if isinstance(x, MessageWidget) and x.row.role == "assistant"]
+        assert len(answers) == 2
+        for a in answers:
+            assert a.row.retrieved and a.row.retrieved[0]["path"].endswith("ferries.txt")
+            assert "pier 4" in a.row.retrieved[0]["text"] and "Passages given to the model" in a.citations.text()
+    stored = w.ctx.store.get_message(answers[0].row.id).meta["evidence"]
+    assert [p["evidence_id"] for p in stored] == [p["evidence_id"] for p in answers[0].row.retrieved]

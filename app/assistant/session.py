@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from app.assistant.evidence import given
 from app.engine.chat.tool_stream import ToolsDone
 from app.errors import HearthError
 from app.memory.context import ContextBuilder, ContextPlan, EvidenceInput, Grounder, Summarizer, SummaryRequest
@@ -271,9 +272,11 @@ class ChatSession:
         voted = (done.info or {}).get("self_consistency") if done is not None else None
         thinking = bool(thought or metrics.get("reasoning_tokens"))
         _tool_definitions(plan.breakdown, (done.info or {}) if done is not None else {})
+        passages = plan.grounding.evidence if plan.grounding is not None else ()
         final = self.store.finish_message(aid, "complete", content=text, token_count=tokens, tool_calls=calls,
                                           meta={"finish_reason": finish_reason, "metrics": metrics,
                                                 "context": plan.breakdown,
+                                                **({"evidence": given(passages)} if passages else {}),
                                                 **({"tool_errors": errors} if errors else {}),
                                                 **({"self_consistency": voted} if voted else {})},
                                           reasoning=thought if thinking else None,

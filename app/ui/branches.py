@@ -32,8 +32,9 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
         ids = tuple(s.id for s in sibs) or (m.id,)
         pos = ids.index(m.id) + 1 if m.id in ids else 1
         cites = [c.to_dict() for c in store.citations_for(m.id)]
+        given = m.meta.get("evidence") if m.role == "assistant" else None
         row = ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
-                      cites, tool_calls=m.tool_calls)
+                      cites, tool_calls=m.tool_calls, retrieved=_passages(given))
         if m.reasoning:
             row = thinking_row(row, store.reasoning_for(m.id))
         if m.meta.get("self_consistency"):
@@ -41,6 +42,16 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
         calls.update((c.id, c) for c in m.tool_calls)
         rows.append(tool_row(row, m, calls.get(m.tool_call_id or "")) if m.role == "tool" else row)
     return rows
+
+
+def _passages(given: Any) -> list[dict]:
+    """The passages an answer was given, from its meta's ``evidence`` (``evidence.given`` dicts, stored with
+    the answer); a hand-edited or foreign value gives none."""
+    if not isinstance(given, list):
+        return []
+    keys = ("evidence_id", "path", "page", "text")
+    return [{k: p.get(k) for k in keys} for p in given
+            if isinstance(p, dict) and isinstance(p.get("evidence_id"), str) and isinstance(p.get("path"), str)]
 
 
 def thinking_row(row: ChatRow, r: Any) -> ChatRow:

@@ -506,9 +506,7 @@ class MainWindow(QMainWindow):
     def _turn_finished(self, done: Any) -> None:
         """``done``: the turn's ``app.assistant.TurnDone``."""
         self.show_branch()
-        result = done.result
-        if done.evidence and not done.citations:
-            self.chat_model.update_last(retrieved=list(done.evidence))
+        result = done.result  # the branch shown again carries each answer's passages (stored in its meta)
         self.status.show_answer(result.metrics, result.context)
         self.sidebar.refresh()
         self.sidebar.select(self.conversation_id)
