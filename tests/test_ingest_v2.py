@@ -473,3 +473,22 @@ def test_a_named_pipe_is_reported_not_read(tmp_path: Path):
         assert failed == {str(folder / "pipe.md"): "not a regular file (a named pipe, socket or device)"}
     assert store.stats()["chunks"] >= 1
     store.close()
+
+
+def test_document_paths_are_the_paths_an_ingest_records(tmp_path: Path) -> None:
+    # What a drop on a chat attaches: the files of the folders named too, as the store records them
+    from app.retrieval.ingest import document_paths
+    from app.retrieval.store import DocumentStore
+
+    (tmp_path / "notes" / "sub").mkdir(parents=True)
+    (tmp_path / "notes" / "a.txt").write_text("Alpha.\n", encoding="utf-8")
+    (tmp_path / "notes" / "sub" / "b.md").write_text("# Beta\n\nBeta text.\n", encoding="utf-8")
+    (tmp_path / "notes" / ".hidden.txt").write_text("hidden\n", encoding="utf-8")
+    (tmp_path / "c.txt").write_text("Gamma.\n", encoding="utf-8")
+    named = [str(tmp_path / "notes"), str(tmp_path / "notes" / ".." / "c.txt")]
+    paths = document_paths(named)
+    assert paths == [str(tmp_path / "notes" / "a.txt"), str(tmp_path / "notes" / "sub" / "b.md"),
+                     str(tmp_path / "c.txt")]
+    with DocumentStore(tmp_path / "documents.db") as store:
+        Ingester(store).ingest(named)
+        assert sorted(d.path for d in store.documents()) == sorted(paths)

@@ -48,7 +48,7 @@ def docs(tmp_path):
 
 
 @pytest.fixture
-def window(qtbot, docs):
+def window(qtbot, docs, tmp_path):
     from app.ui.context import AppContext
     from app.ui.main_window import MainWindow
 
@@ -59,6 +59,7 @@ def window(qtbot, docs):
     ctx.engine.engine = FakeEngine(n_ctx=2048, reply=cite_wrongly)
     ctx.engine._set_state("ready")
     ctx.chat.documents = lambda: docs  # the window's turns search these documents
+    w.attach_documents([str(tmp_path / "ferries.txt")])  # as a drop on the chat does: this chat uses it
     yield w
     w.close()
     assert ctx.pool.pool.activeThreadCount() == 0 and ctx.pool.active == 0

@@ -417,3 +417,14 @@ def test_service_probe_and_text():
     assert "service running on :8765 · no model" in service_text(health, 8765, False)
     assert "connect" in service_text({"status": "ok", "model": "m"}, 8765, False)
     assert service_text({"status": "ok"}, 8765, True) == "service :8765 · connected"
+
+
+def test_documents_indicator_names_what_the_chat_uses():
+    from app.ui.formatting import documents_indicator
+
+    assert documents_indicator([]) == ("", "")  # a new chat: none attached, nothing shown
+    text, tip = documents_indicator(["/d/ferries.txt", "/d/cake.pdf"])
+    assert text == "📄 Documents: 2" and tip.splitlines()[1:] == ["ferries.txt", "cake.pdf"]
+    assert documents_indicator(None)[0] == "📄 All documents"  # a chat from before per-chat documents
+    many = documents_indicator([f"/d/n{i}.txt" for i in range(20)])[1]
+    assert many.endswith("… and 8 more")

@@ -163,16 +163,31 @@ def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
         pytest.skip("app.retrieval is not in this build")
     doc = tmp_path / "ferries.txt"
     doc.write_text("Ferry timetable.\n\nThe ferry to Lindholm island leaves at 7:45 every morning from pier 4.\n")
-    drop(w.documents, [doc])
+    drop(w, [doc])  # onto the chat: indexed, and attached to this chat only
     qtbot.waitUntil(lambda: w.documents.model.row_of(str(doc)) >= 0 and not w.ctx.docs.busy, timeout=60_000)
     row = w.documents.model.item(w.documents.model.row_of(str(doc)))
     assert row.status == "indexed" and row.chunks >= 1
     assert "indexed" in w.documents.model.index(w.documents.model.row_of(str(doc))).data()
+    assert w.header.documents.text() == "📄 Documents: 1" and "ferries.txt" in w.header.documents.toolTip()
     ask(qtbot, w, "When does the ferry to Lindholm leave?")
     qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
     answer = w.chat_model.items()[-1]
     assert answer.citations or answer.retrieved  # the passage went to the model and is listed under the answer
     qtbot.waitUntil(lambda: "ferries.txt" in w.chat.widgets[-1].citations.text(), timeout=2_000)  # rendered
+    assert w.ctx.conversation_documents(w.conversation_id) == [str(doc)]
+    # Another chat is not given it (every indexed document went into every new chat: issue 27)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert not w.header.documents.isVisibleTo(w) and w.documents.model.selected_paths() == []
+    ask(qtbot, w, "Tell me a story about a dragon.")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
+    other = w.chat_model.items()[-1]
+    assert not other.citations and not other.retrieved and w.ctx.conversation_documents(w.conversation_id) == []
+    # A drop onto the documents page adds to the library only
+    doc2 = tmp_path / "cake.txt"
+    doc2.write_text("Lemon cake.\n\nBeat the butter and sugar, then fold in the lemon zest.\n")
+    drop(w.documents, [doc2])
+    qtbot.waitUntil(lambda: w.documents.model.row_of(str(doc2)) >= 0 and not w.ctx.docs.busy, timeout=60_000)
+    assert w.ctx.conversation_documents(w.conversation_id) == []
 
 
 def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_model):

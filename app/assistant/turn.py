@@ -331,6 +331,8 @@ class Assistant:
         from app.assistant.grounding import ground
 
         paths = self.store.get_conversation(conversation_id).settings.get("documents")
+        if paths is not None and not paths:
+            return None  # no documents attached to this chat
         source = _ChosenDocuments(self.documents, None if paths is None else list(paths))
         reserve = self.session.builder.max_tokens
         return lambda messages: ground(self.engine, source, messages, k=self.k, max_tokens=reserve)

@@ -393,6 +393,12 @@ def _abs(p: Path | str) -> Path:
     return Path(os.path.abspath(os.path.expanduser(str(p))))
 
 
+def document_paths(paths: Iterable[Path | str]) -> list[str]:
+    """The document paths ``Ingester.ingest(paths)`` indexes (files named, and the files under folders named,
+    hidden ones skipped), as the store records them: what a drop attaches to a chat."""
+    return [str(p) for p in _collect([_abs(p) for p in paths])]
+
+
 def _collect(roots: list[Path]) -> list[Path]:
     """Files under the roots, sorted, without duplicates; hidden files and folders skipped."""
     files: dict[str, Path] = {}

@@ -57,12 +57,15 @@ class ChatHeader(QFrame):
         self.tools = QLabel(visible=False)  # MCP tools offered to the model (``set_tools``)
         self.tools.setObjectName("toolsIndicator")
         self.tools.setAccessibleName("Tools offered to the model")
+        self.documents = QLabel(visible=False)  # the documents this chat uses (``set_documents``)
+        self.documents.setObjectName("documentsIndicator")
+        self.documents.setAccessibleName("Documents this chat uses")
         self.toggle = QToolButton(text="System prompt ▸", checkable=True)
         self.toggle.setObjectName("systemPromptToggle")
         self.toggle.toggled.connect(self._toggle)
         row.addWidget(self.project)
         row.insertWidget(0, self.title, 1)  # the title takes the free width (cut with its project note kept)
-        for w in (self.tools, QLabel("Preset:"), self.preset, self.toggle):
+        for w in (self.documents, self.tools, QLabel("Preset:"), self.preset, self.toggle):
             row.addWidget(w)
         outer.addLayout(row)
         self.editor = QWidget(visible=False)
@@ -90,6 +93,12 @@ class ChatHeader(QFrame):
         self.tools.setText(text)
         self.tools.setToolTip(tip)
         self.tools.setVisible(bool(text))
+
+    def set_documents(self, text: str, tip: str) -> None:
+        """Show which documents the chat uses (``formatting.documents_indicator``); hidden for ``""``."""
+        self.documents.setText(text)
+        self.documents.setToolTip(tip)
+        self.documents.setVisible(bool(text))
 
     def _toggle(self, on: bool) -> None:
         self.editor.setVisible(on)

@@ -33,7 +33,7 @@ from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip
 from app.ui.chat_header import ChatHeader
 from app.ui.chat_view import ChatView
 from app.ui.documents_panel import DocumentsPanel
-from app.ui.formatting import tools_indicator
+from app.ui.formatting import documents_indicator, tools_indicator
 from app.ui.labels import fit_width
 from app.ui.model_panel import ModelPanel
 from app.ui.models import ChatModel, ChatRow
@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         self.sidebar.refresh()
         self.models.refresh()
         self.documents.refresh()
+        self.documents.show_selection([])  # the first chat, as every new one, uses no documents until attached
         self.ctx.pool.run(_machine_memory, on_return=lambda mem: self.models.show_recommendations(*mem))
         if ctx.settings.server.enabled:
             ctx.server.apply(ctx.settings.server)
@@ -259,6 +260,7 @@ class MainWindow(QMainWindow):
                                                                        setup.system_prompt))
         title = store.get_conversation(cid).title if cid else ""
         self.header.show_setup(title, setup, store.presets(), self.ctx.settings.system_prompt)
+        self.header.set_documents(*documents_indicator(self.documents.model.selected_paths()))
 
     def choose_preset(self, preset_id: str) -> None:
         """The header's picker: the chat's own preset ("" follows its project / the defaults); a preset that
@@ -347,7 +349,7 @@ class MainWindow(QMainWindow):
         self.pending_effort = ""
         self.chat.show_effort(None)
         self.sidebar.select(None)
-        self.documents.show_selection(None)
+        self.documents.show_selection([])  # a new chat uses no documents until some are attached
         self.show_header()
         self.chat.composer.setFocus()
 
@@ -559,6 +561,7 @@ class MainWindow(QMainWindow):
     def _documents_chosen(self, paths: list[str] | None) -> None:
         if self.conversation_id is not None:
             self.ctx.set_conversation_documents(self.conversation_id, paths)
+        self.header.set_documents(*documents_indicator(paths))
 
     def dragEnterEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         if e.mimeData().hasUrls():
@@ -572,9 +575,22 @@ class MainWindow(QMainWindow):
             self.tabs.setCurrentWidget(self.models)
         rest = [p for p in paths if p not in gguf]
         if rest:
+            self.attach_documents(rest)
             self.documents.ingest(rest)
             self.tabs.setCurrentWidget(self.documents)
         e.acceptProposedAction()
+
+    def attach_documents(self, paths: list[str]) -> None:
+        """Files or folders dropped on the window: their documents join this chat's (a new chat's: when it is
+        created), ticked in the documents list; other chats are not given them."""
+        from app.retrieval.ingest import document_paths
+
+        chosen = self.documents.model.selected_paths()
+        if chosen is None:  # a chat from before per-chat documents: it uses them all, the dropped ones too
+            return
+        merged = sorted(set(chosen) | set(document_paths(paths)))
+        self.documents.show_selection(merged)
+        self._documents_chosen(merged)
 
     def closeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         self.service.stop()
