@@ -49,13 +49,16 @@ def test_quantization_only_from_the_standard_pattern(name: str, quant: str):
     assert quantization_from_name(name) == quant
 
 
-def test_catalog_quantizations_are_all_read_and_sizes_say_unknown():
+def test_catalog_quantizations_are_all_read_and_unlisted_sizes_say_estimated():
     cat = load_catalog()
     assert all(r.quantization != "unknown" for r in cat)
     unknown = [r for r in cat if r.size_bytes is None]
-    assert unknown and all(r.size_estimated and "(size unknown)" in r.size_text() for r in unknown)
+    assert unknown and all(r.size_estimated and re.fullmatch(r"about \d+\.\d GiB \(estimated from parameters\)",
+                                                             r.size_text()) for r in unknown)
+    qwen8 = next(r for r in cat if r.id == "qwen3-8b-q4_k_m")
+    assert qwen8.size_text() == "about 4.7 GiB (estimated from parameters)"  # not "≈4.7 GiB (size unknown)"
     known = next(r for r in cat if r.size_bytes)
-    assert not known.size_estimated and "unknown" not in known.size_text()
+    assert not known.size_estimated and re.fullmatch(r"\d+\.\d GiB", known.size_text())
 
 
 def test_unknown_quantization_and_size_is_unknown_not_guessed():
@@ -63,7 +66,8 @@ def test_unknown_quantization_and_size_is_unknown_not_guessed():
     assert r.weights_bytes() is None and bits_per_weight("unknown") is None
     judged = fit(r, 64 << 30)
     assert judged.verdict == "unknown" and judged.min_memory_bytes is None
-    assert r.size_text() == "size unknown" and "quantization unknown" in judged.label()
+    assert r.size_text() == "size not listed" and "quantization unknown" in judged.label()
+    assert judged.fit_text() == "Fit on this machine not known"
 
 
 def test_fit_per_machine():
@@ -91,7 +95,38 @@ def test_recommendations_by_machine():
 
 def test_label_names_quantization_size_licence_and_verdict():
     r = fit(next(r for r in load_catalog() if r.id == "llama-3.2-3b-instruct-q4_k_m"), ram_bytes=16 << 30)
-    assert r.label().startswith("Llama 3.2 3B Instruct · Q4_K_M · 1.9 GiB · Llama 3.2 Community · fits on CPU — ")
+    assert r.label().startswith(
+        "Llama 3.2 3B Instruct · Q4_K_M · 1.9 GiB · Llama 3.2 Community License · fits on CPU — ")
+
+
+def test_licences_are_named_in_full():
+    licences = {r.license for r in load_catalog()}
+    assert licences == {"Apache-2.0", "MIT", "Gemma Terms of Use", "Llama 3.2 Community License"}
+
+
+def test_for_machine_lists_every_model_those_that_fit_first_too_large_marked():
+    from app.catalog.recommended import for_machine
+
+    cat = load_catalog()
+    laptop = for_machine(cat, ram_bytes=8 << 30)  # no GPU
+    assert {r.id for r in laptop} == {r.id for r in cat}  # every model, not only those that fit
+    verdicts = [r.verdict for r in laptop]
+    n_fit = verdicts.count("fits")
+    assert n_fit >= 4 and verdicts[:n_fit] == ["fits"] * n_fit and set(verdicts[n_fit:]) == {"won't fit"}
+    needs = [r.min_memory_bytes for r in laptop]
+    assert needs[:n_fit] == sorted(needs[:n_fit], reverse=True)  # the largest that fits first
+    assert needs[n_fit:] == sorted(needs[n_fit:])  # the nearest to fitting first
+    assert [r.id for r in laptop[:4]] == [r.id for r in recommend(cat, ram_bytes=8 << 30)]
+    assert laptop[0].fit_text().startswith("Fits in RAM: needs about ")
+    assert laptop[-1].fit_text().startswith("Too large for this machine: needs about ")
+    big_cpu = for_machine(cat, ram_bytes=64 << 30)  # fits in RAM, but too slow on a CPU: after the rest
+    slow = [r for r in big_cpu if r.slow]
+    assert slow and big_cpu[-len(slow):] == slow
+    assert all(r.fit_text().startswith("Fits in RAM, but slow without a GPU") for r in slow)
+    gpu = for_machine(cat, ram_bytes=16 << 30, vram_bytes=24 << 30)
+    assert not any(r.slow for r in gpu) and gpu[0].fit_text().startswith("Fits in GPU memory: needs about ")
+    unknown = for_machine(cat, ram_bytes=None)
+    assert [r.id for r in unknown] == [r.id for r in cat]  # nothing to judge by: the data file's order
 
 
 def test_a_recommendation_is_a_value():

@@ -1,7 +1,8 @@
 """The curated list of instruction-tuned models (``app/data/recommended_models.json``) sized to this machine.
 
-Qt-free. Each entry states only what is known, never a guess; ``fit`` judges it with the memory estimate,
-and the largest models that fit come first.
+Qt-free. Each entry states only what is known, never a guess; ``fit`` judges it with the memory estimate.
+``for_machine`` orders the whole list for one machine (those that fit first, largest first; those too large
+last, marked so); ``recommend`` is its head.
 
 The reasoning: docs/ui.md, 'app/catalog/recommended.py'.
 """
@@ -68,7 +69,8 @@ class Recommendation:
     ``size_bytes``: the exact file size, None when not known; ``min_memory_bytes``: the estimated memory on
     the device it fits best (``where``: "GPU" / "CPU"), None before ``fit`` or when unknown;
     ``quantization``: from the file name or "unknown"; ``size_estimated``: the weights in the estimate come
-    from parameters × bits per weight, not a known size."""
+    from parameters × bits per weight, not a known size; ``slow``: set by ``fit`` when the machine has no GPU
+    and the weights exceed ``CPU_MAX_FILE_BYTES`` (it fits in RAM but answers at a few tokens per second)."""
 
     id: str
     name: str
@@ -85,6 +87,7 @@ class Recommendation:
     quantization: str = "unknown"
     where: str | None = None
     size_estimated: bool = False
+    slow: bool = False
 
     def weights_bytes(self) -> int | None:
         """The file size, else parameters × bits per weight, else None."""
@@ -94,11 +97,25 @@ class Recommendation:
         return int(self.params * bpw / 8) if self.params and bpw else None
 
     def size_text(self) -> str:
-        """"2.3 GiB", "≈4.6 GiB (size unknown)" or "size unknown"."""
+        """The download size in GiB: "2.3 GiB" (the file's listed size), "about 4.6 GiB (estimated from
+        parameters)" (no listed size: parameters × bits per weight), or "size not listed" (neither)."""
         if self.size_bytes:
             return _gib(self.size_bytes)
         est = self.weights_bytes()
-        return f"≈{_gib(est)} (size unknown)" if est else "size unknown"
+        return f"about {_gib(est)} (estimated from parameters)" if est else "size not listed"
+
+    def fit_text(self) -> str:
+        """The verdict in plain words, with where and the memory it needs (GiB, at ``FIT_N_CTX`` tokens of
+        context): "Fits in RAM: needs about 5.5 GiB", "Too large for this machine: needs about 14.9 GiB", ..."""
+        if self.min_memory_bytes is None or self.verdict == "unknown":
+            return "Fit on this machine not known"
+        need = f"needs about {_gib(self.min_memory_bytes)}"
+        place = "GPU memory" if self.where == "GPU" else "RAM"
+        if self.verdict == "won't fit":
+            return f"Too large for this machine: {need}"
+        fits = "Fits" if self.verdict == "fits" else "Only just fits"
+        slow = ", but slow without a GPU" if self.slow else ""
+        return f"{fits} in {place}{slow}: {need}"
 
     def label(self) -> str:
         """The line a list shows: name, quantization, size, licence, verdict (and where), blurb."""
@@ -115,7 +132,7 @@ def load_catalog(path: Path | None = None) -> list[Recommendation]:
     """The curated models from the data file (``path`` overrides), each with its quantization read from the
     file name; not yet judged against a machine."""
     data = json.loads((path or CATALOG).read_text(encoding="utf-8"))
-    names = set(Recommendation.__dataclass_fields__) - {"quantization", "verdict", "where", "size_estimated"}
+    names = set(Recommendation.__dataclass_fields__) - {"quantization", "verdict", "where", "size_estimated", "slow"}
     out = []
     for m in data["models"]:
         r = Recommendation(**{"min_memory_bytes": None, **{k: m[k] for k in names if k in m}},
@@ -149,7 +166,7 @@ def fit(r: Recommendation, ram_bytes: int | None, vram_bytes: int | None = None)
 
     weights = r.weights_bytes()
     if weights is None or not r.shape:
-        return replace(r, verdict="unknown", min_memory_bytes=None, where=None)
+        return replace(r, verdict="unknown", min_memory_bytes=None, where=None, slow=False)
     info = _info(r, weights)
     tries = []
     if vram_bytes:
@@ -161,7 +178,8 @@ def fit(r: Recommendation, ram_bytes: int | None, vram_bytes: int | None = None)
     tries.append((cpu.verdict, cpu.ram_bytes, "CPU"))
     order = {"fits": 0, "tight": 1, "won't fit": 2, "unknown": 3}
     verdict_, need, where = min(tries, key=lambda t: order[t[0]])
-    return replace(r, verdict=verdict_, min_memory_bytes=need, where=where)
+    return replace(r, verdict=verdict_, min_memory_bytes=need, where=where,
+                   slow=not vram_bytes and weights > CPU_MAX_FILE_BYTES)
 
 
 def verdict(need: int, available: int | None) -> str:
@@ -174,13 +192,31 @@ def verdict(need: int, available: int | None) -> str:
     return "tight" if need <= available else "won't fit"
 
 
+def _rank(r: Recommendation) -> tuple[int, int]:
+    """The order of ``for_machine``: fits, only just fits, slow on a CPU (each largest first), too large
+    (smallest first), not known (the data file's order: ``sorted`` is stable)."""
+    need = r.min_memory_bytes or 0
+    if r.verdict in ("fits", "tight"):
+        return (2 if r.slow else 0 if r.verdict == "fits" else 1), -need
+    return (3, need) if r.verdict == "won't fit" else (4, 0)
+
+
+def for_machine(catalog: list[Recommendation], ram_bytes: int | None,
+                vram_bytes: int | None = None) -> list[Recommendation]:
+    """Every model of ``catalog`` judged on a machine with ``ram_bytes`` available and ``vram_bytes`` free
+    (bytes; None: unknown / no GPU): those that fit first, largest first (on a bigger machine the better model
+    is the one to try), then those that only just fit, then those too slow without a GPU, then those too large
+    (smallest first), then those that cannot be judged."""
+    return sorted((fit(r, ram_bytes, vram_bytes) for r in catalog), key=_rank)
+
+
 def recommend(catalog: list[Recommendation], ram_bytes: int | None, vram_bytes: int | None = None,
               limit: int = 4) -> list[Recommendation]:
-    """Up to ``limit`` models for this machine: those that fit, largest first; if none fits, the smallest."""
-    pool = [r for r in catalog if vram_bytes or (r.weights_bytes() or 0) <= CPU_MAX_FILE_BYTES]
-    judged = [fit(r, ram_bytes, vram_bytes) for r in pool]
-    fitting = sorted((r for r in judged if r.verdict == "fits"), key=lambda r: -(r.min_memory_bytes or 0))
+    """Up to ``limit`` models for this machine (``ram_bytes``, ``vram_bytes`` as ``for_machine``): those
+    that fit, largest first, none slow on a CPU; if none fits, the smallest."""
+    ranked = [r for r in for_machine(catalog, ram_bytes, vram_bytes) if not r.slow]
+    fitting = [r for r in ranked if r.verdict == "fits"]
     if fitting:
         return fitting[:limit]
-    known = [r for r in judged if r.min_memory_bytes is not None]
-    return sorted(known, key=lambda r: r.min_memory_bytes or 0)[:limit] or judged[:limit]
+    known = [r for r in ranked if r.min_memory_bytes is not None]
+    return sorted(known, key=lambda r: r.min_memory_bytes or 0)[:limit] or ranked[:limit]

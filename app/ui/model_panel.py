@@ -1,7 +1,9 @@
 """The model manager: installed models (bundled + models folder + dropped files, linked in place), their
-metadata and memory estimate before loading, load / unload / abort with progress, the curated recommendations
-for this machine, and Hugging Face search + download (progress, cancel, resume). Listing (which reads every GGUF
-header) and estimating run on workers."""
+metadata and memory estimate before loading, load / unload / abort with progress, the curated models as cards
+sized to this machine (``model_cards``), and Hugging Face search (cancellable) + download (progress, cancel,
+resume). Listing (which reads every GGUF header) and estimating run on workers.
+
+The page reads at 640 px: labels wrap (``labels.fit_width``), list rows carry their whole text as a tooltip."""
 
 from __future__ import annotations
 
@@ -25,14 +27,15 @@ from PySide6.QtWidgets import (
 )
 
 from app.catalog.files import link_model
-from app.catalog.recommended import Recommendation, load_catalog, recommend
+from app.catalog.recommended import Recommendation, for_machine, load_catalog
 from app.ui.engine_ctl import remote_job
 from app.ui.formatting import human_bytes
 from app.ui.labels import fit_width
+from app.ui.model_cards import RecommendationList
 from app.ui.models import ItemRole, ModelListModel
 
 log = logging.getLogger(__name__)
-VERDICT_COLOURS = {"fits": "#2e7d32", "tight": "#ef6c00", "won't fit": "#c62828", "unknown": "#777777"}
+VERDICT_TOKENS = {"fits": "text", "tight": "notice", "won't fit": "error", "unknown": "muted"}  # theme colours
 
 
 REMOTE = "remote:"  # the path of a remote engine's row (the pool's name for it too: app.engine.pool)
@@ -73,7 +76,7 @@ def details_html(entry: Any, est: Any = None, n_parallel: int = 1) -> str:
     """Metadata and the memory verdict of one model, as rich text (``n_parallel``: the sequences ``est``
     counts, each with its own n_ctx of KV)."""
     if entry.error:
-        return f"<b>{entry.id}</b><br><span style='color:#c62828'>{_esc(entry.error)}</span>"
+        return f"<b>{entry.id}</b><br><span style='color:{_colour('error')}'>{_esc(entry.error)}</span>"
     i = entry.info
     kind = "small base model for trying things out" if entry.bundled else (
         "chat (instruction-tuned)" if i.chat_template else "no chat template (base model?)")
@@ -81,7 +84,7 @@ def details_html(entry: Any, est: Any = None, n_parallel: int = 1) -> str:
              f"{i.architecture} · {i.parameter_count / 1e6:,.0f} M parameters · {i.quantization} · "
              f"{human_bytes(i.size_bytes)} · trained context {i.context_length or '?'} tokens"]
     if est is not None:
-        colour = VERDICT_COLOURS.get(est.verdict, "#777")
+        colour = _colour(VERDICT_TOKENS.get(est.verdict, "muted"))
         avail = human_bytes(est.available_ram_bytes) if est.available_ram_bytes else "unknown"
         kv = human_bytes(est.kv_bytes) + (f" = {n_parallel} × {human_bytes(est.kv_bytes // n_parallel)}"
                                           if n_parallel > 1 else "")
@@ -90,6 +93,13 @@ def details_html(entry: Any, est: Any = None, n_parallel: int = 1) -> str:
                      f"{human_bytes(est.compute_bytes)}); available RAM {avail} → "
                      f"<b style='color:{colour}'>{est.verdict}</b>")
     return "<br>".join(lines)
+
+
+def _colour(token: str) -> str:
+    """The theme's colour ``token`` (``theme.Colors``) in the theme shown now: rich text holds 4.5:1 there."""
+    from app.ui import theme
+
+    return getattr(theme.PALETTES[theme.current()], token)
 
 
 def _esc(s: str) -> str:
@@ -107,9 +117,10 @@ class ModelPanel(QWidget):
         self.model = ModelListModel(self)
         self.estimate: Any = None
         lay = QVBoxLayout(self)
-        lay.addWidget(self._installed_box(), 3)
-        lay.addWidget(self._recommended_box(), 2)
+        lay.addWidget(self._installed_box(), 2)
+        lay.addWidget(self._recommended_box(), 3)  # room for two or three cards at 800 px high
         lay.addWidget(self._hub_box(), 2)
+        self._name_controls()
         self.setAcceptDrops(True)
         self._wire()
 
@@ -141,13 +152,12 @@ class ModelPanel(QWidget):
         return box
 
     def _recommended_box(self) -> QGroupBox:
-        box = QGroupBox("Recommended for this machine")  # a short title: the tab must fit a 1280-px window
-        box.setToolTip("Instruction-tuned chat models that fit this machine, one click to download")
+        box = QGroupBox("Recommended for this machine")  # a short title: the page must fit a 640-px window
+        box.setToolTip("Instruction-tuned chat models: those that fit this machine first, those too large last")
         lay = QVBoxLayout(box)
-        self.recommended = QListWidget(wordWrap=True)
-        self.rec_btn = QPushButton("Download selected")
+        self.recommended = RecommendationList()
+        self.recommended.setAccessibleName("Recommended models")
         lay.addWidget(self.recommended)
-        lay.addWidget(self.rec_btn)
         return box
 
     def _hub_box(self) -> QGroupBox:
@@ -156,8 +166,11 @@ class ModelPanel(QWidget):
         row = QHBoxLayout()
         self.query = QLineEdit(placeholderText="Search GGUF models, e.g. qwen3 instruct gguf")
         self.search_btn = QPushButton("Search")
+        self.search_cancel_btn = QPushButton("Cancel", visible=False)
+        self.search_cancel_btn.setToolTip("Stop waiting for this search")
         row.addWidget(self.query, 1)
         row.addWidget(self.search_btn)
+        row.addWidget(self.search_cancel_btn)
         self.results, self.files = QListWidget(), QListWidget()
         lists = QHBoxLayout()
         lists.addWidget(self.results)
@@ -173,6 +186,18 @@ class ModelPanel(QWidget):
         lay.addLayout(prog)
         return box
 
+    def _name_controls(self) -> None:
+        """Accessible names for every control of the page (the cards name their own buttons)."""
+        for w, name in ((self.view, "Installed models"), (self.add_btn, "Add a model file"),
+                        (self.refresh_btn, "Refresh installed models"), (self.load_btn, "Load the selected model"),
+                        (self.unload_btn, "Unload the model"), (self.abort_btn, "Abort loading"),
+                        (self.query, "Search Hugging Face"), (self.search_btn, "Search"),
+                        (self.search_cancel_btn, "Cancel search"), (self.results, "Repositories found"),
+                        (self.files, "GGUF files of the repository"), (self.dl_btn, "Download the selected file"),
+                        (self.cancel_btn, "Cancel download"), (self.details, "Model details"),
+                        (self.dl_label, "Search and download status")):
+            w.setAccessibleName(name)
+
     def _wire(self) -> None:
         eng, dl = self.ctx.engine, self.ctx.downloads
         self.add_btn.clicked.connect(self._add_dialog)
@@ -183,8 +208,9 @@ class ModelPanel(QWidget):
         eng.state_changed.connect(self._engine_state)
         eng.load_failed.connect(self.show_error)
         eng.loaded.connect(self._loaded)
-        self.rec_btn.clicked.connect(self._download_recommended)
+        self.recommended.requested.connect(self._download_recommended)
         self.search_btn.clicked.connect(lambda: dl.search(self.query.text()))
+        self.search_cancel_btn.clicked.connect(self._cancel_search)
         self.query.returnPressed.connect(lambda: dl.search(self.query.text()))
         self.results.currentTextChanged.connect(lambda repo: repo and dl.list_files(repo.split("  ")[0]))
         self.dl_btn.clicked.connect(self._download_file)
@@ -315,39 +341,43 @@ class ModelPanel(QWidget):
 
     # -- recommendations and downloads ------------------------------------------------------------------
     def show_recommendations(self, ram: int | None, vram: int | None) -> None:
-        self.recommended.clear()
-        for r in recommend(load_catalog(), ram, vram):
-            item = QListWidgetItem(r.label())  # quantization and size say "unknown" rather than guess
-            item.setData(Qt.ItemDataRole.UserRole, r)
-            self.recommended.addItem(item)
-        if self.recommended.count():
-            self.recommended.setCurrentRow(0)
+        """One card per curated model judged on this machine (``ram`` available, ``vram`` free, bytes; None:
+        unknown / no GPU): those that fit first, those too large last and marked so. Nothing is selected."""
+        self.recommended.set_recommendations(for_machine(load_catalog(), ram, vram))
+        self.recommended.chain_after(self.abort_btn)  # Tab goes from the installed models' buttons to the cards
 
-    def _download_recommended(self) -> None:
-        item = self.recommended.currentItem()
-        if item is not None:
-            r: Recommendation = item.data(Qt.ItemDataRole.UserRole)
-            self.ctx.downloads.download(r.repo, r.file)
+    def _download_recommended(self, r: Recommendation) -> None:
+        self.ctx.downloads.download(r.repo, r.file)
 
     def _searching(self, busy: bool) -> None:
-        """A search runs: the button says so and waits; the results or the reason replace the line."""
+        """A search runs: the button says so and waits, Cancel shows (and takes the focus from the search
+        field); the results, the reason or "Search cancelled" replace the line."""
+        focused = any(w.hasFocus() for w in (self.query, self.search_btn, self.search_cancel_btn))
         self.search_btn.setEnabled(not busy)
         self.query.setEnabled(not busy)
         self.search_btn.setText("Searching…" if busy else "Search")
+        self.search_cancel_btn.setVisible(busy)
         if busy:
             self.dl_label.setText("Searching Hugging Face…")
+        if focused:
+            (self.search_cancel_btn if busy else self.query).setFocus()
+
+    def _cancel_search(self) -> None:
+        """Back to idle at once; the search's answer, when it comes, is dropped (``cancel_search``)."""
+        if self.ctx.downloads.cancel_search():
+            self.dl_label.setText("Search cancelled")
 
     def _show_results(self, hits: list) -> None:
         self.results.clear()
         self.files.clear()
         for h in hits:
-            self.results.addItem(f"{h.repo}  ({h.downloads:,} downloads)")
+            self.results.addItem(_row(f"{h.repo}  ({h.downloads:,} downloads)"))
         self.dl_label.setText(f"{len(hits)} repositories found." if hits else "No GGUF repositories found.")
 
     def _show_files(self, files: list) -> None:
         self.files.clear()
         for f in files:
-            item = QListWidgetItem(f"{f.path}  {human_bytes(f.size_bytes) if f.size_bytes else ''}")
+            item = _row(f"{f.path}  {human_bytes(f.size_bytes) if f.size_bytes else ''}")
             item.setData(Qt.ItemDataRole.UserRole, f)
             self.files.addItem(item)
 
@@ -367,10 +397,17 @@ class ModelPanel(QWidget):
         self.dl_bar.setVisible(busy)
         self.cancel_btn.setVisible(busy)
         self.dl_btn.setEnabled(not busy)
-        self.rec_btn.setEnabled(not busy)
+        self.recommended.set_busy(busy, self.ctx.downloads.current)
         if busy and self.ctx.downloads.current:
             self.dl_label.setText(f"Downloading {self.ctx.downloads.current[1]}…")
 
     def _downloaded(self, path: str) -> None:
         self.dl_label.setText(f"Downloaded {path}")
         self.refresh()
+
+
+def _row(text: str) -> QListWidgetItem:
+    """A list row whose whole text is also its tooltip (a narrow list cuts it)."""
+    item = QListWidgetItem(text)
+    item.setToolTip(text.strip())
+    return item
