@@ -86,10 +86,12 @@ class DocumentsPanel(QWidget):
         self.hint = QLabel("Drop files or folders here. Checked documents are used to answer in this chat.",
                            wordWrap=True)
         self.view = QListView()
+        self.view.setAccessibleName("Documents")
         self.view.setModel(self.model)
         self.bar = QProgressBar(visible=False)
         self.cancel_btn = QPushButton("Cancel", visible=False,
                                       toolTip="Stop after the document being written; the next run goes on")
+        self.cancel_btn.setAccessibleName("Cancel indexing")
         self.cancel_btn.clicked.connect(self.docs.cancel)
         self.state = fit_width(QLabel())
         self.eta = fit_width(QLabel(visible=False))
@@ -98,6 +100,7 @@ class DocumentsPanel(QWidget):
         self.active_lay.setContentsMargins(0, 0, 0, 0)
         self.active_rows: list[FileProgress] = []
         self.run_list = QListWidget(visible=False, maximumHeight=160)  # this run's finished files
+        self.run_list.setAccessibleName("Files indexed in this run")
         side = self.style().pixelMetric(QStyle.PixelMetric.PM_SmallIconSize)
         self.run_list.setIconSize(QSize(side, side))
         self._shown_run: Any = None

@@ -101,7 +101,9 @@ class McpPage(QWidget):
         col = QVBoxLayout(left)
         col.setContentsMargins(0, 0, 0, 0)
         self.servers = QListWidget()
+        self.servers.setAccessibleName("MCP servers")
         self.add_btn, self.remove_btn = QPushButton("Add server"), QPushButton("Remove")
+        self.remove_btn.setAccessibleName("Remove server")
         self.add_btn.clicked.connect(self.add_server)
         self.remove_btn.clicked.connect(self.remove_server)
         row = QHBoxLayout()
@@ -129,7 +131,7 @@ class McpPage(QWidget):
             lo, hi = TOOL_LIMITS[name]
             spin = QSpinBox(minimum=lo, maximum=hi, suffix=suffix, toolTip=tip)
             self.limits[name] = spin
-            row.addWidget(QLabel(label))
+            row.addWidget(QLabel(label, buddy=spin))  # the spin box's name (else: the group box's title)
             row.addWidget(spin)
         row.addStretch(1)
         return box
@@ -155,6 +157,7 @@ class McpPage(QWidget):
         self.disabled = QCheckBox("Disabled (listed, not started)")
         self.status = QLabel(wordWrap=True, textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.tools = QListWidget()
+        self.tools.setAccessibleName("Tools of this server")
         self.tools.setMinimumHeight(150)
         self.tools.itemChanged.connect(self._tool_switched)
         self.tools.currentItemChanged.connect(lambda *_: self._enable_ask_again())
@@ -224,7 +227,9 @@ class McpPage(QWidget):
     def _show_status(self, d: dict[str, Any]) -> None:
         st = self.statuses.get(d["name"])
         self.status.setText(status_line(st))
-        self.status.setStyleSheet("color:#c62828" if st is not None and st.state == "failed" else "")
+        self.status.setObjectName("errorText" if st is not None and st.state == "failed" else "")
+        self.status.style().unpolish(self.status)
+        self.status.style().polish(self.status)
         e = d["entry"]
         off, always = set(e.get("disabledTools") or []), set(e.get("alwaysAllow") or []) - d["revoked"]
         known = [(t.name, t.description) for t in (st.tools if st is not None else ())]

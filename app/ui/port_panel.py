@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.catalog import registry
+from app.ui import theme
 from app.ui.labels import fit_width
 from app.ui.server_ctl import base_url, curl_example, new_api_key
 
@@ -44,8 +45,7 @@ class PortPanel(QWidget):
         self._timer.timeout.connect(self._count)
         self._timer.start()
         self.server.running_changed.connect(self._running)
-        self.server.failed.connect(lambda exc: self.state.setText(f"<span style='color:#c62828'>Could not start "
-                                                                  f"the port: {exc}</span>"))
+        self.server.failed.connect(self._failed)
         self.show_settings(ctx.settings.server)
 
     def _form(self) -> QFormLayout:
@@ -53,6 +53,7 @@ class PortPanel(QWidget):
         self.enabled = QCheckBox("Serve the OpenAI-compatible API on this machine")
         self.port = QSpinBox(minimum=1, maximum=65535)
         self.key = QLineEdit(readOnly=True, placeholderText="none: any local program may call the port")
+        self.key.setAccessibleName("API key")  # its row holds the buttons too: the form's label names the row
         self.cors = QLineEdit(placeholderText="e.g. http://localhost:5173, comma-separated")
         self.url = QLineEdit(readOnly=True)
         self.curl = QPlainTextEdit(readOnly=True, maximumHeight=90)
@@ -60,6 +61,8 @@ class PortPanel(QWidget):
                                                      "asks one every 5 s")
         keys = QHBoxLayout()
         gen, copy_key, clear = QPushButton("Generate"), QPushButton("Copy"), QPushButton("Clear")
+        for b, name in ((gen, "Generate an API key"), (copy_key, "Copy the API key"), (clear, "Clear the API key")):
+            b.setAccessibleName(name)
         gen.clicked.connect(lambda: self._set_key(new_api_key()))
         clear.clicked.connect(lambda: self._set_key(None))
         copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
@@ -76,6 +79,10 @@ class PortPanel(QWidget):
                          ("Requests", self.requests), ("", self.apply_btn)):
             form.addRow(label, w)
         return form
+
+    def _failed(self, exc: object) -> None:
+        colour = theme.PALETTES[theme.current()].error  # the theme's: a fixed red was 3.0:1 on the dark window
+        self.state.setText(f"<span style='color:{colour}'>Could not start the port: {exc}</span>")
 
     def show_settings(self, s: Any) -> None:
         self.enabled.blockSignals(True)

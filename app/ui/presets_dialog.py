@@ -47,6 +47,7 @@ class PresetsDialog(QDialog):
         self.setWindowTitle("Presets")
         self.store, self.changed, self.current_id = store, False, None
         self.list = QListWidget()
+        self.list.setAccessibleName("Presets")
         self.list.currentItemChanged.connect(lambda item, _old: self._show(item))
         self.name, self.model = QLineEdit(), QLineEdit(placeholderText="the loaded model")
         self.prompt = QPlainTextEdit(placeholderText="Optional instructions for chats using this preset")

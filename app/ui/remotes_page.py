@@ -42,8 +42,10 @@ class RemotesPage(QWidget):
         lay.addWidget(QLabel("Models served by another machine (vLLM, llama-server, another Hearth). "
                              "Conversations, documents and citations stay on this one.", wordWrap=True))
         self.list = QListWidget()
+        self.list.setAccessibleName("Remote engines")
         lay.addWidget(self.list, 1)
         remove = QPushButton("Remove selected")
+        remove.setAccessibleName("Remove the selected remote engine")
         remove.clicked.connect(self.remove_selected)
         lay.addWidget(remove)
         box = QGroupBox("Add a remote engine")
@@ -55,6 +57,7 @@ class RemotesPage(QWidget):
         self.in_keyring = QCheckBox("Keep the key in the OS keyring instead")
         self.key = QLineEdit(placeholderText="API key (stored in the keyring, never in settings.json)",
                              echoMode=QLineEdit.EchoMode.Password, enabled=False)
+        self.key.setAccessibleName("API key")  # it shares a row with the check box: no label of its own
         self.in_keyring.toggled.connect(self.key.setEnabled)
         for label, w in (("Name", self.name), ("URL", self.url), ("Model", self.model),
                          ("Key variable", self.key_env)):

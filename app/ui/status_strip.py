@@ -49,6 +49,7 @@ class StatusStrip(QWidget):
         self.ttft, self.decode, self.reused, self.thinking = (ElidedLabel() for _ in range(4))
         self.thinking.setObjectName("thinkingMetrics")
         self.context = QProgressBar(textVisible=True, minimumWidth=230, maximumWidth=260)
+        self.context.setAccessibleName("Context used")
         self.n_ctx: int | None = None  # the loaded model's context window (tokens), shown before any answer
         self._last: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         lay.addWidget(self.model, 1)

@@ -23,7 +23,11 @@ RADIUS = 10  # bubbles; controls use RADIUS // 2
 
 @dataclass(frozen=True)
 class Colors:
-    """The colour tokens of one theme (hex strings)."""
+    """The colour tokens of one theme (hex strings). ``border`` draws frames that identify no control (bubbles,
+    cards, separators); ``control_border`` outlines buttons and inputs, at least 3:1 against the window and the
+    surface (WCAG 2.1 SC 1.4.11, as Material 3 splits outline / outline-variant). ``progress`` is a progress
+    bar's chunk: the bar's text sits on it and on its track (the window), so it holds 4.5:1 with the text and
+    3:1 with the track (``app.ui.a11y`` lists every pair)."""
 
     window: str
     surface: str
@@ -31,7 +35,9 @@ class Colors:
     text: str
     muted: str
     border: str
+    control_border: str
     accent: str
+    progress: str
     accent_text: str
     user_bubble: str
     user_border: str
@@ -48,15 +54,15 @@ class Colors:
 
 PALETTES = {
     "light": Colors(window="#f5f5f7", surface="#ffffff", surface_alt="#ececf0", text="#1d1d1f", muted="#6e6e73",
-                    border="#d9d9de", accent="#c2410c", accent_text="#ffffff", user_bubble="#fff1e8",
-                    user_border="#f5d0b5", assistant_bubble="#ffffff", assistant_border="#e3e3e8",
-                    tool_bubble="#fbf8ef", tool_border="#e6dcc0", code_bg="#f6f8fa", error="#b91c1c",
-                    notice="#8a6d00", link="#b45309", pygments_style="friendly"),
+                    border="#d9d9de", control_border="#8a8a8f", accent="#c2410c", progress="#e95a0f",
+                    accent_text="#ffffff", user_bubble="#fff1e8", user_border="#f5d0b5", assistant_bubble="#ffffff",
+                    assistant_border="#e3e3e8", tool_bubble="#fbf8ef", tool_border="#e6dcc0", code_bg="#f6f8fa",
+                    error="#b91c1c", notice="#8a6d00", link="#b45309", pygments_style="default"),
     "dark": Colors(window="#1c1c1e", surface="#262628", surface_alt="#2f2f33", text="#ececf0", muted="#9a9aa2",
-                   border="#3a3a3f", accent="#fb923c", accent_text="#1c1c1e", user_bubble="#3a2a20",
-                   user_border="#5a3c28", assistant_bubble="#262628", assistant_border="#3a3a3f",
-                   tool_bubble="#2d2a22", tool_border="#4a4433", code_bg="#1a1b1e", error="#f87171",
-                   notice="#facc15", link="#fdba74", pygments_style="github-dark"),
+                   border="#3a3a3f", control_border="#737378", accent="#fb923c", progress="#b5460c",
+                   accent_text="#1c1c1e", user_bubble="#3a2a20", user_border="#5a3c28", assistant_bubble="#262628",
+                   assistant_border="#3a3a3f", tool_bubble="#2d2a22", tool_border="#4a4433", code_bg="#1a1b1e",
+                   error="#f87171", notice="#facc15", link="#fdba74", pygments_style="github-dark"),
 }
 
 
@@ -83,7 +89,7 @@ def palette(name: str) -> QPalette:
                          (roles.ButtonText, c.text), (roles.ToolTipBase, c.surface), (roles.ToolTipText, c.text),
                          (roles.PlaceholderText, c.muted), (roles.Highlight, c.accent),
                          (roles.HighlightedText, c.accent_text), (roles.Link, c.link),
-                         (roles.LinkVisited, c.link), (roles.Mid, c.border), (roles.Midlight, c.surface_alt)):
+                         (roles.LinkVisited, c.link), (roles.Mid, c.control_border), (roles.Midlight, c.surface_alt)):
         p.setColor(role, QColor(colour))
     for role in (roles.Text, roles.WindowText, roles.ButtonText):
         p.setColor(QPalette.ColorGroup.Disabled, role, QColor(c.muted))
@@ -106,16 +112,17 @@ QToolBar {{ background: {c.window}; border: none; border-bottom: 1px solid {c.bo
            spacing: {s}px; }}
 QToolBar QToolButton {{ padding: {xs}px {m}px; border-radius: {r // 2}px; }}
 QToolBar QToolButton:hover {{ background: {c.surface_alt}; }}
-QPushButton {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
+QPushButton {{ background: {c.surface}; border: 1px solid {c.control_border}; border-radius: {r // 2}px;
               padding: {xs + 1}px {s}px; min-height: 18px; }}
 QPushButton:hover {{ background: {c.surface_alt}; }}
-QPushButton:disabled {{ color: {c.muted}; }}
+QPushButton:disabled {{ color: {c.muted}; border-color: {c.border}; }}
 QPushButton#sendButton, QPushButton#newChat {{ background: {c.accent}; color: {c.accent_text};
               border: 1px solid {c.accent}; font-weight: 600; }}
 QPushButton#sendButton:disabled {{ background: {c.surface_alt}; color: {c.muted}; border-color: {c.border}; }}
 QLineEdit, QPlainTextEdit, QComboBox {{ background: {c.surface};
-              border: 1px solid {c.border}; border-radius: {r // 2}px; padding: {xs}px {s}px; }}
-QLineEdit:focus, QPlainTextEdit:focus {{ border: 1px solid {c.accent}; }}
+              border: 1px solid {c.control_border}; border-radius: {r // 2}px; padding: {xs}px {s}px; }}
+QLineEdit:focus, QPlainTextEdit:focus, QComboBox:focus {{ border: 1px solid {c.accent}; }}
+QLineEdit:disabled, QPlainTextEdit:disabled, QComboBox:disabled {{ border-color: {c.border}; }}
 QPlainTextEdit#composer {{ border-radius: {r}px; padding: {s}px; font-size: {t['title'] - 1}px; }}
 QListView, QTreeView {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
               padding: {xs}px; }}
@@ -160,16 +167,31 @@ QLabel#serviceStatus[running="true"] {{ color: {c.accent}; }}
 
 
 def _widgets_qss(c: Colors) -> str:
-    """Rules for progress bars, group boxes, splitters and tooltips."""
+    """Rules for progress bars, group boxes, splitters, the Models page's cards, tooltips, the navigation rail
+    and the chat panel."""
     xs, s, m, lg, r, t = SPACE[0], SPACE[1], SPACE[2], SPACE[3], RADIUS, TYPE
-    return f"""QProgressBar {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.surface_alt};
-              text-align: center; font-size: {t['small']}px; min-height: 16px; max-height: 16px; }}
-QProgressBar::chunk {{ background: {c.accent}; border-radius: {r // 2 - 1}px; }}
+    return f"""QProgressBar {{ border: 1px solid {c.border}; border-radius: {r // 2}px; background: {c.window};
+              color: {c.text}; text-align: center; font-size: {t['small']}px; min-height: 16px; max-height: 16px; }}
+QProgressBar::chunk {{ background: {c.progress}; border-radius: {r // 2 - 1}px; }}
 QGroupBox {{ border: 1px solid {c.border}; border-radius: {r // 2}px; margin-top: {lg}px; padding: {m}px {s}px
               {s}px {s}px; }}
 QGroupBox::title {{ subcontrol-origin: margin; left: {s}px; padding: 0 {xs}px; font-weight: 600; }}
 QSplitter::handle {{ background: {c.window}; width: {s}px; }}
+QScrollArea#recommendedCards, QWidget#recommendedColumn {{ background: transparent; border: none; }}
+QFrame#modelCard {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {r // 2}px;
+              padding: {xs}px; }}
+QLabel#cardName {{ font-weight: 600; font-size: {t['title'] - 1}px; }}
+QLabel#cardFacts, QLabel#cardBlurb {{ color: {c.muted}; }}
+QLabel#cardFit[fit="tight"] {{ color: {c.notice}; }}
+QLabel#cardFit[fit="bad"] {{ color: {c.error}; }}
 QToolTip {{ background: {c.surface}; color: {c.text}; border: 1px solid {c.border}; padding: {xs}px; }}
+QFrame#navRail {{ background: {c.surface}; border-right: 1px solid {c.border}; }}
+QFrame#navRail QToolButton {{ color: {c.text}; border: none; border-left: 3px solid transparent;
+              border-radius: {r // 2}px; padding: {xs}px 0; font-size: {t['small'] + 1}px; }}
+QFrame#navRail QToolButton:hover {{ background: {c.surface_alt}; }}
+QFrame#navRail QToolButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent};
+              font-weight: 600; }}
+QScrollArea#chatPanel, QWidget#chatPanelBody {{ background: {c.window}; border: none; }}
 """
 
 
@@ -182,14 +204,21 @@ def code_colors(name: str) -> tuple[str, str]:
 class HearthStyle(QProxyStyle):
     """Fusion, with check boxes outlined in the muted text colour: Fusion's own outline is the window colour
     darkened, about 1.1:1 against the dark theme's window (issue 27); the muted colour is at least 4.6:1 against
-    the window in both themes. Check boxes in item views (the document list) are drawn the same way."""
+    the window in both themes. Check boxes in item views (the document list) are drawn the same way.
+
+    The keyboard focus ring (buttons, check boxes) is a solid accent line: Fusion's is the accent at 30 % opacity,
+    under 2:1 against the button (WCAG 2.1 SC 1.4.11); on a button filled with the accent it is the button's
+    text colour instead."""
 
     def __init__(self) -> None:
         super().__init__("Fusion")
 
     def drawPrimitive(self, element: QStyle.PrimitiveElement, option: QStyleOption,  # noqa: N802 - Qt API
                       painter: QPainter, widget: QWidget | None = None) -> None:
-        """Fusion's drawing, then the check box's outline."""
+        """Fusion's drawing, then the check box's outline; our own focus ring instead of Fusion's."""
+        if element == QStyle.PrimitiveElement.PE_FrameFocusRect:
+            self._focus_ring(option, painter)
+            return
         super().drawPrimitive(element, option, painter, widget)
         if element == QStyle.PrimitiveElement.PE_IndicatorCheckBox:
             painter.save()
@@ -198,6 +227,22 @@ class HearthStyle(QProxyStyle):
             painter.drawRect(option.rect.adjusted(0, 0, -1, -1))
             painter.restore()
 
+
+    @staticmethod
+    def _focus_ring(option: QStyleOption, painter: QPainter) -> None:
+        """A 1-px accent rounded rectangle, drawn (as Fusion's) only after the keyboard moved the focus."""
+        if not option.state & QStyle.StateFlag.State_KeyboardFocusChange:
+            return
+        pal, roles = option.palette, QPalette.ColorRole
+        colour = pal.color(roles.Highlight)
+        if colour == pal.color(roles.Button):  # an accent-filled button (the stylesheet sets its palette)
+            colour = pal.color(roles.ButtonText)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(QPen(colour, 1))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.drawRoundedRect(QRectF(option.rect).adjusted(0.5, 0.5, -0.5, -0.5), 2, 2)
+        painter.restore()
 
     def drawComplexControl(self, control: QStyle.ComplexControl, option: QStyleOptionComplex,  # noqa: N802
                            painter: QPainter, widget: QWidget | None = None) -> None:

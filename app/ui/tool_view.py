@@ -127,6 +127,7 @@ class ToolCallWidget(QFrame):
         arrow = "▾" if self.toggle.isChecked() else "▸"
         note = " · cut in the prompt" if self.row.prompt_note else ""
         self.toggle.setText(f"Result {arrow} ({size_text(self.row.size_bytes)}{note})")
+        self.toggle.setAccessibleName(f"Result ({size_text(self.row.size_bytes)}{note})")  # the arrow: its state
         self.toggle.setToolTip(self.row.prompt_note or "")
 
     def set_row(self, row: ChatRow) -> None:

@@ -1,0 +1,120 @@
+"""Issue 27, "accessible": text at least 4.5:1 and control borders at least 3:1 in both themes (WCAG 2.1 AA,
+computed from the theme's tokens by ``app.ui.a11y``), and every control with an accessible name."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from PySide6.QtGui import QColor
+
+from app.ui import a11y, theme
+
+THEMES = ("light", "dark")
+
+
+# -- contrast: pure logic, from the tokens ------------------------------------------------------------------
+@pytest.mark.parametrize(("fg", "bg", "ratio"), [
+    ("#000000", "#ffffff", 21.0), ("#ffffff", "#ffffff", 1.0), ("#777777", "#ffffff", 4.48),
+    ("#767676", "#ffffff", 4.54), ("#ff0000", "#ffffff", 4.0), ("#0000ff", "#ffffff", 8.59),
+    ("#808080", "#000000", 5.32)])
+def test_contrast_ratio_matches_known_values(fg, bg, ratio):
+    assert a11y.contrast_ratio(fg, bg) == pytest.approx(ratio, abs=0.005)
+    assert a11y.contrast_ratio(bg, fg) == a11y.contrast_ratio(fg, bg)  # either way round
+
+
+def test_contrast_ratio_takes_qcolors_and_names_a_bad_argument():
+    assert a11y.contrast_ratio(QColor("black"), QColor("#ffffff")) == pytest.approx(21.0)
+    assert a11y.contrast_ratio(QColor("#767676"), "#ffffff") == a11y.contrast_ratio("#767676", "#ffffff")
+    with pytest.raises(ValueError, match="fg"):
+        a11y.contrast_ratio("white", "#ffffff")
+    with pytest.raises(ValueError, match="bg"):
+        a11y.contrast_ratio("#ffffff", "#fff")
+    with pytest.raises(ValueError, match="theme_name"):
+        a11y.token_pairs("sepia")
+
+
+@pytest.mark.parametrize("name", THEMES)
+def test_every_token_pair_meets_its_ratio(name):
+    colours = theme.PALETTES[name]
+    pairs = a11y.token_pairs(name)
+    assert {kind for _fg, _bg, kind, _need in pairs} == set(a11y.RATIOS)
+    failing = [f"{fg} on {bg} ({kind}): {a11y.contrast_ratio(getattr(colours, fg), getattr(colours, bg)):.2f}"
+               for fg, bg, kind, need in pairs
+               if a11y.contrast_ratio(getattr(colours, fg), getattr(colours, bg)) < need]
+    assert failing == []
+    assert a11y.contrast_failures(name) == []  # the code colours too
+
+
+@pytest.mark.parametrize("name", THEMES)
+def test_code_colours_are_readable_on_the_code_background(name):
+    pairs = a11y.code_pairs(name)
+    assert len(pairs) > 20  # the style has colours: the check is not vacuous
+    assert [(token, colour) for token, colour, ratio in pairs if ratio < a11y.TEXT] == []
+
+
+@pytest.mark.parametrize("name", THEMES)
+def test_every_text_colour_of_the_stylesheet_has_a_checked_pair(name):
+    """A rule that draws text in a token with no pair in ``a11y`` would escape the check above."""
+    colours = vars(theme.PALETTES[name])
+    sheet = theme.stylesheet(name)
+    used = set(re.findall(r"(?<![-\w])color: (#[0-9a-fA-F]{6})", sheet))
+    text_colours = {colours[fg] for fg, _bg, kind, _need in a11y.token_pairs(name) if kind == "text"}
+    assert used and used <= text_colours
+    for control in ("QPushButton {{", "QLineEdit, QPlainTextEdit, QComboBox {{"):
+        rule = sheet.split(control.replace("{{", "{"), 1)[1].split("}", 1)[0]
+        assert f"solid {colours['control_border']}" in rule
+
+
+# -- accessible names ----------------------------------------------------------------------------------------
+@pytest.mark.gui
+def test_unnamed_controls_finds_an_unnamed_line_edit_and_accepts_named_ones(qtbot):
+    from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QWidget
+
+    root = QWidget()
+    qtbot.addWidget(root)
+    form = QFormLayout(root)
+    unnamed = QLineEdit(placeholderText="Search chats")  # a placeholder is not a name (Qt: the description)
+    unnamed.setObjectName("search")
+    named = QLineEdit()
+    named.setAccessibleName("Message to the model")
+    spin = QSpinBox()  # named by its buddy label; its inner line edit is part of it
+    buddy = QLabel("&Port", buddy=spin)
+    combo = QComboBox()  # Qt on Linux names it by its current item: a value, not a name
+    combo.addItems(["light", "dark"])
+    hidden = QLineEdit(visible=False)
+    for w in (unnamed, named, buddy, spin, combo, hidden):
+        form.addRow(w)
+    form.addRow("Name", QLineEdit())  # a form label names its field
+    form.addRow(QPushButton("Send"))  # a button's text is its name
+    root.show()
+    found = a11y.unnamed_controls(root)
+    assert len(found) == 2, found
+    assert found[0].startswith("QLineEdit#search") and "placeholder='Search chats'" in found[0]
+    assert found[1].startswith("QComboBox")
+    assert len(a11y.unnamed_controls(root, include_hidden=True)) == 3
+    unnamed.setAccessibleName("Search chats")
+    combo.setAccessibleName("Theme")
+    assert a11y.unnamed_controls(root) == []
+    assert a11y.accessible_name(spin) == "Port" and a11y.accessible_name(named) == "Message to the model"
+
+
+@pytest.mark.gui
+def test_every_control_of_the_window_has_a_name(qtbot):
+    """Every page of the window (hidden ones too), a message, a tool call and the Presets dialog."""
+    from app.ui.chat_view import MessageWidget
+    from app.ui.models import ChatRow
+    from app.ui.presets_dialog import PresetsDialog
+    from app.ui.tool_view import ToolCallWidget
+    from tests.test_ui_first_hour import open_window
+    from tests.test_ui_reasoning import close_window
+
+    w = open_window(qtbot)
+    try:
+        parts = [w, MessageWidget(ChatRow("a", "assistant", "hi")), MessageWidget(ChatRow("u", "user", "hello")),
+                 ToolCallWidget(ChatRow("t", "tool", "result", tool_state="asking")), PresetsDialog(w.ctx.store)]
+        for part in parts[1:]:
+            qtbot.addWidget(part)
+        assert [d for part in parts for d in a11y.unnamed_controls(part, include_hidden=True)] == []
+    finally:
+        close_window(w)
