@@ -113,9 +113,9 @@ def test_settings_dialog_parallel_spin_box_auto_and_a_number(qtbot):
     from PySide6.QtWidgets import QLabel
 
     from app.settings import UserSettings
-    from app.ui.settings_dialog import SettingsDialog
+    from app.ui.settings_page import SettingsPage
 
-    dlg = SettingsDialog(UserSettings(), None)
+    dlg = SettingsPage(UserSettings(), None)
     qtbot.addWidget(dlg)
     assert "Parallel requests" in [w.text() for w in dlg.findChildren(QLabel)]
     spin = dlg.n_parallel
@@ -126,7 +126,7 @@ def test_settings_dialog_parallel_spin_box_auto_and_a_number(qtbot):
     assert out.load.n_parallel == 3
     spin.setValue(MAX_PARALLEL + 1)  # clamped by the box: an out-of-range value cannot be entered
     assert dlg.result_settings().load.n_parallel == MAX_PARALLEL
-    again = SettingsDialog(out, None)
+    again = SettingsPage(out, None)
     qtbot.addWidget(again)
     assert again.n_parallel.value() == 3
     again.n_parallel.setValue(0)

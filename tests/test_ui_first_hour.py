@@ -113,7 +113,7 @@ def test_a_failed_load_is_not_saved_and_the_start_falls_back(qtbot, fake_loads):
     qtbot.waitUntil(lambda: loaded_name(w) == "good-model.gguf", timeout=10_000)
     assert load_user_settings().model == str(fake_loads / "good-model.gguf")
     w.ctx.load_model(str(fake_loads / "broken-model.gguf"), "broken-model")
-    qtbot.waitUntil(lambda: w.models.error.isVisible() and w.ctx.engine.state == "ready", timeout=10_000)
+    qtbot.waitUntil(lambda: not w.models.error.isHidden() and w.ctx.engine.state == "ready", timeout=10_000)
     assert load_user_settings().model == str(fake_loads / "good-model.gguf")  # the failed one is not saved
     close_window(w)
     w = open_window(qtbot, autoload=True)  # "restart": the good one again
@@ -198,14 +198,18 @@ def themed(qapp):
 
 @pytest.mark.parametrize("name", ["light", "dark"])
 def test_the_current_item_of_every_dropdown_is_readable(qtbot, window, themed, name):
-    from app.ui.settings_dialog import SettingsDialog
-
     themed.manager().set_mode(name)
-    dlg = SettingsDialog(window.ctx.settings, None, window)
-    qtbot.addWidget(dlg)
-    dlg.show()
-    for combo in (dlg.theme, dlg.type_k, window.chat.effort, window.header.preset):
+    page = window.settings_page
+    for where, section, combo in (("settings", 0, page.theme), ("settings", 2, page.type_k),
+                                  ("chats", None, window.chat.effort), ("chats", None, window.panel.preset)):
+        window.show_page(where)
+        if section is not None:
+            page.sections.setCurrentRow(section)
+        settle(qtbot)
+        if combo is page.theme:
+            combo.blockSignals(True)  # a theme choice applies at once: keep the one under test
         combo.setCurrentIndex(min(1, combo.count() - 1))
+        combo.blockSignals(False)
         combo.showPopup()
         settle(qtbot)
         view = combo.view()
@@ -232,18 +236,19 @@ def test_an_unticked_box_is_outlined(qtbot, themed, name):
     assert ratio >= 3.0, f"the unticked box's outline is {ratio:.2f}:1 on {bg} ({name})"
 
 
-# -- 7: the Settings dialog fits a small screen, its number boxes have arrows, the theme previews ------------
-def test_the_settings_dialog_fits_1024_by_700_and_its_number_boxes_have_arrows(qtbot, window, themed):
+# -- 7: Settings fit a small screen, their number boxes have arrows, the theme applies at once ---------------
+def test_the_settings_page_fits_1024_by_700_and_its_number_boxes_have_arrows(qtbot, window, themed):
     from PySide6.QtWidgets import QAbstractSpinBox
 
-    from app.ui.settings_dialog import SettingsDialog
-
-    dlg = SettingsDialog(window.ctx.settings, "some-model", window, tools=window.ctx.tools)
-    qtbot.addWidget(dlg)
-    dlg.show()
-    settle(qtbot)
-    assert dlg.width() <= 1024 and dlg.height() <= 700
-    assert dlg.minimumSizeHint().width() <= 1024 and dlg.minimumSizeHint().height() <= 700
+    window.resize(1024, 700)
+    window.show_page("settings")
+    dlg = window.settings_page
+    for section in range(dlg.sections.count()):
+        dlg.sections.setCurrentRow(section)
+        settle(qtbot)
+        assert window.width() <= 1024 and window.height() <= 700, dlg.sections.item(section).text()
+        assert window.minimumSizeHint().width() <= 1024 and window.minimumSizeHint().height() <= 700
+    dlg.sections.setCurrentRow(2)
     for name in ("light", "dark"):
         themed.manager().set_mode(name)
         settle(qtbot)
@@ -257,22 +262,17 @@ def test_the_settings_dialog_fits_1024_by_700_and_its_number_boxes_have_arrows(q
         assert ratio >= 3.0, f"no arrows in the number box ({name}): {ratio:.2f}:1 on {bg}"
 
 
-def test_a_theme_choice_is_shown_at_once_and_cancel_takes_it_back(qtbot, window, themed):
+def test_a_theme_choice_is_shown_and_saved_at_once(qtbot, window, themed):
     from app.ui.prefs import load_prefs
-    from app.ui.settings_dialog import SettingsDialog
 
     themed.manager().set_mode("light")
-    dlg = SettingsDialog(window.ctx.settings, None, window)
-    qtbot.addWidget(dlg)
-    dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
-    assert themed.current() == "dark"  # previewed before Save
-    dlg.reject()
-    assert themed.current() == "light" and load_prefs().theme != "dark"
-    dlg = SettingsDialog(window.ctx.settings, None, window)
-    qtbot.addWidget(dlg)
-    dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
-    dlg.accept()
-    assert dlg.new_theme == "dark" and themed.current() == "dark"
+    window.show_page("settings")
+    page = window.settings_page
+    page.theme.setCurrentIndex(page.theme.findData("dark"))
+    assert themed.current() == "dark" and load_prefs().theme == "dark"  # no Save: it applies live
+    assert not page.apply_btn.isEnabled()  # nothing waits for Apply
+    page.theme.setCurrentIndex(page.theme.findData("light"))
+    assert themed.current() == "light" and load_prefs().theme == "light"
 
 
 # -- 8: an offline Hugging Face search says so within seconds, with a busy state meanwhile ------------------

@@ -53,11 +53,11 @@ def test_loading_a_remote_row_connects_with_its_key_or_names_the_missing_variabl
 
 def test_settings_adds_and_removes_a_remote_and_keeps_a_typed_key_out_of_the_settings(qtbot, monkeypatch):
     from app import secrets
-    from app.ui.settings_dialog import SettingsDialog
+    from app.ui.settings_page import SettingsPage
 
     stored = {}
     monkeypatch.setattr(secrets, "store_key", lambda name, key: stored.__setitem__(name, key))
-    dlg = SettingsDialog(UserSettings(), None)
+    dlg = SettingsPage(UserSettings(), None)
     qtbot.addWidget(dlg)
     page = dlg.remotes
     page.name.setText("far")
@@ -70,12 +70,12 @@ def test_settings_adds_and_removes_a_remote_and_keeps_a_typed_key_out_of_the_set
     page.in_keyring.setChecked(True)
     page.key.setText("sk-secret")
     assert page.add() and page.key.text() == ""
-    dlg.accept()
+    assert dlg.apply()
     s = dlg.new_settings
     assert set(s.remotes) == {"far", "vault"} and s.remotes["far"].api_key_env == "FAR_KEY"
     assert s.remotes["vault"].api_key_keyring and stored == {"vault": "sk-secret"}
     assert "sk-secret" not in str(s.to_dict())  # the key is in the keyring only
-    dlg2 = SettingsDialog(s, None)
+    dlg2 = SettingsPage(s, None)
     qtbot.addWidget(dlg2)
     dlg2.remotes.list.setCurrentRow(0)
     dlg2.remotes.remove_selected()

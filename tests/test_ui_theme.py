@@ -81,15 +81,14 @@ def test_prefs_survive_a_restart_and_a_bad_file_gives_defaults():
 
 def test_settings_dialog_offers_the_theme(manager, qtbot):  # its choice is previewed: manager resets it
     from app.settings import UserSettings
-    from app.ui.settings_dialog import SettingsDialog
+    from app.ui.settings_page import SettingsPage
 
     prefs.save_prefs(prefs.UiPrefs(theme="light"))
-    dlg = SettingsDialog(UserSettings(), None)
+    dlg = SettingsPage(UserSettings(), None)
     qtbot.addWidget(dlg)
     assert dlg.theme.currentData() == "light"
     dlg.theme.setCurrentIndex(dlg.theme.findData("dark"))
-    dlg.accept()
-    assert dlg.new_theme == "dark"
+    assert dlg.apply() and dlg.new_theme == "dark"
 
 
 def test_chat_view_renders_again_on_a_switch(manager, qtbot):

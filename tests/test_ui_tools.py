@@ -167,42 +167,36 @@ def test_always_allow_is_saved_and_not_asked_again_and_deny_is_shown(qtbot, stdi
 
 
 def test_settings_list_the_tools_and_the_switches_are_saved(qtbot, stdio_window) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     w = stdio_window
-    dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+    w.show_page("tools")
+    dlg = w.tools_page
     page = dlg.mcp
     assert page.servers.item(0).text() == "t — ready · 8 tools"
     names = [page.tools.item(i).data(Qt.ItemDataRole.UserRole) for i in range(page.tools.count())]
     assert names[:3] == ["add", "echo", "big"]
     assert page.command.text() == sys.executable and page.args.toPlainText() == str(SERVERS / "tool_server.py")
     page.tools.item(1).setCheckState(Qt.CheckState.Unchecked)  # echo off
-    dlg.accept()
-    assert dlg.result() and dlg.new_mcp is not None
-    w.apply_mcp(dlg.new_mcp)
+    assert dlg.save() and dlg.new_mcp is not None  # Save applies it
     assert load_config().server("t").disabled_tools == {"echo"}
     assert "t__echo" not in [t.qualified_name for t in w.ctx.tools.hub.tools()]
     assert "t__add" in [t.qualified_name for t in w.ctx.tools.hub.tools()]
 
 
 def test_settings_add_edit_and_refuse_a_bad_entry(qtbot, stdio_window) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     w = stdio_window
-    dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+    w.show_page("tools")
+    dlg = w.tools_page
     page = dlg.mcp
     page.add_server()
     page.name.setText("web")
     page.http.setChecked(True)
     page.url.setText("ftp://nowhere")
-    dlg.accept()
-    assert not dlg.result() and "mcpServers.web.url must be an http:// or https:// URL" in dlg.error.text()
+    assert not dlg.save() and "mcpServers.web.url must be an http:// or https:// URL" in dlg.error.text()
     page.url.setText("http://127.0.0.1:9/mcp")
     page.headers.setPlainText("no colon here")
-    dlg.accept()
-    assert "mcpServers.web.headers: line 1 must be KEY:value" in dlg.error.text()
+    assert not dlg.save() and "mcpServers.web.headers: line 1 must be KEY:value" in dlg.error.text()
     page.headers.setPlainText("Authorization: Bearer k")
-    dlg.accept()
+    assert dlg.save()
     web = dlg.new_mcp.server("web")
     assert (web.transport, web.url, dict(web.headers)) == ("http", "http://127.0.0.1:9/mcp",
                                                            {"Authorization": "Bearer k"})
@@ -210,8 +204,6 @@ def test_settings_add_edit_and_refuse_a_bad_entry(qtbot, stdio_window) -> None:
 
 
 def test_failing_servers_are_named_and_the_chat_goes_on(qtbot, hearth_home: Path) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     write_mcp(hearth_home, {"dead": server("exit_at_start.py"), "hang": server("hang_at_start.py"),
                             "t": server("tool_server.py")})
     w = open_window(qtbot, calls_then_answers("t__add", {"a": 1, "b": 1}, "Got"), start_timeout_s=3)
@@ -222,10 +214,11 @@ def test_failing_servers_are_named_and_the_chat_goes_on(qtbot, hearth_home: Path
         assert st["hang"].state == "failed" and "within 3 s" in st["hang"].error
         qtbot.waitUntil(lambda: "'hang' failed" in w.notice.text(), timeout=5_000)
         assert shown(w.notice) and "MCP server 'dead' failed" in w.notice.text()
-        dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+        w.show_page("tools")
+        dlg = w.tools_page
         texts = [dlg.mcp.servers.item(i).text() for i in range(3)]
         assert texts[0].startswith("dead — failed: ") and texts[1].startswith("hang — failed: no answer")
-        dlg.reject()
+        dlg.show_current()
         w.ctx.tools.hub.apply_config(w.ctx.tools.config.with_always_allow("t", "add"))
         send(qtbot, w, "1 + 1?")
         qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
@@ -357,37 +350,33 @@ def test_tool_view_wording() -> None:
 
 
 def test_without_mcp_json_turns_offer_no_tools(qtbot) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     w = open_window(qtbot, lambda req: "plain")
     try:
         send(qtbot, w, "hi")
         qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
         assert w.chat_model.items()[-1].content == "plain" and w.ctx.engine.engine.seen[-1].tools == ()
         assert not w.header.tools.isVisibleTo(w) and w.header.tools.text() == ""
-        dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+        w.show_page("tools")
+        dlg = w.tools_page
         assert dlg.mcp.servers.count() == 0 and not dlg.mcp.editor.isEnabled()
-        dlg.accept()
-        assert dlg.new_mcp is None  # nothing changed: mcp.json is not written
+        assert dlg.save() and dlg.new_mcp is None  # nothing changed: mcp.json is not written
         assert not (w.ctx.tools.config_path or (Path(w.ctx.store.path).parent / "mcp.json")).exists()
     finally:
         close_window(w)
 
 
 def test_a_malformed_mcp_json_is_named_and_replaced_from_settings(qtbot, hearth_home: Path) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     (hearth_home / "mcp.json").write_text('{"mcpServers": {"x": {"args": []}}}', encoding="utf-8")
     w = open_window(qtbot, lambda req: "plain")
     try:
         assert shown(w.notice) and "mcpServers.x needs a command" in w.notice.text()
-        dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+        w.show_page("tools")
+        dlg = w.tools_page
         assert shown(dlg.mcp.file_error) and "needs a command" in dlg.mcp.file_error.text()
         dlg.mcp.add_server()
         dlg.mcp.command.setText(sys.executable)
         dlg.mcp.args.setPlainText(str(SERVERS / "tool_server.py"))
-        dlg.accept()
-        w.apply_mcp(dlg.new_mcp)
+        assert dlg.save()
         assert load_config().names() == ["server1"] and not shown(w.notice)
         qtbot.waitUntil(lambda: w.ctx.tools.statuses()["server1"].state == "ready", timeout=30_000)
     finally:
@@ -395,15 +384,14 @@ def test_a_malformed_mcp_json_is_named_and_replaced_from_settings(qtbot, hearth_
 
 
 def test_always_allowed_is_taken_back_in_settings_and_the_next_call_asks(qtbot, stdio_window) -> None:
-    from app.ui.settings_dialog import SettingsDialog
-
     w = stdio_window
     send(qtbot, w, "first")
     qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)
     qtbot.mouseClick(tool_widget(w).buttons["allow_always"], Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
     assert load_config().server("t").always_allow == {"add"}
-    dlg = SettingsDialog(w.ctx.settings, None, w, tools=w.ctx.tools)
+    w.show_page("tools")
+    dlg = w.tools_page
     page = dlg.mcp
     items = {page.tools.item(i).data(Qt.ItemDataRole.UserRole): page.tools.item(i) for i in range(page.tools.count())}
     assert items["add"].text().endswith("(always allowed)") and "always" not in items["echo"].text()
@@ -416,9 +404,7 @@ def test_always_allowed_is_taken_back_in_settings_and_the_next_call_asks(qtbot, 
                if page.tools.item(i).data(Qt.ItemDataRole.UserRole) == "add")
     assert "always" not in add.text() and not page.ask_again_btn.isEnabled()
     assert load_config().server("t").always_allow == {"add"}  # nothing saved before Save
-    dlg.accept()
-    assert dlg.result() and dlg.new_mcp.server("t").always_allow == frozenset()
-    w.apply_mcp(dlg.new_mcp)
+    assert dlg.save() and dlg.new_mcp.server("t").always_allow == frozenset()
     saved = json.loads((w.ctx.tools.config_path or (Path(w.ctx.store.path).parent / "mcp.json")).read_text())
     assert "alwaysAllow" not in saved["mcpServers"]["t"] and load_config().server("t").always_allow == set()
     send(qtbot, w, "second")
@@ -432,8 +418,6 @@ def test_always_allowed_is_taken_back_in_settings_and_the_next_call_asks(qtbot, 
 def test_tool_limits_come_from_settings_json_and_are_edited_on_the_mcp_page(qtbot, hearth_home: Path) -> None:
     from app import paths
     from app.settings import ToolSettings, load_user_settings
-    from app.ui.settings_dialog import SettingsDialog
-
     paths.settings_file().write_text(json.dumps({"tools": {"max_steps": 3, "call_timeout_s": 1,
                                                            "start_timeout_s": 9999}}), encoding="utf-8")
     write_mcp(hearth_home, {"t": server("tool_server.py")})
@@ -448,7 +432,8 @@ def test_tool_limits_come_from_settings_json_and_are_edited_on_the_mcp_page(qtbo
         qtbot.mouseClick(tool_widget(w).buttons["allow_once"], Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=TURN_MS)
         assert "no answer within 1 s" in tool_widget(w).notice.text()
-        dlg = SettingsDialog(w.ctx.settings, None, w, tools=tools)
+        w.show_page("tools")
+        dlg = w.tools_page
         spins = dlg.mcp.limits
         assert {k: s.value() for k, s in spins.items()} == {"max_steps": 3, "call_timeout_s": 1,
                                                              "start_timeout_s": 30}
@@ -457,9 +442,7 @@ def test_tool_limits_come_from_settings_json_and_are_edited_on_the_mcp_page(qtbo
         spins["max_steps"].setValue(99)  # clamped by the spin box
         spins["call_timeout_s"].setValue(120)
         spins["start_timeout_s"].setValue(45)
-        dlg.accept()
-        assert dlg.result() and dlg.new_mcp is None  # mcp.json unchanged
-        w.apply_settings(dlg.new_settings, None)
+        assert dlg.save() and dlg.new_mcp is None  # mcp.json unchanged; the limits are saved
         assert load_user_settings().tools == ToolSettings(max_steps=20, call_timeout_s=120, start_timeout_s=45)
         assert (tools.max_steps, tools.call_timeout_s, tools.start_timeout_s) == (20, 120.0, 45.0)
         assert tools.toolbox().max_steps == 20 and tools.toolbox().call_timeout_s == 120.0

@@ -304,10 +304,10 @@ def test_generator_worker_streams_returns_and_quits(qtbot):
 
 def test_settings_dialog_round_trip_and_per_model_override(qtbot):
     from app.settings import UserSettings
-    from app.ui.settings_dialog import SettingsDialog
+    from app.ui.settings_page import SettingsPage
 
     base = UserSettings()
-    dlg = SettingsDialog(base, "my-model")
+    dlg = SettingsPage(base, "my-model")
     qtbot.addWidget(dlg)
     dlg.n_ctx.setValue(8192)
     dlg.temperature.setValue(0.3)
@@ -323,8 +323,8 @@ def test_settings_dialog_round_trip_and_per_model_override(qtbot):
     assert out2.load_for("my-model").n_ctx == 8192 and out2.load_for("other").n_ctx == base.load.n_ctx
     dlg.type_v.setCurrentText("q8_0")
     dlg.flash_attn.setChecked(False)
-    dlg.accept()  # invalid: a quantized V cache needs flash attention → stays open, names the field
-    assert "type_v" in dlg.error.text() and dlg.result() != dlg.DialogCode.Accepted
+    assert not dlg.apply()  # invalid: a quantized V cache needs flash attention → names the field
+    assert "type_v" in dlg.error.text()
 
 
 def test_server_texts():

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
@@ -132,7 +132,7 @@ def test_truncated_gguf_shows_its_error_and_chat_still_works(qtbot, window, bund
     w.models.select_path(str(link))
     assert "truncated" in w.models.details.text()  # shown before loading
     w.models.load_btn.click()
-    qtbot.waitUntil(lambda: w.models.error.isVisible(), timeout=LOAD_MS)
+    qtbot.waitUntil(lambda: not w.models.error.isHidden(), timeout=LOAD_MS)
     assert "truncated" in w.models.error.text() and "broken-model.gguf" in w.models.error.text()
     assert w.ctx.engine.state == "ready" and Path(w.ctx.engine.job.path).name == bundled_model.name
     ask(qtbot, w, "What is the capital of France?")
@@ -147,7 +147,7 @@ def test_a_truncated_gguf_is_not_the_next_start_model(qtbot, home_with_model, bu
     with open(bundled_model, "rb") as src:
         broken.write_bytes(src.read(5_000_000))
     w.ctx.load_model(str(broken), "broken-model")
-    qtbot.waitUntil(lambda: w.models.error.isVisible() and w.ctx.engine.state == "ready", timeout=LOAD_MS)
+    qtbot.waitUntil(lambda: not w.models.error.isHidden() and w.ctx.engine.state == "ready", timeout=LOAD_MS)
     close_window(w)
     assert load_user_settings().model is None  # still the bundled one
     w = open_window(qtbot)  # "restart"
@@ -192,17 +192,16 @@ def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
 
 def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_model):
     w = open_window(qtbot)
-    from PySide6.QtWidgets import QApplication as App
-
-    def fill_dialog():
-        dlg = App.activeModalWidget()
-        dlg.n_ctx.setValue(1024)
-        dlg.temperature.setValue(0.5)
-        dlg.system_prompt.setPlainText("Answer in one word.")
-        dlg.accept()
-
-    QTimer.singleShot(200, fill_dialog)
     w.open_settings()
+    page = w.settings_page
+    assert w.current_page() == "settings"
+    page.n_ctx.setValue(1024)
+    page.temperature.setValue(0.5)
+    page.system_prompt.setPlainText("Answer in one word.")
+    qtbot.waitUntil(lambda: w.ctx.settings.decoding.temperature == 0.5
+                    and w.ctx.settings.system_prompt == "Answer in one word.", timeout=5_000)  # live
+    assert w.ctx.engine.engine.settings.n_ctx != 1024 and "reload" in page.note.text()  # waits for Apply
+    qtbot.mouseClick(page.apply_btn, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and w.ctx.engine.engine is not None
                     and w.ctx.engine.engine.settings.n_ctx == 1024, timeout=LOAD_MS)  # applied = reloaded
     close_window(w)
@@ -211,9 +210,9 @@ def test_setting_survives_a_restart_and_reloads_the_engine(qtbot, home_with_mode
     w2 = open_window(qtbot)  # "relaunch"
     try:
         assert w2.ctx.engine.engine.settings.n_ctx == 1024
-        from app.ui.settings_dialog import SettingsDialog
 
-        dlg = SettingsDialog(w2.ctx.settings, None, w2)
+        w2.open_settings()
+        dlg = w2.settings_page
         assert dlg.n_ctx.value() == 1024 and dlg.temperature.value() == 0.5
         assert dlg.system_prompt.toPlainText() == "Answer in one word."
     finally:
@@ -317,5 +316,5 @@ def test_esc_during_a_load_aborts_it_and_frees_the_process(qtbot, window):
     qtbot.waitUntil(lambda: w.ctx.engine._pending is not None, timeout=10_000)
     qtbot.keyClick(w.chat.composer, Qt.Key.Key_Escape)
     qtbot.waitUntil(lambda: w.ctx.engine.state == "idle" and w.ctx.pool.active == 0, timeout=10_000)
-    assert w.ctx.engine.engine is None and not w.models.error.isVisible()  # an abort is not an error
+    assert w.ctx.engine.engine is None and not not w.models.error.isHidden()  # an abort is not an error
     assert not [p for p in multiprocessing.active_children() if p.name == "hearth-engine"]

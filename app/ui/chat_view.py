@@ -203,6 +203,8 @@ class MessageWidget(QFrame):
         self.prev_btn = QToolButton(text="‹", autoRaise=True, toolTip="Previous branch")
         self.branch = QLabel()
         self.next_btn = QToolButton(text="›", autoRaise=True, toolTip="Next branch")
+        self.prev_btn.setAccessibleName("Previous branch")
+        self.next_btn.setAccessibleName("Next branch")
         self.prev_btn.clicked.connect(lambda: self.action.emit("prev", self.row))
         self.next_btn.clicked.connect(lambda: self.action.emit("next", self.row))
         for w in (who, self.status):
@@ -242,6 +244,7 @@ class MessageWidget(QFrame):
         r = self.row
         self.thinking.setText(thinking_label(r.reasoning_tokens, r.thinking and r.streaming,
                                              self.thinking.isChecked(), r.reasoning_note))
+        self.thinking.setAccessibleName(self.thinking.text().rstrip(" ▸▾"))  # open or not: its checked state
 
     def set_row(self, row: ChatRow) -> None:
         self.row = row
@@ -417,6 +420,7 @@ class ChatView(QWidget):
         row = QHBoxLayout()
         self.composer = Composer(placeholderText="Message Hearth (Enter sends, Shift+Enter new line)")
         self.composer.setObjectName("composer")
+        self.composer.setAccessibleName("Message to the model")
         self.composer.setFixedHeight(76)
         self.composer.submit.connect(self._submit)
         self.send_btn = QPushButton("Send")
@@ -433,12 +437,12 @@ class ChatView(QWidget):
         for b in (self.send_btn, self.stop_btn, self.stop_thinking_btn):
             buttons.addWidget(b)
         row.addLayout(buttons)
-        lay.addLayout(self._options())
+        self._options()
         lay.addLayout(row)
 
-    def _options(self) -> QHBoxLayout:
-        """The conversation's thinking effort and the self-consistency samples, above the composer."""
-        h = QHBoxLayout()
+    def _options(self) -> None:
+        """The conversation's thinking effort and the self-consistency samples: the view keeps their state and
+        signals; the window lays them out in the chat panel (``app.ui.chat_panel``)."""
         self.effort = QComboBox(toolTip="How much the model may think before it answers, for this conversation "
                                         "(auto: the model's default from settings.json)")
         self.effort.setObjectName("effortPicker")
@@ -451,10 +455,6 @@ class ChatView(QWidget):
         for n in (1, 3, 5):
             self.samples.addItem(f"{n} sample" + ("" if n == 1 else "s"), n)
         self.samples.activated.connect(lambda i: self.samples_changed.emit(int(self.samples.itemData(i))))
-        for w in (QLabel("Thinking:"), self.effort, QLabel("Answers:"), self.samples):
-            h.addWidget(w)
-        h.addStretch(1)
-        return h
 
     def show_effort(self, effort: str | None, budget_tokens: int | None = None) -> None:
         """Show a conversation's setting in the picker: an effort, an explicit token budget (an extra item),

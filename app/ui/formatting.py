@@ -229,7 +229,7 @@ def documents_indicator(paths: list[str] | None) -> tuple[str, str]:
     """The chat header's documents note as ``(text, tooltip)``: ``paths`` the chat's documents (None: every
     indexed document, a chat from before documents were per chat; []: none, the note hidden)."""
     if paths is None:
-        return "📄 All documents", "This chat searches every indexed document (untick some on the Documents tab)."
+        return "📄 All documents", "This chat searches every indexed document (untick some on the Documents page)."
     if not paths:
         return "", ""
     n = len(paths)

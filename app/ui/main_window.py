@@ -12,15 +12,14 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDialog,
     QFrame,
-    QLabel,
+    QHBoxLayout,
     QMainWindow,
-    QSplitter,
-    QTabWidget,
+    QScrollArea,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -30,29 +29,30 @@ from app.catalog import registry
 from app.errors import Cancelled, HearthError
 from app.ui import theme
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
-from app.ui.chat_header import ChatHeader
-from app.ui.chat_view import ChatView
+from app.ui.chats_page import ChatsPage
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import documents_indicator, tools_indicator
-from app.ui.labels import fit_width
-from app.ui.model_panel import ModelPanel
+from app.ui.model_panel import REMOTE, ModelPanel
 from app.ui.models import ChatModel, ChatRow
+from app.ui.nav_rail import NavRail
 from app.ui.passage_dialog import PassageDialog
 from app.ui.port_panel import PortPanel
 from app.ui.presets_dialog import PresetsDialog
 from app.ui.service_ctl import ServiceController, service_text
-from app.ui.settings_dialog import SettingsDialog
-from app.ui.sidebar import Sidebar
+from app.ui.settings_page import SettingsPage
 from app.ui.startup import StartupLoader
 from app.ui.status_strip import StatusStrip
+from app.ui.stream_view import StreamView
+from app.ui.tools_page import ToolsPage
 
 log = logging.getLogger(__name__)
 
+MIN_SIZE = QSize(640, 480)  # the window's minimum size, px: every page fits it (they scroll when shorter)
 SERVICE_NAME = "hearth-service"  # the engine's name when the window chats through the running service
 
 BASE_MODEL_NOTE = ("<b>{name}</b> is a small <i>base</i> model for trying things out: its answers are short and "
                    "often wrong. For real chat, <a href='models'>download an instruction-tuned model</a> "
-                   "(recommended for this machine in the Models tab).")
+                   "(recommended for this machine on the Models page).")
 
 
 class MainWindow(QMainWindow):
@@ -67,7 +67,6 @@ class MainWindow(QMainWindow):
         self.pending_preset: str | None = None
         self.pending_prompt: str | None = None
         self.editing: ChatRow | None = None
-        self.last_evidence: list = []
         self.chat_model = ChatModel(self)
         self.setWindowTitle("Hearth")
         self.resize(1280, 800)
@@ -100,55 +99,91 @@ class MainWindow(QMainWindow):
 
     # -- layout -------------------------------------------------------------------------------------------
     def _build(self) -> None:
-        self.sidebar = Sidebar(self.ctx.store)
-        self.header = ChatHeader()
-        self.chat = ChatView(self.chat_model)
-        self.banner = QLabel(wordWrap=True, visible=False, textFormat=Qt.TextFormat.RichText)
-        self.banner.setObjectName("baseModelBanner")
-        self.banner.setFrameShape(QFrame.Shape.StyledPanel)
-        self.banner.linkActivated.connect(lambda _l: self.tabs.setCurrentWidget(self.models))
-        self.error = QLabel(wordWrap=True, visible=False, objectName="errorText")
-        self.error.setObjectName("chatError")
-        self.notice = QLabel(wordWrap=True, visible=False, objectName="noticeText")
-        self.notice.setObjectName("chatNotice")
-        center = QWidget()
-        col = QVBoxLayout(center)
-        col.setContentsMargins(0, theme.SPACE[1], 0, theme.SPACE[1])
-        col.setSpacing(theme.SPACE[1])
-        for w in (self.header, self.banner, self.chat, self.notice, self.error):
-            col.addWidget(w, 1 if w is self.chat else 0)
-        for label in (self.banner, self.notice, self.error):
-            fit_width(label)  # a long line wraps; it never widens the window
+        """Rail | pages (Chats, Documents, Models, Tools, Port, Settings) over the status strip. The Chats page
+        is the conversation list | the chat | the chat's settings panel."""
+        self.rail = NavRail()
+        self.chats = ChatsPage(self.ctx.store, self.chat_model)
+        c = self.chats
+        self.sidebar, self.header, self.chat, self.panel = c.sidebar, c.header, c.chat, c.panel
+        self.banner, self.error, self.notice = c.banner, c.error, c.notice
+        self.banner.linkActivated.connect(lambda _l: self.show_page("models"))
         self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
-        self.tabs = QTabWidget()
-        for w, name in ((self.models, "Models"), (self.documents, "Documents"), (self.port, "Port")):
-            self.tabs.addTab(w, name)
-        split = QSplitter()
-        for w in (self.sidebar, center, self.tabs):
-            split.addWidget(w)
-        split.setChildrenCollapsible(False)
-        split.setStretchFactor(1, 1)
-        split.setSizes([250, 570, 460])  # fits 1280 px wide; the chat column takes what is left
+        self.tools_page = ToolsPage(self.ctx.tools, self.ctx.settings.tools)
+        job = self.ctx.engine.job
+        self.settings_page = SettingsPage(self.ctx.settings, registry.model_id(job.path) if job else None)
+        self.pages = QStackedWidget()
+        self.page_of = {"chats": self.chats, "documents": self.documents, "models": self.models,
+                        "tools": self.tools_page, "port": self.port, "settings": self.settings_page}
+        for name, w in self.page_of.items():
+            self.pages.addWidget(w if name == "chats" else _page(w))
         self.status = StatusStrip()
         body = QWidget()
-        lay = QVBoxLayout(body)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(split, 1)
-        lay.addWidget(self.status)
+        grid = QVBoxLayout(body)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setSpacing(0)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addWidget(self.rail)
+        row.addWidget(self.pages, 1)
+        grid.addLayout(row, 1)
+        grid.addWidget(self.status)
         self.setCentralWidget(body)
+        self.setMinimumSize(MIN_SIZE)
 
     def _actions(self) -> None:
-        bar = self.addToolBar("Main")
-        bar.setMovable(False)
+        """Shortcuts (listed in the help sheet, F1): each one is a window action."""
         for text, key, slot in (("New chat", "Ctrl+N", self.new_chat),
-                                ("Search", "Ctrl+F", self.sidebar.focus_search),
+                                ("Search chats", "Ctrl+F", self.search_chats),
                                 ("Presets…", "Ctrl+Shift+P", self.open_presets),
-                                ("Settings…", "Ctrl+,", self.open_settings)):
+                                ("Settings", "Ctrl+,", self.open_settings),
+                                ("Show or hide the chat list", "Ctrl+Shift+L", self.toggle_list),
+                                ("Keyboard shortcuts", "F1", self.show_shortcuts)):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
-            bar.addAction(act)
             self.addAction(act)
         self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.escape)
+
+    def show_shortcuts(self) -> None:
+        """The help sheet: every shortcut, in a dialog."""
+        from app.ui.shortcuts_dialog import ShortcutsDialog, window_shortcuts
+
+        ShortcutsDialog(window_shortcuts(self.actions(), self.rail), self).open()
+
+    # -- pages ----------------------------------------------------------------------------------------------
+    def show_page(self, name: str) -> None:
+        """Show page ``name`` (``nav_rail.PAGES``); the Settings and Tools pages show what is in force."""
+        if name == "settings":
+            job = self.ctx.engine.job
+            self.settings_page.show_for(self.ctx.settings,
+                                        registry.model_id(job.path) if job and not job.remote else None)
+        elif name == "tools":
+            self.tools_page.show_current(self.ctx.settings.tools)
+        elif name == "chats" and self.current_page() == "chats" and self.chats.mode != "wide":
+            self.chats.toggle_list()  # a second press of Chats on a narrower window shows or hides the list
+        self.rail.set_current(name)
+        page = self.page_of[name]
+        self.pages.setCurrentWidget(page if name == "chats" else page.parentWidget().parentWidget())
+
+    def current_page(self) -> str:
+        """The name of the page shown."""
+        return self.rail.current()
+
+    def search_chats(self) -> None:
+        """Ctrl+F: the Chats page with its list shown and the search box focused."""
+        self.show_page("chats")
+        self.chats.show_side("list", True)
+        self.sidebar.focus_search()
+
+    def toggle_list(self) -> None:
+        """Ctrl+Shift+L: show or hide the conversation list."""
+        self.show_page("chats")
+        self.chats.toggle_list()
+
+    def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
+        """Collapse instead of clipping (``chats_page``): the rail shows glyphs below the compact width."""
+        super().resizeEvent(e)
+        self.rail.set_compact(self.chats.fit(e.size().width()) != "wide")
 
     def _wire(self) -> None:
         chat, eng = self.ctx.chat, self.ctx.engine
@@ -162,18 +197,27 @@ class MainWindow(QMainWindow):
         self.sidebar.new_chat_in.connect(self.new_chat_in)
         self.sidebar.project_changed.connect(lambda _pid: self.show_header())
         self.sidebar.project_documents.connect(self.project_documents)
-        self.header.preset_chosen.connect(self.choose_preset)
-        self.header.system_prompt_saved.connect(self.save_system_prompt)
+        self.panel.preset_chosen.connect(self.choose_preset)
+        self.panel.system_prompt_saved.connect(self.save_system_prompt)
+        self.panel.open_page.connect(self.show_page)
+        self.header.set_models(self.models.model)
+        self.header.model_chosen.connect(self.choose_model)
+        self.models.model.modelReset.connect(self._show_picker)
+        self.rail.page_chosen.connect(self.show_page)
+        self.settings_page.applied.connect(self._settings_applied)
+        self.settings_page.theme_chosen.connect(self.apply_theme)
+        self.tools_page.saved.connect(self._tools_saved)
         self.status.connect_service.connect(self.connect_service)
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
         chat.busy_changed.connect(self.chat.set_busy)
-        chat.delta.connect(self._delta)
-        chat.reasoning.connect(self._reasoning)
-        chat.tool_call.connect(self._tool_call)
-        chat.tool_result.connect(self._tool_result)
+        self.stream = StreamView(self.chat_model, self.chat)
+        chat.delta.connect(self.stream.delta)
+        chat.reasoning.connect(self.stream.reasoning)
+        chat.tool_call.connect(self.stream.tool_call)
+        chat.tool_result.connect(self.stream.tool_result)
         chat.tool_notice.connect(self._tool_notice)
-        chat.evidence.connect(self._evidence)
+        chat.evidence.connect(self.stream.evidence)
         chat.finished.connect(self._turn_finished)
         chat.failed.connect(self._turn_failed)
         eng.state_changed.connect(self._engine_state)
@@ -205,6 +249,7 @@ class MainWindow(QMainWindow):
         self.chat.send_btn.setEnabled(state == "ready" and not self.ctx.chat.busy)
         if state == "ready" and job:
             self.status.show_model(f"Model: {registry.model_id(job.path)}")
+        self._show_picker()
 
     def _engine_loaded(self, info: dict) -> None:
         name = registry.model_id(str(info.get("model_path") or info.get("model") or ""))
@@ -216,18 +261,40 @@ class MainWindow(QMainWindow):
         self.models.model.set_loaded(info.get("model_path"))
         self.status.set_n_ctx(int(info.get("n_ctx") or 0) or None)
         self.chat.send_btn.setEnabled(not self.ctx.chat.busy)
+        self._show_picker()
+
+    def choose_model(self, row: int) -> None:
+        """The header's model picker: load the model of the Models page's row ``row``."""
+        self.models.view.setCurrentIndex(self.models.model.index(row))
+        self.models.load_selected()
+        self._show_picker()
+
+    def _show_picker(self) -> None:
+        """The picker shows the model in use (none: empty)."""
+        job = self.ctx.engine.job
+        path = (REMOTE + job.path if job.remote else job.path) if job else None
+        self.header.show_model(self.models.model.row_of_path(path) if path else -1)
 
     def open_settings(self) -> None:
+        """The Settings page (Ctrl+,)."""
+        self.show_page("settings")
+
+    def _settings_applied(self, new: Any, reload: bool) -> None:
+        """The Settings page's ``applied``: save; with ``reload``, reload the model when its plan changed."""
         job = self.ctx.engine.job
-        model_id = registry.model_id(job.path) if job else None
-        dlg = SettingsDialog(self.ctx.settings, model_id, self, tools=self.ctx.tools)
-        if dlg.exec() != QDialog.DialogCode.Accepted:
-            return
-        self.apply_settings(dlg.new_settings, model_id)
-        self.apply_theme(dlg.new_theme)
-        if dlg.new_mcp is not None:
-            self.apply_mcp(dlg.new_mcp)
+        model_id = registry.model_id(job.path) if job and not job.remote else None
+        if reload:
+            self.apply_settings(new, model_id)
+        else:
+            self.ctx.save_settings(new)
         self.show_header()
+
+    def _tools_saved(self, cfg: Any, limits: Any) -> None:
+        """The Tools page's ``saved``: write mcp.json (when it changed) and save the tool-call limits."""
+        if cfg is not None:
+            self.apply_mcp(cfg)
+        if limits != self.ctx.settings.tools:
+            self.ctx.save_settings(replace(self.ctx.settings, tools=limits))
 
     def apply_theme(self, mode: str) -> None:
         """Save and show theme ``mode`` (system / light / dark)."""
@@ -259,8 +326,9 @@ class MainWindow(QMainWindow):
                             system_prompt=own if own is not None else (preset.system_prompt if preset else
                                                                        setup.system_prompt))
         title = store.get_conversation(cid).title if cid else ""
-        self.header.show_setup(title, setup, store.presets(), self.ctx.settings.system_prompt)
-        self.header.set_documents(*documents_indicator(self.documents.model.selected_paths()))
+        self.header.show_chat(title, setup.project.name if setup.project else None)
+        self.panel.show_setup(setup, store.presets(), self.ctx.settings.system_prompt)
+        self._show_documents(self.documents.model.selected_paths())
 
     def choose_preset(self, preset_id: str) -> None:
         """The header's picker: the chat's own preset ("" follows its project / the defaults); a preset that
@@ -423,50 +491,11 @@ class MainWindow(QMainWindow):
         self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
         self.ctx.chat.regenerate(self.conversation_id, user)
 
-    # -- tools in a turn ----------------------------------------------------------------------------------
-    def _streaming_bubble(self) -> None:
-        last = self.chat_model.item(self.chat_model.rowCount() - 1)
-        if last is None or last.role != "assistant" or not last.streaming:
-            self.chat_model.append(ChatRow(None, "assistant", "", streaming=True))
-
-    def _delta(self, text: str) -> None:
-        """Answer text: onto the streaming bubble, or a new one after a tool call; thinking has ended."""
-        self._streaming_bubble()
-        self.chat_model.append_text(text)
-        self.chat.set_thinking(False)
-
-    def _reasoning(self, text: str) -> None:
-        """Thinking text: into the streaming bubble's collapsed thinking; Stop thinking shows until the
-        answer begins."""
-        self._streaming_bubble()
-        self.chat_model.append_reasoning(text)
-        last = self.chat_model.item(self.chat_model.rowCount() - 1)
-        self.chat.set_thinking(last is not None and last.thinking)
-
     def stop_thinking(self) -> None:
         """The Stop thinking button: the engine ends the thinking at its next token, the answer follows."""
         self.chat.set_thinking(False)
         if not self.ctx.chat.stop_thinking():
             log.info("stop thinking: the answer had already begun")
-
-    def _tool_call(self, req: Any) -> None:
-        """``req``: the turn's ``ToolCallRequested``: the answer so far stops, a tool row appears."""
-        last = self.chat_model.item(self.chat_model.rowCount() - 1)
-        if last is not None and last.role == "assistant" and last.streaming:
-            self.chat_model.update_last(streaming=False, tool_calls=(req.call,))
-        if self.chat_model.row_of_call(req.call.id) >= 0:
-            return
-        self.chat_model.append(ChatRow(None, "tool", "", call_id=req.call.id, tool_name=req.call.name,
-                                       server=req.server, tool=req.tool, arguments=req.call.arguments,
-                                       tool_state="asking" if req.needs_permission else "running"))
-
-    def _tool_result(self, shown: Any) -> None:
-        """``shown``: the turn's ``ToolResultShown``."""
-        i = self.chat_model.row_of_call(shown.call.id)
-        if i >= 0:
-            self.chat_model.update_row(i, id=shown.message_id, content=shown.text, tool_state=shown.outcome,
-                                       notice=shown.notice, size_bytes=shown.size_bytes,
-                                       prompt_note=shown.prompt_note)
 
     def _tool_notice(self, text: str) -> None:
         self.notice.setText(text)
@@ -494,16 +523,14 @@ class MainWindow(QMainWindow):
     def _show_tools(self) -> None:
         """The chat header's note of the tools the model is offered (none configured: hidden)."""
         hub = self.ctx.tools.hub
-        self.header.set_tools(*tools_indicator(hub.tools(), len(hub.config.servers)))
+        note = tools_indicator(hub.tools(), len(hub.config.servers))
+        self.header.set_tools(*note)
+        self.panel.set_tools(*note)
 
     def _show_notes(self) -> None:
         text = "\n".join(self._server_notes.values())
         self.notice.setText(text)
         self.notice.setVisible(bool(text))
-
-    def _evidence(self, evidence: list) -> None:
-        self.last_evidence = evidence
-        self.chat_model.update_last(retrieved=list(evidence))
 
     def _turn_finished(self, done: Any) -> None:
         """``done``: the turn's ``app.assistant.TurnDone``."""
@@ -561,7 +588,12 @@ class MainWindow(QMainWindow):
     def _documents_chosen(self, paths: list[str] | None) -> None:
         if self.conversation_id is not None:
             self.ctx.set_conversation_documents(self.conversation_id, paths)
-        self.header.set_documents(*documents_indicator(paths))
+        self._show_documents(paths)
+
+    def _show_documents(self, paths: list[str] | None) -> None:
+        note = documents_indicator(paths)
+        self.header.set_documents(*note)
+        self.panel.set_documents(*note)
 
     def dragEnterEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         if e.mimeData().hasUrls():
@@ -572,12 +604,16 @@ class MainWindow(QMainWindow):
         gguf = [p for p in paths if p.lower().endswith(".gguf")]
         if gguf:
             self.models.add_files(gguf)
-            self.tabs.setCurrentWidget(self.models)
+            self.show_page("models")
         rest = [p for p in paths if p not in gguf]
         if rest:
-            self.attach_documents(rest)
+            on_chat = self.current_page() == "chats"
+            if on_chat:
+                self.attach_documents(rest)
             self.documents.ingest(rest)
-            self.tabs.setCurrentWidget(self.documents)
+            if on_chat:
+                self._tool_notice(f"Indexing {len(rest)} dropped item{'s' if len(rest) != 1 else ''} for this "
+                                  "chat (progress on the Documents page).")
         e.acceptProposedAction()
 
     def attach_documents(self, paths: list[str]) -> None:
@@ -602,3 +638,11 @@ def _machine_memory() -> tuple[int | None, int | None]:
     from app.catalog.memory_estimate import available_vram_bytes, detect_available_ram
 
     return detect_available_ram(), available_vram_bytes()
+
+
+def _page(w: QWidget) -> QScrollArea:
+    """A page in a frameless scroll area: shorter or narrower than the page's minimum, it scrolls (never clips
+    and never widens the window)."""
+    area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+    area.setWidget(w)
+    return area

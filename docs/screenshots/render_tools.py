@@ -1,4 +1,4 @@
-"""Render docs/screenshots/tool-call.png and mcp-settings.png: a real xcb window under Xvfb, the bundled model
+"""Render docs/screenshots/tool-call.png: a real xcb window under Xvfb, the bundled model
 calling the ``add`` tool of the MCP test server (``tests/mcp_servers/tool_server.py``), captured from the X
 screen (``QScreen.grabWindow``).
 
@@ -23,20 +23,9 @@ DISPLAY = ":99"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(OUT))
 import shots  # noqa: E402 - after the path
-from shots import in_xvfb, pause, setup_home  # noqa: E402
+from shots import add_mcp_server, in_xvfb, pause, setup_home  # noqa: E402
 
 spin = functools.partial(shots.spin, timeout_s=180)
-
-
-def add_mcp_server() -> None:
-    """The MCP test server as ``calc`` in the temporary HEARTH_HOME's mcp.json."""
-    import json
-
-    from app import paths
-
-    server = {"command": sys.executable, "args": [str(REPO / "tests/mcp_servers/tool_server.py")],
-              "disabledTools": ["big", "crash", "fail", "grow", "header", "slow"]}
-    (paths.home() / "mcp.json").write_text(json.dumps({"mcpServers": {"calc": server}}, indent=2))
 
 
 def render() -> None:
@@ -73,15 +62,6 @@ def render() -> None:
     shot = app.primaryScreen().grabWindow(w.winId())
     shot.save(str(OUT / "tool-call.png"))
     print("tool call:", row().row.arguments, "->", row().row.content, "| answer:", w.chat_model.items()[-1].content)
-    from app.ui.settings_dialog import SettingsDialog
-
-    dlg = SettingsDialog(ctx.settings, None, w, tools=ctx.tools)
-    dlg.pages.setCurrentWidget(dlg.mcp)
-    dlg.resize(900, 640)
-    dlg.show()
-    pause(app, 0.5)
-    app.primaryScreen().grabWindow(dlg.winId()).save(str(OUT / "mcp-settings.png"))
-    dlg.reject()
     w.close()
 
 

@@ -63,3 +63,15 @@ def setup_home(max_tokens: int) -> None:
     paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
     save_user_settings(UserSettings(load=LoadSettings(n_ctx=2048),
                                     decoding=DecodingParams(temperature=0.0, max_tokens=max_tokens)))
+
+
+def add_mcp_server() -> None:
+    """The MCP test server as ``calc`` in the temporary HEARTH_HOME's mcp.json."""
+    import json
+    import sys
+
+    from app import paths
+
+    server = {"command": sys.executable, "args": [str(REPO / "tests/mcp_servers/tool_server.py")],
+              "disabledTools": ["big", "crash", "fail", "grow", "header", "slow"]}
+    (paths.home() / "mcp.json").write_text(json.dumps({"mcpServers": {"calc": server}}, indent=2))
