@@ -34,7 +34,7 @@ from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import documents_indicator, tools_indicator
 from app.ui.model_panel import REMOTE, ModelPanel
 from app.ui.models import ChatModel, ChatRow
-from app.ui.nav_rail import NavRail
+from app.ui.nav_rail import PAGES, NavRail
 from app.ui.passage_dialog import PassageDialog
 from app.ui.port_panel import PortPanel
 from app.ui.presets_dialog import PresetsDialog
@@ -142,13 +142,17 @@ class MainWindow(QMainWindow):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
             self.addAction(act)
+        for i, (name, _glyph, title) in enumerate(PAGES, start=1):
+            act = QAction(f"{title} page", self, shortcut=QKeySequence(f"Ctrl+{i}"))
+            act.triggered.connect(lambda _c=False, n=name: self.show_page(n))
+            self.addAction(act)
         self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.escape)
 
     def show_shortcuts(self) -> None:
         """The help sheet: every shortcut, in a dialog."""
         from app.ui.shortcuts_dialog import ShortcutsDialog, window_shortcuts
 
-        ShortcutsDialog(window_shortcuts(self.actions(), self.rail), self).open()
+        ShortcutsDialog(window_shortcuts(self.actions()), self).open()
 
     # -- pages ----------------------------------------------------------------------------------------------
     def show_page(self, name: str) -> None:
@@ -177,7 +181,8 @@ class MainWindow(QMainWindow):
 
     def toggle_list(self) -> None:
         """Ctrl+Shift+L: show or hide the conversation list."""
-        self.show_page("chats")
+        if self.current_page() != "chats":
+            self.show_page("chats")
         self.chats.toggle_list()
 
     def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API

@@ -1,6 +1,6 @@
 """The navigation rail at the window's left edge: one button per page (Chats, Documents, Models, Tools, Port,
-Settings), as in LM Studio and Jan. Ctrl+1…Ctrl+6 choose a page; below the window's compact width the rail
-shows its glyphs only (each keeps its name for screen readers and in its tooltip).
+Settings), as in LM Studio and Jan. Ctrl+1…Ctrl+6 choose a page (the window's actions); below the window's
+compact width the rail shows its glyphs only (each keeps its name for screen readers and in its tooltip).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ PAGES = (("chats", "💬", "Chats"), ("documents", "📄", "Documents"), ("model
 class NavRail(QFrame):
     """A column of checkable buttons, one per page of ``PAGES``; emits ``page_chosen(name)``.
 
-    ``buttons``: page name → its ``QToolButton`` (accessible name = the page's title, shortcut Ctrl+N for the
-    N-th page)."""
+    ``buttons``: page name → its ``QToolButton`` (accessible name = the page's title; its tooltip names the
+    window's shortcut, Ctrl+N for the N-th page)."""
 
     page_chosen = Signal(str)
 
@@ -34,7 +34,6 @@ class NavRail(QFrame):
             b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
             b.setAccessibleName(title)
             b.setToolTip(f"{title} (Ctrl+{i})")
-            b.setShortcut(f"Ctrl+{i}")
             b.setProperty("glyph", glyph)
             b.setProperty("title", title)
             b.clicked.connect(lambda _c=False, n=name: self.page_chosen.emit(n))

@@ -16,12 +16,11 @@ from PySide6.QtWidgets import (
 )
 
 
-def window_shortcuts(actions: list[Any], rail: Any) -> list[tuple[str, str]]:
-    """Every keyboard shortcut of the window as ``(keys, what it does)``: its ``actions`` (``QAction``), the
-    rail's pages (``NavRail``), and the chat's own keys."""
+def window_shortcuts(actions: list[Any]) -> list[tuple[str, str]]:
+    """Every keyboard shortcut of the window as ``(keys, what it does)``: its ``actions`` (``QAction``: the
+    pages' Ctrl+1…6 among them) and the chat's own keys."""
     rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text()) for a in actions
             if not a.shortcut().isEmpty()]
-    rows += [(f"Ctrl+{i}", f"{b.accessibleName()} page") for i, b in enumerate(rail.buttons.values(), 1)]
     rows += [("Ctrl+Shift+S", "Show or hide this chat's settings panel"), ("Enter", "Send the message"),
              ("Shift+Enter", "New line in the message"), ("Esc", "Cancel an edit, stop the answer or a load"),
              ("Tab / Shift+Tab", "Move between controls")]

@@ -1,0 +1,161 @@
+"""Issue 27, "a layout people know from LM Studio and Jan": the navigation rail and its pages, the chat's model
+picker and collapsible panel, how the window collapses instead of clipping, Settings as a page that applies
+live, the keyboard help sheet. Offscreen, with the fake engine (no model)."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
+
+from tests.fakes import FakeEngine
+from tests.test_ui_first_hour import open_window, settle
+from tests.test_ui_reasoning import close_window
+
+pytestmark = pytest.mark.gui
+
+
+@pytest.fixture
+def window(qtbot):
+    w = open_window(qtbot)
+    w.ctx.engine.engine = FakeEngine(n_ctx=2048)
+    w.ctx.engine._set_state("ready")
+    yield w
+    close_window(w)
+
+
+def test_the_rail_shows_every_page_by_click_and_by_shortcut(qtbot, window):
+    w = window
+    pages = ["chats", "documents", "models", "tools", "port", "settings"]
+    assert list(w.rail.buttons) == pages
+    for name in pages:
+        qtbot.mouseClick(w.rail.buttons[name], Qt.MouseButton.LeftButton)
+        assert w.current_page() == name and w.page_of[name].isVisibleTo(w)
+    for i, name in enumerate(pages, start=1):
+        qtbot.keyClick(w, Qt.Key(Qt.Key.Key_0 + i), Qt.KeyboardModifier.ControlModifier)
+        settle(qtbot)
+        assert w.current_page() == name, f"Ctrl+{i}"
+    w.open_settings()  # Ctrl+, too
+    assert w.current_page() == "settings"
+
+
+@pytest.mark.parametrize("width, rail, listed, panel", [(1280, 84, True, True), (1000, 48, True, False),
+                                                         (700, 48, False, False)])
+def test_the_chat_collapses_its_side_panels_instead_of_clipping(qtbot, window, width, rail, listed, panel):
+    w = window
+    w.resize(width, 700)
+    settle(qtbot)
+    assert w.width() == width  # never resized by its content
+    assert w.rail.width() == rail
+    assert w.sidebar.isVisibleTo(w) == listed and w.panel.isVisibleTo(w) == panel
+    assert w.header.toggle.isChecked() == panel
+    qtbot.mouseClick(w.header.toggle, Qt.MouseButton.LeftButton)  # the Chat settings button
+    assert w.panel.isVisibleTo(w) != panel
+    if width < 1100 and not panel:
+        assert not w.sidebar.isVisibleTo(w)  # one side panel at a time on a smaller window
+    before = w.sidebar.isVisibleTo(w)
+    w.toggle_list()  # Ctrl+Shift+L
+    assert w.sidebar.isVisibleTo(w) != before
+    if width < 1100 and not before:
+        assert not w.panel.isVisibleTo(w)
+    assert w.width() == width
+
+
+def test_a_second_press_of_chats_on_a_narrow_window_shows_the_list(qtbot, window):
+    w = window
+    w.resize(700, 600)
+    settle(qtbot)
+    assert not w.sidebar.isVisibleTo(w)
+    qtbot.mouseClick(w.rail.buttons["chats"], Qt.MouseButton.LeftButton)
+    assert w.sidebar.isVisibleTo(w)
+    w.search_chats()  # Ctrl+F shows the list too
+    assert w.sidebar.isVisibleTo(w) and w.sidebar.search.hasFocus() or w.sidebar.search.isVisibleTo(w)
+
+
+def test_the_minimum_size_is_enforced_and_every_page_fits_it(qtbot, window):
+    w = window
+    w.resize(300, 200)
+    settle(qtbot)
+    assert (w.width(), w.height()) == (640, 480)
+    for name in w.page_of:
+        w.show_page(name)
+        settle(qtbot)
+        assert (w.width(), w.height()) == (640, 480), name  # a page scrolls; it never widens the window
+
+
+def test_rail_labels_and_page_buttons_are_not_cut_at_900_px(qtbot, window):
+    w = window
+    w.resize(900, 700)
+    for name in w.page_of:
+        w.show_page(name)
+        settle(qtbot)
+        for b in w.page_of[name].findChildren(QAbstractButton) + list(w.rail.buttons.values()):
+            if not b.isVisibleTo(w) or not b.text():
+                continue
+            room = b.contentsRect().width()
+            need = max(b.fontMetrics().horizontalAdvance(line) for line in b.text().split("\n"))
+            assert need <= room + 2 or b.width() >= b.sizeHint().width(), f"{name}: {b.text()!r} cut"
+
+
+def test_the_model_picker_lists_the_models_and_loads_the_chosen_one(qtbot, window, monkeypatch):
+    w = window
+    loads = []
+    monkeypatch.setattr(w.ctx, "load_model", lambda path, model_id, remember=True: loads.append(model_id))
+    w.models._entries(w.models.model.entries if hasattr(w.models.model, "entries") else [])
+    settle(qtbot)
+    qtbot.waitUntil(lambda: w.header.model_picker.count() == w.models.model.rowCount(), timeout=10_000)
+    assert w.header.model_picker.model() is w.models.model
+    if w.models.model.rowCount():
+        w.header.model_chosen.emit(0)
+        assert loads == [w.models.model.item(0).id]
+
+
+def test_decoding_settings_apply_live_and_loading_settings_wait_for_apply(qtbot, window):
+    from app.settings import load_user_settings
+
+    w = window
+    w.show_page("settings")
+    page = w.settings_page
+    page.temperature.setValue(0.25)
+    qtbot.waitUntil(lambda: load_user_settings().decoding.temperature == 0.25, timeout=5_000)
+    assert w.ctx.settings.decoding.temperature == 0.25 and not page.apply_btn.isEnabled()
+    n_ctx = w.ctx.settings.load.n_ctx
+    page.n_ctx.setValue(n_ctx * 2)
+    assert page.apply_btn.isEnabled() and "reload" in page.note.text()
+    assert load_user_settings().load.n_ctx == n_ctx  # not before Apply
+    page.type_v.setCurrentText("q8_0")
+    page.flash_attn.setChecked(False)
+    qtbot.mouseClick(page.apply_btn, Qt.MouseButton.LeftButton)
+    assert "type_v" in page.error.text() and load_user_settings().load.n_ctx == n_ctx  # named, nothing saved
+    page.type_v.setCurrentText("f16")
+    qtbot.mouseClick(page.apply_btn, Qt.MouseButton.LeftButton)
+    assert page.error.text() == "" and load_user_settings().load.n_ctx == n_ctx * 2
+    page.temperature.setValue(9.0)  # clamped by the box; a bad live value is never saved
+    qtbot.mouseClick(page.revert_btn, Qt.MouseButton.LeftButton)
+    assert page.n_ctx.value() == n_ctx * 2
+
+
+def test_the_help_sheet_lists_every_shortcut(qtbot, window):
+    from app.ui.shortcuts_dialog import ShortcutsDialog, window_shortcuts
+
+    w = window
+    rows = dict(window_shortcuts(w.actions()))
+    for keys in ("Ctrl+N", "Ctrl+F", "Ctrl+,", "Ctrl+Shift+L", "F1", "Ctrl+1", "Ctrl+6", "Esc", "Enter"):
+        assert keys in rows, keys
+    w.show_shortcuts()
+    sheet = next(d for d in QApplication.topLevelWidgets() if isinstance(d, ShortcutsDialog))
+    assert sheet.table.rowCount() == len(rows) and sheet.table.accessibleName()
+    sheet.close()
+
+
+def test_the_chat_panel_shows_the_chats_documents_and_tools(qtbot, window, tmp_path):
+    w = window
+    assert "None" in w.panel.documents.text() and "No MCP servers" in w.panel.tools.text()
+    w._documents_chosen([str(tmp_path / "a.txt"), str(tmp_path / "b.md")])
+    assert "a.txt" in w.panel.documents.text() and w.header.documents.text() == "📄 Documents: 2"
+    qtbot.mouseClick(w.panel.choose_documents, Qt.MouseButton.LeftButton)
+    assert w.current_page() == "documents"
+    w.show_page("chats")
+    qtbot.mouseClick(w.panel.manage_tools, Qt.MouseButton.LeftButton)
+    assert w.current_page() == "tools"
+    assert isinstance(w.panel.source, QLabel)
