@@ -152,7 +152,7 @@ def test_the_chat_panel_shows_the_chats_documents_and_tools(qtbot, window, tmp_p
     w = window
     assert "None" in w.panel.documents.text() and "No MCP servers" in w.panel.tools.text()
     w._documents_chosen([str(tmp_path / "a.txt"), str(tmp_path / "b.md")])
-    assert "a.txt" in w.panel.documents.text() and w.header.documents.text() == "📄 Documents: 2"
+    assert "a.txt" in w.panel.documents.text() and w.header.documents.text() == "▤ Documents: 2"
     qtbot.mouseClick(w.panel.choose_documents, Qt.MouseButton.LeftButton)
     assert w.current_page() == "documents"
     w.show_page("chats")

@@ -109,8 +109,9 @@ def test_chat_view_renders_again_on_a_switch(manager, qtbot):
 
 
 def test_screenshots_were_rendered_from_the_current_ui():
-    """docs/screenshots/window-{light,dark}.png (and window-hidpi.png) come from the UI code as it is now:
-    docs/screenshots/render_window.py wrote the hash of app/ui's sources into manifest.json with them."""
+    """docs/screenshots/{page}-{size}-{theme}.png come from the UI code as it is now, every page at every size
+    in both themes: docs/screenshots/render_window.py wrote the hash of app/ui's sources into manifest.json with
+    them."""
     import importlib.util
     from pathlib import Path
 
@@ -122,7 +123,10 @@ def test_screenshots_were_rendered_from_the_current_ui():
     assert manifest["ui_source_hash"] == render.ui_source_hash(), (
         "app/ui changed since the screenshots were rendered: run `flock /tmp/hearth-cpu.lock .venv/bin/python "
         "docs/screenshots/render_window.py` and commit docs/screenshots")
-    assert {"window-light.png", "window-dark.png"} <= set(manifest["files"])
+    assert manifest["pages"] == list(render.PAGES) and manifest["themes"] == ["light", "dark"]
+    assert manifest["sizes"] == ["1280x800", "1440x900", "900x700", "hidpi"]
+    wanted = {f"{p}-{s}-{t}.png" for p in render.PAGES for s in manifest["sizes"] for t in manifest["themes"]}
+    assert wanted <= set(manifest["files"]), sorted(wanted - set(manifest["files"]))
     for name, digest in manifest["files"].items():
         assert render.file_hash(shots / name) == digest, f"{name} is not the one the manifest records"
     shown = " ".join(str(manifest[k]) for k in ("answer", "status", "context"))

@@ -121,7 +121,7 @@ def test_a_call_is_shown_asked_for_run_shown_collapsed_and_stored(qtbot, stdio_w
     # The chat says tools are on, and which (nothing did: issue 27)
     qtbot.waitUntil(lambda: shown(w.header.tools), timeout=10_000)
     n = len(w.ctx.tools.hub.tools())
-    assert w.header.tools.text() == f"🔧 Tools on: {n}" and "t: add" in w.header.tools.toolTip()
+    assert w.header.tools.text() == f"⚒ Tools on: {n}" and "t: add" in w.header.tools.toolTip()
     send(qtbot, w, "What is 2 + 3?")
     qtbot.waitUntil(lambda: asking(w), timeout=TURN_MS)
     tw = tool_widget(w)

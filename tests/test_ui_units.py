@@ -424,7 +424,7 @@ def test_documents_indicator_names_what_the_chat_uses():
 
     assert documents_indicator([]) == ("", "")  # a new chat: none attached, nothing shown
     text, tip = documents_indicator(["/d/ferries.txt", "/d/cake.pdf"])
-    assert text == "📄 Documents: 2" and tip.splitlines()[1:] == ["ferries.txt", "cake.pdf"]
-    assert documents_indicator(None)[0] == "📄 All documents"  # a chat from before per-chat documents
+    assert text == "▤ Documents: 2" and tip.splitlines()[1:] == ["ferries.txt", "cake.pdf"]
+    assert documents_indicator(None)[0] == "▤ All documents"  # a chat from before per-chat documents
     many = documents_indicator([f"/d/n{i}.txt" for i in range(20)])[1]
     assert many.endswith("… and 8 more")

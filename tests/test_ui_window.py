@@ -168,7 +168,7 @@ def test_dropped_text_file_is_indexed_and_used(qtbot, window, tmp_path):
     row = w.documents.model.item(w.documents.model.row_of(str(doc)))
     assert row.status == "indexed" and row.chunks >= 1
     assert "indexed" in w.documents.model.index(w.documents.model.row_of(str(doc))).data()
-    assert w.header.documents.text() == "📄 Documents: 1" and "ferries.txt" in w.header.documents.toolTip()
+    assert w.header.documents.text() == "▤ Documents: 1" and "ferries.txt" in w.header.documents.toolTip()
     ask(qtbot, w, "When does the ferry to Lindholm leave?")
     qtbot.waitUntil(lambda: not w.ctx.chat.busy, timeout=ANSWER_MS)
     answer = w.chat_model.items()[-1]

@@ -8,7 +8,7 @@ list) and emits ``model_chosen(row)``; ``panel_toggled(bool)`` shows or hides th
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractItemModel, Signal
-from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QWidget
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from app.ui import theme
 from app.ui.labels import ElidedLabel
@@ -23,10 +23,10 @@ class ChatHeader(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chatHeader")
-        row = QHBoxLayout(self)
+        outer = QVBoxLayout(self)
         sp = theme.SPACE
-        row.setContentsMargins(sp[2], sp[1], sp[1], sp[1])
-        row.setSpacing(sp[1])
+        outer.setContentsMargins(sp[2], sp[1], sp[1], sp[1])
+        outer.setSpacing(sp[0])
         self.title = ElidedLabel("New chat")
         self.title.setObjectName("chatTitle")
         self.title.setAccessibleName("Chat title")
@@ -37,7 +37,8 @@ class ChatHeader(QFrame):
         self.model_picker.setAccessibleName("Model")
         self.model_picker.setMinimumContentsLength(14)
         self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.model_picker.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.model_picker.setMaximumWidth(420)
         self.model_picker.activated.connect(self.model_chosen.emit)
         self.tools = QLabel(visible=False)  # MCP tools offered to the model (``set_tools``)
         self.tools.setObjectName("toolsIndicator")
@@ -51,9 +52,15 @@ class ChatHeader(QFrame):
         self.toggle.setAccessibleName("Chat settings panel")
         self.toggle.setShortcut("Ctrl+Shift+S")
         self.toggle.toggled.connect(self.panel_toggled.emit)
-        row.addWidget(self.title, 1)  # the title takes the free width and is elided first
-        for w in (self.project, self.model_picker, self.documents, self.tools, self.toggle):
-            row.addWidget(w)
+        top, below = QHBoxLayout(), QHBoxLayout()
+        top.addWidget(self.title, 1)  # the title has a row of its own: elided only on a very narrow chat
+        top.addWidget(self.project)
+        top.addWidget(self.toggle)
+        below.addWidget(self.model_picker, 1)
+        for w in (self.documents, self.tools):
+            below.addWidget(w)
+        outer.addLayout(top)
+        outer.addLayout(below)
 
     def set_models(self, model: QAbstractItemModel) -> None:
         """List the rows of ``model`` (the Models page's ``ModelListModel``) in the picker."""

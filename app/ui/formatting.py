@@ -222,16 +222,16 @@ def tools_indicator(tools: list[Any], servers: int) -> tuple[str, str]:
     lines = [f"The model is offered {n} tool{'s' if n != 1 else ''}; each call asks you first unless you "
              "allowed it always. Switch them off on the Tools page."]
     lines += [f"{server}: {', '.join(names)}" for server, names in by_server.items()]
-    return f"🔧 Tools on: {n}", "\n".join(lines)
+    return f"⚒ Tools on: {n}", "\n".join(lines)
 
 
 def documents_indicator(paths: list[str] | None) -> tuple[str, str]:
     """The chat header's documents note as ``(text, tooltip)``: ``paths`` the chat's documents (None: every
     indexed document, a chat from before documents were per chat; []: none, the note hidden)."""
     if paths is None:
-        return "📄 All documents", "This chat searches every indexed document (untick some on the Documents page)."
+        return "▤ All documents", "This chat searches every indexed document (untick some on the Documents page)."
     if not paths:
         return "", ""
     n = len(paths)
     names = [file_name(p) for p in paths[:12]] + ([f"… and {n - 12} more"] if n > 12 else [])
-    return (f"📄 Documents: {n}", f"This chat searches {n} document{'s' if n != 1 else ''}:\n" + "\n".join(names))
+    return (f"▤ Documents: {n}", f"This chat searches {n} document{'s' if n != 1 else ''}:\n" + "\n".join(names))

@@ -8,8 +8,9 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QButtonGroup, QFrame, QToolButton, QVBoxLayout, QWidget
 
-PAGES = (("chats", "💬", "Chats"), ("documents", "📄", "Documents"), ("models", "🧠", "Models"),
-         ("tools", "🔧", "Tools"), ("port", "🔌", "Port"), ("settings", "⚙", "Settings"))
+PAGES = (("chats", "✉", "Chats"), ("documents", "▤", "Documents"), ("models", "◈", "Models"),
+         ("tools", "⚒", "Tools"), ("port", "⇄", "Port"), ("settings", "⚙", "Settings"))
+# glyphs from the fonts every desktop has (DejaVu Sans and the like): emoji need an emoji font, often absent
 
 
 class NavRail(QFrame):

@@ -48,7 +48,7 @@ class Sidebar(QWidget):
         self.store = store
         self.model = ConversationListModel(self)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(theme.SPACE[1], theme.SPACE[1], 0, theme.SPACE[1])
+        lay.setContentsMargins(theme.SPACE[1], theme.SPACE[1], theme.SPACE[1], theme.SPACE[1])
         lay.setSpacing(theme.SPACE[1])
         self.new_btn = QPushButton("+ New chat", toolTip="New chat (Ctrl+N)")
         self.new_btn.setObjectName("newChat")
