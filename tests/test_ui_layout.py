@@ -39,7 +39,7 @@ def test_the_rail_shows_every_page_by_click_and_by_shortcut(qtbot, window):
     assert w.current_page() == "settings"
 
 
-@pytest.mark.parametrize("width, rail, listed, panel", [(1280, 84, True, True), (1000, 48, True, False),
+@pytest.mark.parametrize("width, rail, listed, panel", [(1280, 88, True, True), (1000, 48, True, False),
                                                          (700, 48, False, False)])
 def test_the_chat_collapses_its_side_panels_instead_of_clipping(qtbot, window, width, rail, listed, panel):
     w = window
@@ -83,9 +83,10 @@ def test_the_minimum_size_is_enforced_and_every_page_fits_it(qtbot, window):
         assert (w.width(), w.height()) == (640, 480), name  # a page scrolls; it never widens the window
 
 
-def test_rail_labels_and_page_buttons_are_not_cut_at_900_px(qtbot, window):
+@pytest.mark.parametrize("width", [1280, 900])
+def test_rail_labels_and_page_buttons_are_not_cut(qtbot, window, width):
     w = window
-    w.resize(900, 700)
+    w.resize(width, 700)
     for name in w.page_of:
         w.show_page(name)
         settle(qtbot)
@@ -159,3 +160,22 @@ def test_the_chat_panel_shows_the_chats_documents_and_tools(qtbot, window, tmp_p
     qtbot.mouseClick(w.panel.manage_tools, Qt.MouseButton.LeftButton)
     assert w.current_page() == "tools"
     assert isinstance(w.panel.source, QLabel)
+
+
+def test_the_tools_page_shows_one_server_list_and_keeps_unsaved_edits_across_visits(qtbot, window):
+    from app.ui.mcp_page import McpPage
+
+    w = window
+    for _ in range(3):
+        w.show_page("tools")
+        w.show_page("chats")
+    w.show_page("tools")
+    settle(qtbot)
+    pages = [p for p in w.tools_page.findChildren(McpPage) if p.parent() is not None]
+    assert pages == [w.tools_page.mcp]  # before: every visit left one more list drawn under the new one
+    w.tools_page.mcp.add_server()
+    w.show_page("chats")
+    w.show_page("tools")
+    assert w.tools_page.mcp.servers.count() == 1  # the unsaved server is still there
+    qtbot.mouseClick(w.tools_page.revert_btn, Qt.MouseButton.LeftButton)
+    assert w.tools_page.mcp.servers.count() == 0

@@ -162,7 +162,7 @@ class MainWindow(QMainWindow):
             self.settings_page.show_for(self.ctx.settings,
                                         registry.model_id(job.path) if job and not job.remote else None)
         elif name == "tools":
-            self.tools_page.show_current(self.ctx.settings.tools)
+            self.tools_page.refresh(self.ctx.settings.tools)
         elif name == "chats" and self.current_page() == "chats" and self.chats.mode != "wide":
             self.chats.toggle_list()  # a second press of Chats on a narrower window shows or hides the list
         self.rail.set_current(name)

@@ -59,5 +59,5 @@ class NavRail(QFrame):
         for b in self.buttons.values():
             glyph, title = b.property("glyph"), b.property("title")
             b.setText(glyph if compact else f"{glyph}\n{title}")
-            b.setFixedWidth(40 if compact else 76)
-        self.setFixedWidth(48 if compact else 84)
+            b.setFixedWidth(40 if compact else 80)
+        self.setFixedWidth(48 if compact else 88)

@@ -189,8 +189,7 @@ QFrame#navRail {{ background: {c.surface}; border-right: 1px solid {c.border}; }
 QFrame#navRail QToolButton {{ color: {c.text}; border: none; border-left: 3px solid transparent;
               border-radius: {r // 2}px; padding: {xs}px 0; font-size: {t['small'] + 1}px; }}
 QFrame#navRail QToolButton:hover {{ background: {c.surface_alt}; }}
-QFrame#navRail QToolButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent};
-              font-weight: 600; }}
+QFrame#navRail QToolButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent}; }}
 QScrollArea#chatPanel, QWidget#chatPanelBody {{ background: {c.window}; border: none; }}
 """
 

@@ -2,7 +2,8 @@
 always-allowed tools taken back) and the tool-call limits, with **Save** and **Revert**.
 
 ``saved(config_or_None, ToolSettings)``: the edited ``McpConfig`` to write as mcp.json (None when it did not
-change) and the limits to save with the settings. ``show_current()`` shows the running config again.
+change) and the limits to save with the settings. ``show_current()`` shows the running config again;
+``refresh()`` does when it changed, keeping unsaved edits otherwise.
 """
 
 from __future__ import annotations
@@ -52,11 +53,17 @@ class ToolsPage(QWidget):
             self.limits = limits
         if self.mcp is not None:
             self.slot.removeWidget(self.mcp)
+            self.mcp.setParent(None)  # gone from the page now (deleteLater waits for the event loop's turn)
             self.mcp.deleteLater()
         t = self.tools
         self.mcp = McpPage(t.config, t.statuses(), t.config_error, limits=self.limits)
         self.slot.addWidget(self.mcp)
         self.error.setText("")
+
+    def refresh(self, limits: Any) -> None:
+        """Show the running config when it changed since the page was built (else keep the edits on it)."""
+        if self.mcp is None or self.mcp.config is not self.tools.config or limits != self.limits:
+            self.show_current(limits)
 
     def _status(self, status: Any) -> None:
         if self.mcp is not None:
