@@ -118,3 +118,19 @@ def test_every_control_of_the_window_has_a_name(qtbot):
         assert [d for part in parts for d in a11y.unnamed_controls(part, include_hidden=True)] == []
     finally:
         close_window(w)
+
+
+@pytest.mark.gui
+def test_tab_reaches_every_control_of_every_page(qtbot):
+    """A keyboard path: on every page, each enabled control the person sees is in the Tab order."""
+    from tests.test_ui_first_hour import open_window, settle
+    from tests.test_ui_reasoning import close_window
+
+    w = open_window(qtbot)
+    try:
+        for name in w.page_of:
+            w.show_page(name)
+            settle(qtbot)
+            assert a11y.keyboard_unreachable(w) == [], name
+    finally:
+        close_window(w)

@@ -16,6 +16,7 @@ box's current item as its name; that is its value, so a combo box needs an expli
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAccessible, QColor
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -201,5 +202,26 @@ def unnamed_controls(root: QWidget, include_hidden: bool = False) -> list[str]:
         if not include_hidden and not w.isVisibleTo(root):
             continue
         if not accessible_name(w):
+            found.append(describe(w))
+    return found
+
+
+def keyboard_unreachable(root: QWidget) -> list[str]:
+    """``describe`` of each enabled interactive control visible to ``root`` that the keyboard never reaches:
+    its focus policy lacks ``Qt.TabFocus``, or it is missing from the window's focus chain
+    (``QWidget.nextInFocusChain``, the order Tab follows). A button of an exclusive group is reached as a radio
+    group is: Tab stops at the one of them holding Tab focus and the arrow keys move along the group. Parts of
+    compound controls are left out, as in ``unnamed_controls``."""
+    chain, w = set(), root.nextInFocusChain()
+    while w is not root and w not in chain:
+        chain.add(w)
+        w = w.nextInFocusChain()
+    found = []
+    for w in root.findChildren(QWidget):
+        if not is_interactive(w) or _part_of_another(w, root) or not w.isVisibleTo(root) or not w.isEnabled():
+            continue
+        group = w.group() if isinstance(w, QAbstractButton) else None
+        stops = group.buttons() if group is not None and group.exclusive() else [w]  # arrows move in a group
+        if not any(b.focusPolicy() & Qt.FocusPolicy.TabFocus and b in chain for b in stops):
             found.append(describe(w))
     return found

@@ -5,8 +5,8 @@ compact width the rail shows its glyphs only (each keeps its name for screen rea
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QButtonGroup, QFrame, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QButtonGroup, QFrame, QPushButton, QVBoxLayout, QWidget
 
 PAGES = (("chats", "✉", "Chats"), ("documents", "▤", "Documents"), ("models", "◈", "Models"),
          ("tools", "⚒", "Tools"), ("port", "⇄", "Port"), ("settings", "⚙", "Settings"))
@@ -16,7 +16,7 @@ PAGES = (("chats", "✉", "Chats"), ("documents", "▤", "Documents"), ("models"
 class NavRail(QFrame):
     """A column of checkable buttons, one per page of ``PAGES``; emits ``page_chosen(name)``.
 
-    ``buttons``: page name → its ``QToolButton`` (accessible name = the page's title; its tooltip names the
+    ``buttons``: page name → its ``QPushButton`` (accessible name = the page's title; its tooltip names the
     window's shortcut, Ctrl+N for the N-th page)."""
 
     page_chosen = Signal(str)
@@ -28,11 +28,10 @@ class NavRail(QFrame):
         lay.setContentsMargins(4, 8, 4, 8)
         lay.setSpacing(2)
         self.group = QButtonGroup(self, exclusive=True)
-        self.buttons: dict[str, QToolButton] = {}
+        self.buttons: dict[str, QPushButton] = {}
         for i, (name, glyph, title) in enumerate(PAGES, start=1):
-            b = QToolButton(checkable=True, autoRaise=True)
+            b = QPushButton(checkable=True, flat=True)  # a tool button drops its Tab focus when polished
             b.setObjectName(f"nav_{name}")
-            b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
             b.setAccessibleName(title)
             b.setToolTip(f"{title} (Ctrl+{i})")
             b.setProperty("glyph", glyph)

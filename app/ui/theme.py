@@ -186,10 +186,12 @@ QLabel#cardFit[fit="tight"] {{ color: {c.notice}; }}
 QLabel#cardFit[fit="bad"] {{ color: {c.error}; }}
 QToolTip {{ background: {c.surface}; color: {c.text}; border: 1px solid {c.border}; padding: {xs}px; }}
 QFrame#navRail {{ background: {c.surface}; border-right: 1px solid {c.border}; }}
-QFrame#navRail QToolButton {{ color: {c.text}; border: none; border-left: 3px solid transparent;
-              border-radius: {r // 2}px; padding: {xs}px 0; font-size: {t['small'] + 1}px; }}
-QFrame#navRail QToolButton:hover {{ background: {c.surface_alt}; }}
-QFrame#navRail QToolButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent}; }}
+QFrame#navRail QPushButton {{ color: {c.text}; background: transparent; border: none;
+              border-left: 3px solid transparent; border-radius: {r // 2}px; padding: {xs}px 0;
+              font-size: {t['small'] + 1}px; min-height: 40px; }}
+QFrame#navRail QPushButton:focus {{ border: 1px solid {c.accent}; border-left: 3px solid {c.accent}; }}
+QFrame#navRail QPushButton:hover {{ background: {c.surface_alt}; }}
+QFrame#navRail QPushButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent}; }}
 QScrollArea#chatPanel, QWidget#chatPanelBody {{ background: {c.window}; border: none; }}
 """
 
