@@ -216,3 +216,16 @@ def test_the_page_reads_at_narrow_widths(qtbot, page, window_width):
     for b in page.findChildren(QAbstractButton):
         if b.isVisible():
             assert b.width() >= b.sizeHint().width(), f"{b.text()!r} cut at {window_width} px"
+
+
+def test_a_long_model_name_wraps_instead_of_scrolling_the_list_sideways(qtbot, page):
+    """Issue 27, defect 11: model names scrolled sideways at 1280 px."""
+    from app.catalog.registry import ModelEntry
+
+    name = "an-instruction-tuned-model-with-a-very-long-name-" * 3 + "Q4_K_M"
+    page.model.set_entries([ModelEntry(name, f"/models/{name}.gguf", 5 << 30, error="not a GGUF file")])
+    settle(qtbot)
+    view = page.view
+    assert not view.horizontalScrollBar().isVisible()
+    rect = view.visualRect(page.model.index(0))
+    assert rect.width() <= view.viewport().width() and rect.height() > view.fontMetrics().height()  # wrapped

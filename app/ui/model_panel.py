@@ -128,7 +128,8 @@ class ModelPanel(QWidget):
     def _installed_box(self) -> QGroupBox:
         box = QGroupBox("Installed models (drop a .gguf file here to add it)")
         lay = QVBoxLayout(box)
-        self.view = QListView()
+        self.view = QListView(wordWrap=True)  # a long name wraps: it never scrolls the list sideways (issue 27)
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.view.setModel(self.model)
         self.view.selectionModel().currentChanged.connect(lambda cur, _prev: self._selected(cur.row()))
         self.details = QLabel("Select a model to see its details.", wordWrap=True,
