@@ -179,3 +179,12 @@ def test_the_tools_page_shows_one_server_list_and_keeps_unsaved_edits_across_vis
     assert w.tools_page.mcp.servers.count() == 1  # the unsaved server is still there
     qtbot.mouseClick(w.tools_page.revert_btn, Qt.MouseButton.LeftButton)
     assert w.tools_page.mcp.servers.count() == 0
+
+
+def test_a_new_chat_in_a_project_without_documents_uses_none(qtbot, window):
+    """Issue 27, defect 4: nothing is attached by default, in a project too (its documents unset = none)."""
+    w = window
+    plain = w.ctx.store.create_project("Garden")
+    w.new_chat_in(plain.id)
+    assert w.documents.model.selected_paths() == [] and not w.header.documents.isVisibleTo(w)
+    assert "None" in w.panel.documents.text()

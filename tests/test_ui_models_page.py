@@ -17,7 +17,7 @@ from app.catalog.recommended import load_catalog
 
 pytestmark = pytest.mark.gui
 
-RAIL = 84  # px: the navigation rail's widest (app/ui/nav_rail.py); the page gets the rest of the window
+RAIL = 88  # px: the navigation rail's widest (app/ui/nav_rail.py); the page gets the rest of the window
 
 
 def settle(qtbot) -> None:

@@ -119,7 +119,8 @@ def stdio_window(qtbot, hearth_home: Path):
 def test_a_call_is_shown_asked_for_run_shown_collapsed_and_stored(qtbot, stdio_window) -> None:
     w = stdio_window
     # The chat says tools are on, and which (nothing did: issue 27)
-    qtbot.waitUntil(lambda: shown(w.header.tools), timeout=10_000)
+    qtbot.waitUntil(lambda: shown(w.header.tools) and w.header.tools.text().startswith("⚒ Tools on"),
+                    timeout=10_000)  # the server's "ready" reaches the window's header as a queued signal
     n = len(w.ctx.tools.hub.tools())
     assert w.header.tools.text() == f"⚒ Tools on: {n}" and "t: add" in w.header.tools.toolTip()
     send(qtbot, w, "What is 2 + 3?")

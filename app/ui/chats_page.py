@@ -1,5 +1,5 @@
 """The Chats page: the conversation list | the chat (header, notes, bubbles, composer) | the chat's settings
-panel, and how it collapses instead of clipping on narrow windows.
+panel, how it collapses instead of clipping on narrow windows, and the window's opening and minimum sizes.
 
 Three widths (window px): *wide* (≥ ``COMPACT_WIDTH``) shows the list and the panel side by side; *compact*
 (≥ ``NARROW_WIDTH``) and *narrow* show at most one of them beside the chat (compact starts with the list,
@@ -9,7 +9,8 @@ one closes the other.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QScreen
 from PySide6.QtWidgets import QFrame, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from app.ui import theme
@@ -21,8 +22,18 @@ from app.ui.labels import fit_width
 from app.ui.models import ChatModel
 from app.ui.sidebar import Sidebar
 
+MIN_SIZE = QSize(640, 480)  # the window's minimum size, px: every page fits it (they scroll when shorter)
+OPENING_SIZE = QSize(1280, 800)  # the window's size at start on a screen with room for it, px
+FRAME = QSize(8, 40)  # room left for the window frame on the desktops we know, px
 COMPACT_WIDTH = 1100  # below: the rail shows glyphs and one side panel shows at a time
 NARROW_WIDTH = 800  # below: neither side panel shows until asked for (Chats again, Ctrl+Shift+L, the header)
+
+
+def opening_size(screen: QScreen | None) -> QSize:
+    """The window's size at start: ``OPENING_SIZE``, or less on a smaller ``screen`` (its frame stays inside
+    the available area), never below ``MIN_SIZE``."""
+    avail = screen.availableGeometry().size() - FRAME if screen is not None else OPENING_SIZE
+    return OPENING_SIZE.boundedTo(avail).expandedTo(MIN_SIZE)
 
 
 def width_mode(width: int) -> str:

@@ -4,19 +4,20 @@ A ``QLabel``'s minimum width is its text's width (one line) or its longest word 
 passes that up to the top-level window, which then grows past the screen and never shrinks back (issue 27: a
 long status line took the window from 1280 to 1544 px). Status and error lines therefore ignore their text's
 width: one-line labels are cut with "…" and carry the whole text as their tooltip (``ElidedLabel``); wrapped
-labels have a minimum width of 1 px instead of their longest word's (``fit_width``).
+labels have a minimum width of 1 px instead of their longest word's (``fit_width``). A whole page goes in a
+scroll area (``scrolled``), which scrolls when the window is smaller than the page's minimum.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QLabel, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QWidget
 
 
 class ElidedLabel(QLabel):
-    """One line of plain text cut with "…" to the label's width; when cut, the whole text is the tooltip.
-    ``text()`` is the whole text."""
+    """One line of plain text cut with "…" to the label's width; when cut, the tooltip is the whole text (then
+    the owner's tooltip, if any). ``text()`` is the whole text."""
 
     def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -35,7 +36,7 @@ class ElidedLabel(QLabel):
         return self._full
 
     def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt API
-        """The owner's tooltip (the whole text replaces it while the text is cut)."""
+        """The owner's tooltip (while the text is cut, it follows the whole text)."""
         self._tip = tip
         self._elide()
 
@@ -57,7 +58,8 @@ class ElidedLabel(QLabel):
         room = self.contentsRect().width() - 2 * self.margin()
         shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(room, 0))
         QLabel.setText(self, shown)
-        QLabel.setToolTip(self, self._full if shown != self._full else self._tip)
+        cut = shown != self._full
+        QLabel.setToolTip(self, (self._full + (f"\n\n{self._tip}" if self._tip else "")) if cut else self._tip)
 
 
 def fit_width(label: QLabel) -> QLabel:
@@ -67,3 +69,10 @@ def fit_width(label: QLabel) -> QLabel:
     label.setMinimumWidth(1)  # an explicit minimum replaces the longest word's width in the layout
     return label
 
+
+def scrolled(page: QWidget) -> QScrollArea:
+    """``page`` in a frameless scroll area: shorter or narrower than the page's minimum size, it scrolls (it
+    never clips and never widens the window). Returns the area (``area.widget()`` is ``page``)."""
+    area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+    area.setWidget(page)
+    return area

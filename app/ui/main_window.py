@@ -1,4 +1,5 @@
-"""The main window: conversations | chat | Models · Documents · Port, and the status strip.
+"""The main window: the navigation rail and its pages (Chats, Documents, Models, Tools, Port, Settings) over the
+status strip.
 
 It wires widgets to controllers and keeps the one piece of state the widgets share: which conversation and
 branch is shown. Every slow step is a controller call that returns at once; results come back as signals.
@@ -12,13 +13,11 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QFrame,
     QHBoxLayout,
     QMainWindow,
-    QScrollArea,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -29,9 +28,10 @@ from app.catalog import registry
 from app.errors import Cancelled, HearthError
 from app.ui import theme
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
-from app.ui.chats_page import ChatsPage
+from app.ui.chats_page import MIN_SIZE, ChatsPage, opening_size
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import documents_indicator, tools_indicator
+from app.ui.labels import scrolled
 from app.ui.model_panel import REMOTE, ModelPanel
 from app.ui.models import ChatModel, ChatRow
 from app.ui.nav_rail import PAGES, NavRail
@@ -47,7 +47,6 @@ from app.ui.tools_page import ToolsPage
 
 log = logging.getLogger(__name__)
 
-MIN_SIZE = QSize(640, 480)  # the window's minimum size, px: every page fits it (they scroll when shorter)
 SERVICE_NAME = "hearth-service"  # the engine's name when the window chats through the running service
 
 BASE_MODEL_NOTE = ("<b>{name}</b> is a small <i>base</i> model for trying things out: its answers are short and "
@@ -69,7 +68,7 @@ class MainWindow(QMainWindow):
         self.editing: ChatRow | None = None
         self.chat_model = ChatModel(self)
         self.setWindowTitle("Hearth")
-        self.resize(1280, 800)
+        self.resize(opening_size(self.screen()))
         self.setAcceptDrops(True)
         self._build()
         self._actions()
@@ -115,7 +114,7 @@ class MainWindow(QMainWindow):
         self.page_of = {"chats": self.chats, "documents": self.documents, "models": self.models,
                         "tools": self.tools_page, "port": self.port, "settings": self.settings_page}
         for name, w in self.page_of.items():
-            self.pages.addWidget(w if name == "chats" else _page(w))
+            self.pages.addWidget(w if name == "chats" else scrolled(w))
         self.status = StatusStrip()
         body = QWidget()
         grid = QVBoxLayout(body)
@@ -372,7 +371,8 @@ class MainWindow(QMainWindow):
         """A new chat in a project: its preset and documents are the project's."""
         self.new_chat()
         self.pending_project = project_id
-        self.documents.show_selection(self.ctx.store.project(project_id).documents)
+        docs = self.ctx.store.project(project_id).documents  # None: none chosen for the project yet
+        self.documents.show_selection(docs if docs is not None else [])  # nothing attached by default
         self.show_header()
 
     def project_documents(self, project_id: str) -> None:
@@ -644,10 +644,3 @@ def _machine_memory() -> tuple[int | None, int | None]:
 
     return detect_available_ram(), available_vram_bytes()
 
-
-def _page(w: QWidget) -> QScrollArea:
-    """A page in a frameless scroll area: shorter or narrower than the page's minimum, it scrolls (never clips
-    and never widens the window)."""
-    area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
-    area.setWidget(w)
-    return area

@@ -261,7 +261,7 @@ class McpPage(QWidget):
         menu.exec(self.tools.viewport().mapToGlobal(pos))
 
     def ask_every_time(self, item: QListWidgetItem | None) -> None:
-        """Take back "Always allow" for ``item``'s tool (saved with the dialog; its next call asks first)."""
+        """Take back "Always allow" for ``item``'s tool (saved with the Tools page; its next call asks first)."""
         if item is None or not item.data(_ALWAYS_ROLE) or not 0 <= self.current < len(self.drafts):
             return
         d = self.drafts[self.current]

@@ -1,4 +1,4 @@
-"""Presets… (the toolbar): make, edit, delete, import and export presets (``app.memory.library``).
+"""Presets… (Ctrl+Shift+P): make, edit, delete, import and export presets (``app.memory.library``).
 
 A preset is a system prompt, decoding settings (each spin box reads *default* until set: the person's
 default from Settings then applies) and optionally a model. Decoding keys the form does not show (``stop``,

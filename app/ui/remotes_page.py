@@ -5,7 +5,7 @@ the models list. The page lists ``settings.remotes`` and adds or removes entries
 settings.json: the page stores the *name* of an environment variable, or puts the key typed here into the OS
 keyring (``app.secrets.store_key``) and stores only that it is there. Entries are checked by
 ``RemoteSettings.validate`` (the URL, the name), and a bad one is an error naming the field; nothing is saved
-until the dialog is saved.
+until Settings are applied.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from app.errors import HearthError, InvalidRequest
 
 class RemotesPage(QWidget):
     """The remote engines of the settings, edited in place. ``result_remotes()``: name → ``RemoteSettings``;
-    ``keys_to_store``: name → key typed for the keyring, written by ``store_keys()`` once the dialog is saved
+    ``keys_to_store``: name → key typed for the keyring, written by ``store_keys()`` once Settings are applied
     (never shown again, never logged)."""
 
     def __init__(self, remotes: dict[str, Any], parent: QWidget | None = None) -> None:
@@ -121,7 +121,7 @@ class RemotesPage(QWidget):
         return dict(self.remotes)
 
     def store_keys(self) -> None:
-        """Put the keys typed for the keyring there (after the dialog is saved). Raises ``SecretError`` when
+        """Put the keys typed for the keyring there (when Settings are applied). Raises ``SecretError`` when
         the keyring cannot take them (named in its message)."""
         from app import secrets
 

@@ -15,7 +15,7 @@ from app.settings import ServerSettings
 from app.ui.workers import WorkerPool
 
 log = logging.getLogger(__name__)
-NOT_COUNTED = frozenset({"/health"})  # endpoints the Port tab's request count leaves out (see requests_served)
+NOT_COUNTED = frozenset({"/health"})  # endpoints the Port page's request count leaves out (see requests_served)
 
 
 def server_available() -> bool:

@@ -21,13 +21,11 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QListWidget,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSpinBox,
     QStackedWidget,
     QVBoxLayout,
@@ -37,16 +35,9 @@ from PySide6.QtWidgets import (
 from app.errors import HearthError, InvalidRequest
 from app.protocol.types import KV_TYPES, MAX_PARALLEL, DecodingParams, LoadSettings
 from app.settings import UserSettings
-from app.ui.labels import fit_width
+from app.ui.labels import fit_width, scrolled
 
 LIVE_DELAY_MS = 400  # typing in a live field applies after this pause (one save per pause, not per key)
-
-
-def _scrolled(page: QWidget) -> QScrollArea:
-    """``page`` in a frameless scroll area (a section taller or wider than the window scrolls)."""
-    area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
-    area.setWidget(page)
-    return area
 
 
 def _spin(lo: int, hi: int, special: str | None = None) -> QSpinBox:
@@ -98,7 +89,7 @@ class SettingsPage(QWidget):
         for name, page in (("Appearance", self._appearance()), ("Answers", self._answers()),
                            ("Model loading", self._loading()), ("Remote engines", self._remotes_section())):
             self.sections.addItem(name)
-            self.pages.addWidget(_scrolled(page))
+            self.pages.addWidget(scrolled(page))
         self.sections.currentRowChanged.connect(self.pages.setCurrentIndex)
         self.sections.setCurrentRow(0)
         body = QHBoxLayout()

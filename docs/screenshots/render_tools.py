@@ -8,7 +8,7 @@ Starts ``Xvfb :99`` itself (the ``xvfb`` package; Qt's xcb plugin needs libxcb-c
 temporary HEARTH_HOME. The bundled model is a small base model that would rarely call a tool on its own, so the
 window's first step is forced to call ``add`` (a named ``tool_choice``: the grammar makes the call valid), and
 the second step answers after the result. The permission row is answered "Allow once" by the script, the
-result row expanded, then the window is captured; then Settings' MCP page.
+result row expanded, then the window is captured (the Tools page is among render_window.py's shots).
 """
 
 from __future__ import annotations

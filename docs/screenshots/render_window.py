@@ -13,7 +13,7 @@ asks "What is the capital of France?", then grabs each page at each size in each
 Xvfb with ``QT_SCALE_FACTOR=2`` (a 2560×1600 window; ``--scale 1`` skips it).
 
 ``manifest.json`` records the SHA-256 of the UI's source (``ui_source_hash``: every ``app/ui/*.py`` but
-``recommend.py`` and ``main.py``, which do not draw the window) and of each PNG; ``tests/test_ui_theme.py``
+``main.py``, which does not draw the window) and of each PNG; ``tests/test_ui_theme.py``
 fails when the UI code changed since the screenshots were rendered, or a page, size or theme is missing: run
 this script again and commit the PNGs with the manifest.
 """
@@ -42,7 +42,7 @@ The ferry to Lindholm island leaves at 7:45 every morning from pier 4 and return
 Tickets cost 12 euros; bicycles travel free.
 """
 QUESTION = "What is the capital of France?"
-NOT_DRAWING = {"recommend.py", "main.py"}  # the window's look does not depend on these
+NOT_DRAWING = {"main.py"}  # the window's look does not depend on it
 sys.path.insert(0, str(OUT))
 from shots import add_mcp_server, pause, setup_home, spin, xvfb  # noqa: E402 - after the path
 
@@ -142,7 +142,7 @@ def run_in_xvfb(scale: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scale", type=int, default=2, help="render window-hidpi.png at this scale factor too "
+    p.add_argument("--scale", type=int, default=2, help="render the hidpi shots at this scale factor too "
                                                         "(1: not at all)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

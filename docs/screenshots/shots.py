@@ -54,13 +54,13 @@ def pause(app: Any, seconds: float) -> None:
 
 
 def setup_home(max_tokens: int) -> None:
-    """The bundled model and the embedding model linked into HEARTH_HOME, greedy answers of at most ``max_tokens`` tokens."""
+    """The bundled model and the embedding model linked into HEARTH_HOME, greedy answers of at most
+    ``max_tokens`` tokens."""
     from app import paths
     from app.catalog.bundled import ensure_bundled_model
     from app.protocol.types import DecodingParams, LoadSettings
-    from app.settings import UserSettings, save_user_settings
-
     from app.retrieval.embed_model import default_embedding_model_path, ensure_embedding_model
+    from app.settings import UserSettings, save_user_settings
 
     paths.bundled_model_path().symlink_to(ensure_bundled_model(REPO / ".cache/models/gemma-3-270m-q4_k_m.gguf"))
     emb = ensure_embedding_model(REPO / ".cache/models/embeddings/all-MiniLM-L6-v2-f16.gguf")
