@@ -30,11 +30,17 @@ def open_window(qtbot, autoload: bool = False):
     return w
 
 
-@pytest.fixture
-def window(qtbot):
+def ready_window(qtbot):
+    """The window with the fake engine loaded and ready (no model)."""
     w = open_window(qtbot)
     w.ctx.engine.engine = FakeEngine(n_ctx=2048)
     w.ctx.engine._set_state("ready")
+    return w
+
+
+@pytest.fixture
+def window(qtbot):
+    w = ready_window(qtbot)
     yield w
     close_window(w)
 

@@ -8,8 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractButton, QApplication, QLabel
 
-from tests.fakes import FakeEngine
-from tests.test_ui_first_hour import open_window, settle
+from tests.test_ui_first_hour import ready_window, settle
 from tests.test_ui_reasoning import close_window
 
 pytestmark = pytest.mark.gui
@@ -17,9 +16,7 @@ pytestmark = pytest.mark.gui
 
 @pytest.fixture
 def window(qtbot):
-    w = open_window(qtbot)
-    w.ctx.engine.engine = FakeEngine(n_ctx=2048)
-    w.ctx.engine._set_state("ready")
+    w = ready_window(qtbot)
     yield w
     close_window(w)
 

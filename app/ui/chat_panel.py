@@ -98,26 +98,24 @@ class ChatPanel(QScrollArea):
         return box
 
     def _documents_box(self) -> QGroupBox:
-        box = QGroupBox("Documents")
-        lay = QVBoxLayout(box)
-        self.documents = QLabel("None: drop files on the chat to attach them", wordWrap=True)
-        self.documents.setObjectName("chatHeaderNote")
-        self.choose_documents = QPushButton("Choose documents…")
-        self.choose_documents.clicked.connect(lambda: self.open_page.emit("documents"))
-        lay.addWidget(self.documents)
-        lay.addWidget(self.choose_documents)
+        box, self.documents, self.choose_documents = self._note_box(
+            "Documents", "None: drop files on the chat to attach them", "Choose documents…", "documents")
         return box
 
     def _tools_box(self) -> QGroupBox:
-        box = QGroupBox("Tools")
-        lay = QVBoxLayout(box)
-        self.tools = QLabel("No MCP servers", wordWrap=True)
-        self.tools.setObjectName("chatHeaderNote")
-        self.manage_tools = QPushButton("Manage tools…")
-        self.manage_tools.clicked.connect(lambda: self.open_page.emit("tools"))
-        lay.addWidget(self.tools)
-        lay.addWidget(self.manage_tools)
+        box, self.tools, self.manage_tools = self._note_box("Tools", "No MCP servers", "Manage tools…", "tools")
         return box
+
+    def _note_box(self, title: str, note: str, button: str, page: str) -> tuple[QGroupBox, QLabel, QPushButton]:
+        """A box of a wrapped note and a button that opens ``page``."""
+        box = QGroupBox(title)
+        lay = QVBoxLayout(box)
+        label = QLabel(note, wordWrap=True, objectName="chatHeaderNote")
+        btn = QPushButton(button)
+        btn.clicked.connect(lambda: self.open_page.emit(page))
+        lay.addWidget(label)
+        lay.addWidget(btn)
+        return box, label, btn
 
     def show_setup(self, setup: Any, presets: list[Any], default_prompt: str) -> None:
         """Show a chat: ``setup`` (``app.memory.library.Setup``), every preset, the default system prompt."""
