@@ -134,3 +134,29 @@ def test_tab_reaches_every_control_of_every_page(qtbot):
             assert a11y.keyboard_unreachable(w) == [], name
     finally:
         close_window(w)
+
+
+@pytest.mark.gui
+def test_tab_leaves_every_text_box_and_types_nothing(qtbot):
+    """Issue 27: Tab in the message box or a system prompt typed a tab (saved at once as the default system
+    prompt) and the keyboard could not leave the box."""
+    from PySide6.QtCore import Qt
+
+    from tests.test_ui_first_hour import ready_window, settle
+    from tests.test_ui_reasoning import close_window
+
+    w = ready_window(qtbot)
+    try:
+        for page, box in (("chats", w.chat.composer), ("chats", w.panel.prompt),
+                          ("settings", w.settings_page.system_prompt)):
+            w.show_page(page)
+            if box is w.settings_page.system_prompt:
+                w.settings_page.sections.setCurrentRow(1)
+            settle(qtbot)
+            box.setFocus()
+            qtbot.keyClick(box, Qt.Key.Key_Tab)
+            assert box.toPlainText() == "" or "\t" not in box.toPlainText(), page
+            assert not box.hasFocus(), f"{page}: Tab stayed in {box.objectName()}"
+        assert "\t" not in w.ctx.settings.system_prompt
+    finally:
+        close_window(w)

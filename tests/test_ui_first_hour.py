@@ -121,6 +121,8 @@ def test_a_failed_load_is_not_saved_and_the_start_falls_back(qtbot, fake_loads):
     w.ctx.load_model(str(fake_loads / "broken-model.gguf"), "broken-model")
     qtbot.waitUntil(lambda: not w.models.error.isHidden() and w.ctx.engine.state == "ready", timeout=10_000)
     assert load_user_settings().model == str(fake_loads / "good-model.gguf")  # the failed one is not saved
+    qtbot.waitUntil(lambda: "good-model is still loaded" in w.error.text(), timeout=5_000)  # said in the chat
+    assert w.error.isVisibleTo(w) and "broken" in w.error.text() and "good-model" in w.status.model.text()
     close_window(w)
     w = open_window(qtbot, autoload=True)  # "restart": the good one again
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)

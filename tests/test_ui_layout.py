@@ -149,7 +149,7 @@ def test_the_help_sheet_lists_every_shortcut(qtbot, window):
 def test_the_chat_panel_shows_the_chats_documents_and_tools(qtbot, window, tmp_path):
     w = window
     assert "None" in w.panel.documents.text() and "No MCP servers" in w.panel.tools.text()
-    w._documents_chosen([str(tmp_path / "a.txt"), str(tmp_path / "b.md")])
+    w.chat_docs.chosen([str(tmp_path / "a.txt"), str(tmp_path / "b.md")])
     assert "a.txt" in w.panel.documents.text() and w.header.documents.text() == "▤ Documents: 2"
     qtbot.mouseClick(w.panel.choose_documents, Qt.MouseButton.LeftButton)
     assert w.current_page() == "documents"
@@ -185,3 +185,58 @@ def test_a_new_chat_in_a_project_without_documents_uses_none(qtbot, window):
     w.new_chat_in(plain.id)
     assert w.documents.model.selected_paths() == [] and not w.header.documents.isVisibleTo(w)
     assert "None" in w.panel.documents.text()
+
+
+def test_a_dropped_file_that_cannot_be_indexed_leaves_the_chat_with_its_reason(qtbot, window, tmp_path):
+    """Issue 27: a dropped image or empty file stayed attached ("Documents: 1"), the reason only on the
+    Documents page, and the "Indexing…" note under the chat never went away."""
+    from tests.test_ui_window import drop
+
+    w = window
+    if not w.ctx.docs.available:
+        pytest.skip("app.retrieval is not in this build")
+    png, empty, good = tmp_path / "red.png", tmp_path / "empty.txt", tmp_path / "notes.txt"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    empty.write_text("")
+    good.write_text("The ferry to Lindholm leaves at 7:45 from pier 4.\n")
+    drop(w, [png, empty, good])
+    assert "Indexing 3 dropped files" in w.notice.text()
+    qtbot.waitUntil(lambda: not w.ctx.docs.busy and w.chat_docs.dropped is None, timeout=30_000)
+    assert w.documents.model.selected_paths() == [str(good)]
+    assert w.header.documents.text() == "▤ Documents: 1" and "notes.txt" in w.panel.documents.text()
+    assert "red.png: unsupported type (.png)" in w.error.text() and "empty.txt: empty file" in w.error.text()
+    assert w.error.isVisibleTo(w) and not w.notice.isVisibleTo(w)
+
+
+def test_ctrl_shift_s_shows_and_hides_the_chat_panel(qtbot, window):
+    """Issue 27: the button's text change cleared its shortcut, so Ctrl+Shift+S did nothing."""
+    w = window
+    w.resize(1280, 800)
+    settle(qtbot)
+    shown = w.panel.isVisibleTo(w)
+    for _ in range(2):
+        qtbot.keyClick(w.chat.composer, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier
+                       | Qt.KeyboardModifier.ShiftModifier)
+        settle(qtbot)
+        assert w.panel.isVisibleTo(w) != shown and w.header.toggle.isChecked() == w.panel.isVisibleTo(w)
+        shown = w.panel.isVisibleTo(w)
+
+
+def test_the_model_picker_cuts_a_long_name_with_an_ellipsis(qtbot, window):
+    """Issue 27: the picker cut "…small base model fo" mid-word, with no mark."""
+    from app.ui.labels import ElidedComboBox
+
+    picker = window.header.model_picker
+    assert isinstance(picker, ElidedComboBox)
+    combo = ElidedComboBox()
+    qtbot.addWidget(combo)
+    combo.addItem("Meta-Llama-3.1-70B-Instruct-Q4_K_M (a long description of the model) " * 3)
+    combo.addItem("tiny")
+    combo.setFixedWidth(160)
+    combo.show()
+    settle(qtbot)
+    shown = combo.shown_text()
+    assert shown.endswith("…") and combo.fontMetrics().horizontalAdvance(shown) <= combo.field_width()
+    combo.setCurrentIndex(1)
+    assert combo.shown_text() == "tiny"
+    combo.grab()  # paints with the cut text

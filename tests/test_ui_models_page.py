@@ -229,3 +229,19 @@ def test_a_long_model_name_wraps_instead_of_scrolling_the_list_sideways(qtbot, p
     assert not view.horizontalScrollBar().isVisible()
     rect = view.visualRect(page.model.index(0))
     assert rect.width() <= view.viewport().width() and rect.height() > view.fontMetrics().height()  # wrapped
+
+
+def test_the_details_take_the_new_themes_colours(qtbot, page):
+    """Issue 27: the details kept the colours of the theme they were first shown in (dark text on dark)."""
+    from app.catalog.registry import ModelEntry
+    from app.ui import theme
+
+    page.model.set_entries([ModelEntry("broken", "/models/broken.gguf", 1 << 20, error="truncated file")])
+    page.view.setCurrentIndex(page.model.index(0))
+    assert theme.PALETTES["light"].error in page.details.text()
+    theme.manager().set_mode("dark")
+    try:
+        assert theme.PALETTES["dark"].error in page.details.text()
+        assert theme.PALETTES["light"].error not in page.details.text()
+    finally:
+        theme.manager().set_mode("light")

@@ -210,7 +210,8 @@ def keyboard_unreachable(root: QWidget) -> list[str]:
     """``describe`` of each enabled interactive control visible to ``root`` that the keyboard never reaches:
     its focus policy lacks ``Qt.TabFocus``, or it is missing from the window's focus chain
     (``QWidget.nextInFocusChain``, the order Tab follows). A button of an exclusive group is reached as a radio
-    group is: Tab stops at the one of them holding Tab focus and the arrow keys move along the group. Parts of
+    group is: Tab stops at the one of them holding Tab focus and the arrow keys move along the group. An
+    editable text box must pass Tab on (``tabChangesFocus``): one that types a tab traps the keyboard. Parts of
     compound controls are left out, as in ``unnamed_controls``."""
     chain, w = set(), root.nextInFocusChain()
     while w is not root and w not in chain:
@@ -224,4 +225,6 @@ def keyboard_unreachable(root: QWidget) -> list[str]:
         stops = group.buttons() if group is not None and group.exclusive() else [w]  # arrows move in a group
         if not any(b.focusPolicy() & Qt.FocusPolicy.TabFocus and b in chain for b in stops):
             found.append(describe(w))
+        elif isinstance(w, (QPlainTextEdit, QTextEdit)) and not w.isReadOnly() and not w.tabChangesFocus():
+            found.append(describe(w) + " (Tab types a tab: the keyboard cannot leave it)")
     return found

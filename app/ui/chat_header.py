@@ -11,7 +11,7 @@ from PySide6.QtCore import QAbstractItemModel, Signal
 from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from app.ui import theme
-from app.ui.labels import ElidedLabel
+from app.ui.labels import ElidedComboBox, ElidedLabel
 
 
 class ChatHeader(QFrame):
@@ -32,7 +32,8 @@ class ChatHeader(QFrame):
         self.title.setAccessibleName("Chat title")
         self.project = QLabel()
         self.project.setObjectName("chatHeaderNote")
-        self.model_picker = QComboBox(toolTip="The model that answers (load another one here or on the Models page)")
+        self.model_picker = ElidedComboBox(toolTip="The model that answers (load another one here or on the "
+                                                   "Models page)")
         self.model_picker.setObjectName("modelPicker")
         self.model_picker.setAccessibleName("Model")
         self.model_picker.setMinimumContentsLength(14)
@@ -50,7 +51,6 @@ class ChatHeader(QFrame):
                                   "system prompt, documents, tools and thinking (Ctrl+Shift+S)")
         self.toggle.setObjectName("panelToggle")
         self.toggle.setAccessibleName("Chat settings panel")
-        self.toggle.setShortcut("Ctrl+Shift+S")
         self.toggle.toggled.connect(self.panel_toggled.emit)
         top, below = QHBoxLayout(), QHBoxLayout()
         top.addWidget(self.title, 1)  # the title has a row of its own: elided only on a very narrow chat

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
@@ -43,6 +43,7 @@ class ChatPanel(QScrollArea):
     def __init__(self, effort: QComboBox, samples: QComboBox, parent: QWidget | None = None) -> None:
         super().__init__(parent, widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         self.setObjectName("chatPanel")
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # Tab goes to its controls
         self.setFixedWidth(WIDTH)
         body = QWidget()
         body.setObjectName("chatPanelBody")
@@ -79,7 +80,8 @@ class ChatPanel(QScrollArea):
     def _prompt_box(self) -> QGroupBox:
         box = QGroupBox("System prompt")
         lay = QVBoxLayout(box)
-        self.prompt = QPlainTextEdit(placeholderText="No system prompt: the model sees only the conversation")
+        self.prompt = QPlainTextEdit(placeholderText="No system prompt: the model sees only the conversation",
+                                     tabChangesFocus=True)
         self.prompt.setObjectName("systemPromptEdit")
         self.prompt.setAccessibleName("System prompt")
         self.prompt.setFixedHeight(110)

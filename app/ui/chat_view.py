@@ -268,6 +268,7 @@ class MessageWidget(QFrame):
         for w in (self.prev_btn, self.branch, self.next_btn):
             w.setVisible(count > 1)
         self.branch.setText(f"{pos}/{count}")
+        self.citations.clear()  # the same text set again keeps the links' colour of the theme before
         self.citations.setText(citations_html(r))
         self.citations.setVisible(bool(r.citations or r.retrieved))
         for b in self.buttons.values():
@@ -418,7 +419,8 @@ class ChatView(QWidget):
         self.edit_bar = QLabel(visible=False)
         lay.addWidget(self.edit_bar)
         row = QHBoxLayout()
-        self.composer = Composer(placeholderText="Message Hearth (Enter sends, Shift+Enter new line)")
+        self.composer = Composer(placeholderText="Message Hearth (Enter sends, Shift+Enter new line)",
+                                 tabChangesFocus=True)
         self.composer.setObjectName("composer")
         self.composer.setAccessibleName("Message to the model")
         self.composer.setFixedHeight(76)

@@ -57,7 +57,7 @@ class ChatsPage(QSplitter):
         self.notice = QLabel(wordWrap=True, visible=False, objectName="chatNotice")
         center = QWidget()
         col = QVBoxLayout(center)
-        col.setContentsMargins(0, theme.SPACE[1], 0, theme.SPACE[1])
+        col.setContentsMargins(0, theme.SPACE[1], theme.SPACE[1], theme.SPACE[1])
         col.setSpacing(theme.SPACE[1])
         for w in (self.header, self.banner, self.chat, self.notice, self.error):
             col.addWidget(w, 1 if w is self.chat else 0)

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QLabel,
+    QScrollArea,
+    QStyle,
+    QStyleOptionComboBox,
+    QStylePainter,
+    QWidget,
+)
 
 
 class ElidedLabel(QLabel):
@@ -74,5 +83,31 @@ def scrolled(page: QWidget) -> QScrollArea:
     """``page`` in a frameless scroll area: shorter or narrower than the page's minimum size, it scrolls (it
     never clips and never widens the window). Returns the area (``area.widget()`` is ``page``)."""
     area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+    area.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # Tab goes to the page's controls, not to an invisible stop
     area.setWidget(page)
     return area
+
+
+class ElidedComboBox(QComboBox):
+    """A combo box whose shown item is cut with "…" to its width (Qt's cuts it mid-word without a mark); the
+    whole text is its tooltip."""
+
+    def _option(self) -> QStyleOptionComboBox:
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        return opt
+
+    def field_width(self) -> int:
+        """The width of the part that shows the current item, px."""
+        return self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, self._option(),
+                                           QStyle.SubControl.SC_ComboBoxEditField, self).width()
+
+    def shown_text(self) -> str:
+        """The current item's text as drawn: cut with "…" to ``field_width``."""
+        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideRight, self.field_width())
+
+    def paintEvent(self, _e: object) -> None:  # noqa: N802 - Qt API
+        p, opt = QStylePainter(self), self._option()
+        p.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        opt.currentText = self.shown_text()
+        p.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)

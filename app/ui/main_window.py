@@ -28,9 +28,10 @@ from app.catalog import registry
 from app.errors import Cancelled, HearthError
 from app.ui import theme
 from app.ui.branches import branch_rows, descend, last_answer_stats, sibling_tip, turn_start
+from app.ui.chat_documents import ChatDocuments
 from app.ui.chats_page import MIN_SIZE, ChatsPage, opening_size
 from app.ui.documents_panel import DocumentsPanel
-from app.ui.formatting import documents_indicator, tools_indicator
+from app.ui.formatting import tools_indicator
 from app.ui.labels import scrolled
 from app.ui.model_panel import REMOTE, ModelPanel
 from app.ui.models import ChatModel, ChatRow
@@ -114,7 +115,8 @@ class MainWindow(QMainWindow):
         self.page_of = {"chats": self.chats, "documents": self.documents, "models": self.models,
                         "tools": self.tools_page, "port": self.port, "settings": self.settings_page}
         for name, w in self.page_of.items():
-            self.pages.addWidget(w if name == "chats" else scrolled(w))
+            # pages with their own scrolling parts and a button bar that must stay in view go in as they are
+            self.pages.addWidget(w if name in ("chats", "tools", "settings") else scrolled(w))
         self.status = StatusStrip()
         body = QWidget()
         grid = QVBoxLayout(body)
@@ -137,6 +139,7 @@ class MainWindow(QMainWindow):
                                 ("Presets…", "Ctrl+Shift+P", self.open_presets),
                                 ("Settings", "Ctrl+,", self.open_settings),
                                 ("Show or hide the chat list", "Ctrl+Shift+L", self.toggle_list),
+                                ("Show or hide this chat's settings panel", "Ctrl+Shift+S", self.toggle_panel),
                                 ("Keyboard shortcuts", "F1", self.show_shortcuts)):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
@@ -166,7 +169,7 @@ class MainWindow(QMainWindow):
             self.chats.toggle_list()  # a second press of Chats on a narrower window shows or hides the list
         self.rail.set_current(name)
         page = self.page_of[name]
-        self.pages.setCurrentWidget(page if name == "chats" else page.parentWidget().parentWidget())
+        self.pages.setCurrentWidget(page if page.parentWidget() is self.pages else page.parentWidget().parentWidget())
 
     def current_page(self) -> str:
         """The name of the page shown."""
@@ -183,6 +186,12 @@ class MainWindow(QMainWindow):
         if self.current_page() != "chats":
             self.show_page("chats")
         self.chats.toggle_list()
+
+    def toggle_panel(self) -> None:
+        """Ctrl+Shift+S: show or hide the chat's settings panel."""
+        if self.current_page() != "chats":
+            self.show_page("chats")
+        self.chats.show_side("panel", not self.chats.open[self.chats.mode]["panel"])
 
     def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         """Collapse instead of clipping (``chats_page``): the rail shows glyphs below the compact width."""
@@ -216,6 +225,8 @@ class MainWindow(QMainWindow):
         self.sidebar.deleted.connect(lambda cid: cid == self.conversation_id and self.new_chat())
         chat.busy_changed.connect(self.chat.set_busy)
         self.stream = StreamView(self.chat_model, self.chat)
+        self.chat_docs = ChatDocuments(self.ctx, self.documents, (self.header, self.panel),
+                                       lambda: self.conversation_id, self._say)
         chat.delta.connect(self.stream.delta)
         chat.reasoning.connect(self.stream.reasoning)
         chat.tool_call.connect(self.stream.tool_call)
@@ -226,8 +237,7 @@ class MainWindow(QMainWindow):
         chat.failed.connect(self._turn_failed)
         eng.state_changed.connect(self._engine_state)
         eng.loaded.connect(self._engine_loaded)
-        eng.load_failed.connect(lambda exc: self.status.show_model(f"Load failed: {exc}"))
-        self.documents.selection_changed.connect(self._documents_chosen)
+        eng.load_failed.connect(self._load_failed)
 
     # -- model --------------------------------------------------------------------------------------------
     def load_startup_model(self) -> None:
@@ -266,6 +276,13 @@ class MainWindow(QMainWindow):
         self.status.set_n_ctx(int(info.get("n_ctx") or 0) or None)
         self.chat.send_btn.setEnabled(not self.ctx.chat.busy)
         self._show_picker()
+
+    def _load_failed(self, exc: BaseException) -> None:
+        """A load failed: said under the chat with the model that still answers (the status line keeps it)."""
+        job = self.ctx.engine.job
+        still = registry.model_id(job.path) if job else None
+        self._say(f"Could not load the model: {exc}" + (f" ({still} is still loaded)" if still else ""), True)
+        self.status.show_model(f"Model: {still} (the last load failed)" if still else f"Load failed: {exc}")
 
     def choose_model(self, row: int) -> None:
         """The header's model picker: load the model of the Models page's row ``row``."""
@@ -332,7 +349,7 @@ class MainWindow(QMainWindow):
         title = store.get_conversation(cid).title if cid else ""
         self.header.show_chat(title, setup.project.name if setup.project else None)
         self.panel.show_setup(setup, store.presets(), self.ctx.settings.system_prompt)
-        self._show_documents(self.documents.model.selected_paths())
+        self.chat_docs.show(self.documents.model.selected_paths())
 
     def choose_preset(self, preset_id: str) -> None:
         """The header's picker: the chat's own preset ("" follows its project / the defaults); a preset that
@@ -470,7 +487,7 @@ class MainWindow(QMainWindow):
             self.conversation_id = self.ctx.create_conversation(self.pending_project, self.pending_preset,
                                                                 self.pending_prompt)
             self.pending_project = self.pending_preset = self.pending_prompt = None
-            self._documents_chosen(self.documents.model.selected_paths())
+            self.chat_docs.chosen(self.documents.model.selected_paths())
             self.set_effort(self.pending_effort)
         edit, parent = self.editing, None
         if edit is not None:
@@ -501,6 +518,12 @@ class MainWindow(QMainWindow):
         self.chat.set_thinking(False)
         if not self.ctx.chat.stop_thinking():
             log.info("stop thinking: the answer had already begun")
+
+    def _say(self, text: str, error: bool) -> None:
+        """A line under the chat: an error (red), else a notice ("" hides it)."""
+        label = self.error if error else self.notice
+        label.setText(text)
+        label.setVisible(bool(text))
 
     def _tool_notice(self, text: str) -> None:
         self.notice.setText(text)
@@ -590,16 +613,6 @@ class MainWindow(QMainWindow):
             self.ctx.engine.abort_load()
 
     # -- documents ----------------------------------------------------------------------------------------
-    def _documents_chosen(self, paths: list[str] | None) -> None:
-        if self.conversation_id is not None:
-            self.ctx.set_conversation_documents(self.conversation_id, paths)
-        self._show_documents(paths)
-
-    def _show_documents(self, paths: list[str] | None) -> None:
-        note = documents_indicator(paths)
-        self.header.set_documents(*note)
-        self.panel.set_documents(*note)
-
     def dragEnterEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         if e.mimeData().hasUrls():
             e.acceptProposedAction()
@@ -612,26 +625,14 @@ class MainWindow(QMainWindow):
             self.show_page("models")
         rest = [p for p in paths if p not in gguf]
         if rest:
-            on_chat = self.current_page() == "chats"
-            if on_chat:
+            if self.current_page() == "chats":
                 self.attach_documents(rest)
             self.documents.ingest(rest)
-            if on_chat:
-                self._tool_notice(f"Indexing {len(rest)} dropped item{'s' if len(rest) != 1 else ''} for this "
-                                  "chat (progress on the Documents page).")
         e.acceptProposedAction()
 
     def attach_documents(self, paths: list[str]) -> None:
-        """Files or folders dropped on the window: their documents join this chat's (a new chat's: when it is
-        created), ticked in the documents list; other chats are not given them."""
-        from app.retrieval.ingest import document_paths
-
-        chosen = self.documents.model.selected_paths()
-        if chosen is None:  # a chat from before per-chat documents: it uses them all, the dropped ones too
-            return
-        merged = sorted(set(chosen) | set(document_paths(paths)))
-        self.documents.show_selection(merged)
-        self._documents_chosen(merged)
+        """Files or folders dropped on the chat join this chat's documents (``ChatDocuments.attach``)."""
+        self.chat_docs.attach(paths)
 
     def closeEvent(self, e: Any) -> None:  # noqa: N802 - Qt API
         self.service.stop()

@@ -149,9 +149,10 @@ class McpPage(QWidget):
         kind.addWidget(self.stdio)
         kind.addWidget(self.http)
         self.command, self.cwd, self.url = QLineEdit(), QLineEdit(), QLineEdit(placeholderText="http://127.0.0.1:9000/mcp")
-        self.args = QPlainTextEdit(placeholderText="one argument per line")
-        self.env = QPlainTextEdit(placeholderText="KEY=value, one per line")
-        self.headers = QPlainTextEdit(placeholderText="Authorization: Bearer …, one per line")
+        self.args = QPlainTextEdit(placeholderText="one argument per line", tabChangesFocus=True)
+        self.env = QPlainTextEdit(placeholderText="KEY=value, one per line", tabChangesFocus=True)
+        self.headers = QPlainTextEdit(placeholderText="Authorization: Bearer …, one per line",
+                                      tabChangesFocus=True)
         for box in (self.args, self.env, self.headers):
             box.setFixedHeight(52)
         self.disabled = QCheckBox("Disabled (listed, not started)")

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from app.catalog.files import link_model
 from app.catalog.recommended import Recommendation, for_machine, load_catalog
+from app.ui import theme
 from app.ui.engine_ctl import remote_job
 from app.ui.formatting import human_bytes
 from app.ui.labels import fit_width
@@ -97,8 +98,6 @@ def details_html(entry: Any, est: Any = None, n_parallel: int = 1) -> str:
 
 def _colour(token: str) -> str:
     """The theme's colour ``token`` (``theme.Colors``) in the theme shown now: rich text holds 4.5:1 there."""
-    from app.ui import theme
-
     return getattr(theme.PALETTES[theme.current()], token)
 
 
@@ -123,6 +122,7 @@ class ModelPanel(QWidget):
         self._name_controls()
         self.setAcceptDrops(True)
         self._wire()
+        theme.manager().changed.connect(self._restyle)
 
     # -- building -------------------------------------------------------------------------------------
     def _installed_box(self) -> QGroupBox:
@@ -253,6 +253,10 @@ class ModelPanel(QWidget):
         entry = self.model.item(row) if row >= 0 else None
         missing = (entry is None and absent) or (entry is not None and not entry.installed)
         return missing and Path(path).exists()
+
+    def _restyle(self, _name: str) -> None:
+        """The theme changed: the details are rich text with the theme's colours in them, shown again."""
+        self._selected(self.view.currentIndex().row())
 
     def _selected(self, row: int) -> None:
         entry = self.model.item(row)

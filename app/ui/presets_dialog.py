@@ -50,7 +50,8 @@ class PresetsDialog(QDialog):
         self.list.setAccessibleName("Presets")
         self.list.currentItemChanged.connect(lambda item, _old: self._show(item))
         self.name, self.model = QLineEdit(), QLineEdit(placeholderText="the loaded model")
-        self.prompt = QPlainTextEdit(placeholderText="Optional instructions for chats using this preset")
+        self.prompt = QPlainTextEdit(placeholderText="Optional instructions for chats using this preset",
+                                     tabChangesFocus=True)
         self.spins: dict[str, Any] = {}
         form = QFormLayout()
         form.addRow("Name", self.name)

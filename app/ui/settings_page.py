@@ -132,7 +132,8 @@ class SettingsPage(QWidget):
         self.repeat_penalty = _dspin(0.5, 2, 0.05)
         self.seed = _spin(-1, 2**31 - 1, "random")
         self.max_tokens = _spin(1, 1 << 20)
-        self.system_prompt = QPlainTextEdit(placeholderText="Optional instructions for every chat")
+        self.system_prompt = QPlainTextEdit(placeholderText="Optional instructions for every chat",
+                                            tabChangesFocus=True)
         page, f = _form([("Temperature", self.temperature), ("Top p", self.top_p), ("Top k", self.top_k),
                          ("Min p", self.min_p), ("Repeat penalty", self.repeat_penalty), ("Seed", self.seed),
                          ("Max answer tokens", self.max_tokens), ("System prompt", self.system_prompt)])
@@ -155,9 +156,8 @@ class SettingsPage(QWidget):
         self.prefix_cache = QCheckBox("Reuse prompts from the prefix cache on disk")
         self.cache_budget = _spin(0, 1 << 20)
         self.cache_budget.setSuffix(" MiB")
-        self.per_model = QCheckBox(f"For this model only ({self.model_id})" if self.model_id
-                                   else "For this model only")
-        self.per_model.setEnabled(bool(self.model_id))
+        self.per_model = QCheckBox("For this model only")
+        self._per_model_for(self.model_id)
         page, f = _form([("Context (n_ctx, tokens)", self.n_ctx), ("GPU layers", self.n_gpu_layers),
                          ("KV type K", self.type_k), ("KV type V", self.type_v), ("", self.flash_attn),
                          ("", self.offload_kqv), ("Threads", self.n_threads), ("Batch (tokens)", self.n_batch),
@@ -197,9 +197,14 @@ class SettingsPage(QWidget):
     def show_for(self, settings: UserSettings, model_id: str | None) -> None:
         """Show ``settings`` for the model ``model_id`` (None: none loaded), e.g. when the page is opened."""
         self.model_id = model_id
-        self.per_model.setText(f"For this model only ({model_id})" if model_id else "For this model only")
-        self.per_model.setEnabled(bool(model_id))
+        self._per_model_for(model_id)
         self.show_settings(settings)
+
+    def _per_model_for(self, model_id: str | None) -> None:
+        """The per-model box names the model in its tooltip (a long id never widens the page)."""
+        self.per_model.setEnabled(bool(model_id))
+        self.per_model.setToolTip(f"Store these loading settings for {model_id} only, not as the defaults"
+                                  if model_id else "Load a model to give it settings of its own")
 
     def show_settings(self, s: UserSettings) -> None:
         """Fill every field from ``s`` (which becomes the settings in force); nothing is applied."""

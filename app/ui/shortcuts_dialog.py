@@ -21,7 +21,7 @@ def window_shortcuts(actions: list[Any]) -> list[tuple[str, str]]:
     pages' Ctrl+1…6 among them) and the chat's own keys."""
     rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text()) for a in actions
             if not a.shortcut().isEmpty()]
-    rows += [("Ctrl+Shift+S", "Show or hide this chat's settings panel"), ("Enter", "Send the message"),
+    rows += [("Enter", "Send the message"),
              ("Shift+Enter", "New line in the message"), ("Esc", "Cancel an edit, stop the answer or a load"),
              ("Tab / Shift+Tab", "Move between controls")]
     return rows

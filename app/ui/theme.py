@@ -192,6 +192,7 @@ QFrame#navRail QPushButton {{ color: {c.text}; background: transparent; border: 
 QFrame#navRail QPushButton:focus {{ border: 1px solid {c.accent}; border-left: 3px solid {c.accent}; }}
 QFrame#navRail QPushButton:hover {{ background: {c.surface_alt}; }}
 QFrame#navRail QPushButton:checked {{ background: {c.surface_alt}; border-left: 3px solid {c.accent}; }}
+QToolButton:focus {{ border: 1px solid {c.accent}; border-radius: {r // 2}px; }}
 QScrollArea#chatPanel, QWidget#chatPanelBody {{ background: {c.window}; border: none; }}
 """
 

@@ -14,7 +14,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.errors import InvalidRequest
-from app.ui.labels import fit_width
+from app.ui.labels import fit_width, scrolled
 from app.ui.mcp_page import McpPage
 
 
@@ -30,9 +30,8 @@ class ToolsPage(QWidget):
         self.new_mcp: Any = None
         self.mcp: McpPage | None = None
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        self.slot = QVBoxLayout()
-        lay.addLayout(self.slot, 1)
+        self.area = scrolled(QWidget())  # the servers scroll; the error line and Save / Revert stay in view
+        lay.addWidget(self.area, 1)
         self.error = fit_width(QLabel(objectName="errorText"))
         self.revert_btn = QPushButton("Revert", toolTip="Show the servers that run now again")
         self.revert_btn.clicked.connect(self.show_current)
@@ -52,12 +51,12 @@ class ToolsPage(QWidget):
         if limits is not None:
             self.limits = limits
         if self.mcp is not None:
-            self.slot.removeWidget(self.mcp)
+            self.area.takeWidget()
             self.mcp.setParent(None)  # gone from the page now (deleteLater waits for the event loop's turn)
             self.mcp.deleteLater()
         t = self.tools
         self.mcp = McpPage(t.config, t.statuses(), t.config_error, limits=self.limits)
-        self.slot.addWidget(self.mcp)
+        self.area.setWidget(self.mcp)
         self.error.setText("")
 
     def refresh(self, limits: Any) -> None:
