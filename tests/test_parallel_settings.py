@@ -109,7 +109,7 @@ def test_inspect_bad_parallel_is_one_line(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------- the Settings dialog
 @pytest.mark.gui
-def test_settings_dialog_parallel_spin_box_auto_and_a_number(qtbot):
+def test_settings_page_parallel_spin_box_auto_and_a_number(qtbot):
     from PySide6.QtWidgets import QLabel
 
     from app.settings import UserSettings

@@ -167,22 +167,28 @@ def test_a_chats_turn_uses_its_preset_and_own_prompt(memory_store):
 
 
 @pytest.mark.gui
-def test_header_shows_and_edits_the_system_prompt(qtbot, memory_store):
+def test_header_and_panel_show_and_edit_the_system_prompt(qtbot, memory_store):
+    from PySide6.QtWidgets import QComboBox
+
     from app.ui.chat_header import ChatHeader
+    from app.ui.chat_panel import ChatPanel
 
     p = memory_store.create_preset("Brief", "Be brief.")
     proj = memory_store.create_project("Work", preset_id=p.id)
     cid = memory_store.create_conversation(title="Plans", settings={"project": proj.id})
-    h = ChatHeader()
+    h, panel = ChatHeader(), ChatPanel(QComboBox(), QComboBox())
     qtbot.addWidget(h)
-    h.show_setup("Plans", memory_store.setup(cid), memory_store.presets(), "default")
-    assert h.project.text() == "in Work" and h.preset.currentText() == "project's (Brief)"
-    assert h.prompt.toPlainText() == "Be brief." and "preset Brief" in h.source.text()
-    h.toggle.click()
-    assert h.editor.isVisibleTo(h)
-    h.prompt.setPlainText("Be very brief.")
-    with qtbot.waitSignal(h.system_prompt_saved) as sig:
-        h.save.click()
+    qtbot.addWidget(panel)
+    setup = memory_store.setup(cid)
+    h.show_chat("Plans", setup.project.name)
+    panel.show_setup(setup, memory_store.presets(), "default")
+    assert h.title.text() == "Plans" and h.project.text() == "in Work"
+    assert panel.preset.currentText() == "project's (Brief)"
+    assert panel.prompt.toPlainText() == "Be brief." and "preset Brief" in panel.source.text()
+    assert not panel.reset.isEnabled()  # no own prompt to drop yet
+    panel.prompt.setPlainText("Be very brief.")
+    with qtbot.waitSignal(panel.system_prompt_saved) as sig:
+        panel.save.click()
     assert sig.args == ["Be very brief."]
 
 

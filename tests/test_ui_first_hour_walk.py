@@ -6,7 +6,7 @@ titles."
 The walk and its checks (``clipped(window) -> list[str]``, ``misfit``) are in ``tests/first_hour_walk.py``, so
 that a child process can run them: this suite's process is offscreen, and Qt picks its platform once per
 process. With ``Xvfb`` on PATH and Qt's xcb plugin able to open a display (``app.doctor.qt.probe``: a machine
-without libxcb-icccm4 and friends cannot; ``../shared/tools/without-xcb`` shows one), the walk runs as a
+without libxcb-icccm4 and friends cannot), the walk runs as a
 child on a fresh Xvfb screen of ``XVFB_SCREEN`` with the xcb platform, killed with everything it started
 whatever happens; else it runs here, offscreen. Either way it reports every step's failures as JSON and this
 test asserts on the report, all steps at once.

@@ -79,7 +79,7 @@ def test_prefs_survive_a_restart_and_a_bad_file_gives_defaults():
         prefs.save_prefs(prefs.UiPrefs(theme="sepia"))
 
 
-def test_settings_dialog_offers_the_theme(manager, qtbot):  # its choice is previewed: manager resets it
+def test_settings_page_offers_the_theme(manager, qtbot):  # its choice is previewed: manager resets it
     from app.settings import UserSettings
     from app.ui.settings_page import SettingsPage
 

@@ -302,7 +302,7 @@ def test_generator_worker_streams_returns_and_quits(qtbot):
     assert closed.is_set() and pool.shutdown(5000)
 
 
-def test_settings_dialog_round_trip_and_per_model_override(qtbot):
+def test_settings_page_round_trip_and_per_model_override(qtbot):
     from app.settings import UserSettings
     from app.ui.settings_page import SettingsPage
 
