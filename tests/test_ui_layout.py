@@ -240,3 +240,19 @@ def test_the_model_picker_cuts_a_long_name_with_an_ellipsis(qtbot, window):
     combo.setCurrentIndex(1)
     assert combo.shown_text() == "tiny"
     combo.grab()  # paints with the cut text
+
+
+def test_the_end_of_an_indexing_note_brings_back_a_failed_servers_note(qtbot, window, tmp_path):
+    """The notice line is shared: the "Indexing…" note, when it ends, must not wipe an MCP server's failure."""
+    w = window
+    if not w.ctx.docs.available:
+        pytest.skip("app.retrieval is not in this build")
+    w._server_notes["x"] = "MCP server 'x' failed: exited"
+    w._show_notes()
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The ferry to Lindholm leaves at 7:45 from pier 4.\n")
+    w.attach_documents([str(doc)])
+    w.documents.ingest([str(doc)])
+    assert "Indexing 1 dropped file" in w.notice.text()
+    qtbot.waitUntil(lambda: not w.ctx.docs.busy and w.chat_docs.dropped is None, timeout=30_000)
+    assert w.notice.text() == "MCP server 'x' failed: exited" and w.notice.isVisibleTo(w)

@@ -76,10 +76,7 @@ class ChatsPage(QSplitter):
     def fit(self, width: int) -> str:
         """Lay the page out for a window ``width`` px wide; returns its width mode."""
         self.mode = width_mode(width)
-        want = self.open[self.mode]
-        self.sidebar.setVisible(want["list"])
-        self.panel.setVisible(want["panel"])
-        self.header.set_panel(want["panel"])
+        self._show()
         return self.mode
 
     def show_side(self, side: str, on: bool) -> None:
@@ -88,6 +85,11 @@ class ChatsPage(QSplitter):
         want[side] = on
         if on and self.mode != "wide":
             want["panel" if side == "list" else "list"] = False  # one side panel at a time
+        self._show()
+
+    def _show(self) -> None:
+        """Show the sides the present width's choice asks for."""
+        want = self.open[self.mode]
         self.sidebar.setVisible(want["list"])
         self.panel.setVisible(want["panel"])
         self.header.set_panel(want["panel"])

@@ -109,14 +109,15 @@ class MainWindow(QMainWindow):
         self.banner.linkActivated.connect(lambda _l: self.show_page("models"))
         self.models, self.documents, self.port = ModelPanel(self.ctx), DocumentsPanel(self.ctx), PortPanel(self.ctx)
         self.tools_page = ToolsPage(self.ctx.tools, self.ctx.settings.tools)
-        job = self.ctx.engine.job
-        self.settings_page = SettingsPage(self.ctx.settings, registry.model_id(job.path) if job else None)
+        self.settings_page = SettingsPage(self.ctx.settings, self._local_model_id())
         self.pages = QStackedWidget()
         self.page_of = {"chats": self.chats, "documents": self.documents, "models": self.models,
                         "tools": self.tools_page, "port": self.port, "settings": self.settings_page}
-        for name, w in self.page_of.items():
-            # pages with their own scrolling parts and a button bar that must stay in view go in as they are
-            self.pages.addWidget(w if name in ("chats", "tools", "settings") else scrolled(w))
+        # pages with their own scrolling parts and a button bar that must stay in view go in as they are
+        self.stacked = {name: w if name in ("chats", "tools", "settings") else scrolled(w)
+                        for name, w in self.page_of.items()}
+        for w in self.stacked.values():
+            self.pages.addWidget(w)
         self.status = StatusStrip()
         body = QWidget()
         grid = QVBoxLayout(body)
@@ -160,16 +161,13 @@ class MainWindow(QMainWindow):
     def show_page(self, name: str) -> None:
         """Show page ``name`` (``nav_rail.PAGES``); the Settings and Tools pages show what is in force."""
         if name == "settings":
-            job = self.ctx.engine.job
-            self.settings_page.show_for(self.ctx.settings,
-                                        registry.model_id(job.path) if job and not job.remote else None)
+            self.settings_page.show_for(self.ctx.settings, self._local_model_id())
         elif name == "tools":
             self.tools_page.refresh(self.ctx.settings.tools)
         elif name == "chats" and self.current_page() == "chats" and self.chats.mode != "wide":
             self.chats.toggle_list()  # a second press of Chats on a narrower window shows or hides the list
         self.rail.set_current(name)
-        page = self.page_of[name]
-        self.pages.setCurrentWidget(page if page.parentWidget() is self.pages else page.parentWidget().parentWidget())
+        self.pages.setCurrentWidget(self.stacked[name])
 
     def current_page(self) -> str:
         """The name of the page shown."""
@@ -231,7 +229,7 @@ class MainWindow(QMainWindow):
         chat.reasoning.connect(self.stream.reasoning)
         chat.tool_call.connect(self.stream.tool_call)
         chat.tool_result.connect(self.stream.tool_result)
-        chat.tool_notice.connect(self._tool_notice)
+        chat.tool_notice.connect(lambda text: self._say(text, False))
         chat.evidence.connect(self.stream.evidence)
         chat.finished.connect(self._turn_finished)
         chat.failed.connect(self._turn_failed)
@@ -296,16 +294,19 @@ class MainWindow(QMainWindow):
         path = (REMOTE + job.path if job.remote else job.path) if job else None
         self.header.show_model(self.models.model.row_of_path(path) if path else -1)
 
+    def _local_model_id(self) -> str | None:
+        """The id of the model loaded in this window (None: none, or a remote engine)."""
+        job = self.ctx.engine.job
+        return registry.model_id(job.path) if job and not job.remote else None
+
     def open_settings(self) -> None:
         """The Settings page (Ctrl+,)."""
         self.show_page("settings")
 
     def _settings_applied(self, new: Any, reload: bool) -> None:
         """The Settings page's ``applied``: save; with ``reload``, reload the model when its plan changed."""
-        job = self.ctx.engine.job
-        model_id = registry.model_id(job.path) if job and not job.remote else None
         if reload:
-            self.apply_settings(new, model_id)
+            self.apply_settings(new, self._local_model_id())
         else:
             self.ctx.save_settings(new)
         self.show_header()
@@ -520,14 +521,14 @@ class MainWindow(QMainWindow):
             log.info("stop thinking: the answer had already begun")
 
     def _say(self, text: str, error: bool) -> None:
-        """A line under the chat: an error (red), else a notice ("" hides it)."""
+        """A line under the chat: an error (red; "" hides it), else a notice ("": the MCP servers' notes again,
+        which share the line)."""
+        if not error and not text:
+            self._show_notes()
+            return
         label = self.error if error else self.notice
         label.setText(text)
         label.setVisible(bool(text))
-
-    def _tool_notice(self, text: str) -> None:
-        self.notice.setText(text)
-        self.notice.setVisible(True)
 
     def answer_tool(self, row: ChatRow, permission: Permission) -> None:
         """The person's answer to the call of ``row`` (its buttons)."""
