@@ -193,35 +193,37 @@ def _phrase_judge(phrase: str) -> Callable[[str], bool]:
     return lambda text: want in _fold(text)
 
 
-def everyday_questions() -> list[Question]:
-    """The ``everyday`` questions: a chunk is relevant when it contains the answer phrase (whitespace
-    folded); each phrase occurs once in the corpus (checked by ``check_everyday``)."""
-    from benchmarks.data.everyday_questions import QUESTIONS as EVERYDAY
+def phrase_questions(name: str) -> list[Question]:
+    """The questions of the phrase-judged set ``name`` (``benchmarks/data/<name>_questions.py``, entries
+    ``(question, document file, answer phrase)``): a chunk is relevant when it contains the answer phrase
+    (whitespace folded); each phrase occurs once in the corpus (checked by ``check_phrases``)."""
+    mod = importlib.import_module(f"benchmarks.data.{name}_questions")
+    return [Question(q, _phrase_judge(a), f"{doc}: {a}") for q, doc, a in mod.QUESTIONS]
 
-    return [Question(q, _phrase_judge(a), f"{doc}: {a}") for q, doc, a in EVERYDAY]
 
-
-def check_everyday() -> list[str]:
-    """Problems with the ``everyday`` data: an answer phrase absent from its document or found more than
-    once in the corpus. [] when sound."""
-    from benchmarks.data.everyday_questions import QUESTIONS as EVERYDAY
-
-    texts = {p.name: _fold(p.read_text(encoding="utf-8")) for p in (DATA / "everyday_docs").glob("*.md")}
+def check_phrases(name: str) -> list[str]:
+    """Problems with the phrase-judged set ``name``: an answer phrase absent from its document or found more
+    than once in the corpus. [] when sound."""
+    mod = importlib.import_module(f"benchmarks.data.{name}_questions")
+    texts = {p.name: _fold(p.read_text(encoding="utf-8")) for p in (DATA / f"{name}_docs").glob("*.md")}
     out = []
-    for q, doc, a in EVERYDAY:
+    for q, doc, a in mod.QUESTIONS:
         n = sum(t.count(_fold(a)) for t in texts.values())
         if doc not in texts or texts[doc].count(_fold(a)) != 1 or n != 1:
             out.append(f"{q!r}: {a!r} found {n} times (must be once, in {doc})")
     return out
 
 
-def build_everyday(folder: Path) -> dict[str, int]:
-    """Copy the ``everyday`` documents into ``folder``; returns ``{"documents": n}``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    docs = sorted((DATA / "everyday_docs").glob("*.md"))
-    for p in docs:
-        shutil.copyfile(p, folder / p.name)
-    return {"documents": len(docs)}
+def phrase_builder(name: str) -> Callable[[Path], dict]:
+    """``build(folder)`` of the phrase-judged set ``name``: copies ``benchmarks/data/<name>_docs/*.md`` into
+    ``folder`` and returns ``{"documents": n}``."""
+    def build(folder: Path) -> dict[str, int]:
+        folder.mkdir(parents=True, exist_ok=True)
+        docs = sorted((DATA / f"{name}_docs").glob("*.md"))
+        for p in docs:
+            shutil.copyfile(p, folder / p.name)
+        return {"documents": len(docs)}
+    return build
 
 
 def _build_stdlib(folder: Path) -> dict[str, int]:
@@ -249,5 +251,7 @@ def stdlib_questions() -> list[Question]:
 STDLIB_QUESTIONS = stdlib_questions()
 QUESTION_SETS = {
     "stdlib": QuestionSet("stdlib", STDLIB_QUESTIONS, _build_stdlib),
-    "everyday": QuestionSet("everyday", everyday_questions(), build_everyday),
 }
+# Phrase-judged sets, each ``benchmarks/data/<name>_docs/*.md`` with ``benchmarks/data/<name>_questions.py``.
+PHRASE_SETS = ("everyday",)
+QUESTION_SETS.update({n: QuestionSet(n, phrase_questions(n), phrase_builder(n)) for n in PHRASE_SETS})
