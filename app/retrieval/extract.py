@@ -3,8 +3,9 @@
 Every failure is an ``IngestError(path, reason)`` with a short reason ("encrypted", "no text layer (scanned?)",
 "not text (binary content)", ...); the caller records it and goes on with the batch. A PDF is "encrypted" when
 it cannot be opened with an empty user password (many PDFs are encrypted only to set permissions and open
-that way); it has "no text layer (scanned?)" when no page yields any text (an image-only scan: Hearth has no
-OCR). A PDF where only some pages have no text is indexed, with a note naming how many.
+that way); it has "no text layer (scanned?)" when no page yields any text. Pages without a text layer are read
+by OCR when Tesseract is installed (``app.retrieval.ocr``); otherwise the reason names how to install it. A
+PDF where only some pages have no text is indexed, with a note naming how many (and which were read by OCR).
 
 The reasoning: docs/retrieval.md, 'app/retrieval/extract.py'.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from app.errors import IngestError
 from app.retrieval.chunking import Heading, find_headings, format_of
+from app.retrieval.ocr import OcrOutcome, read_pages
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ class Extracted:
     unpaged formats). ``paged``: whether page numbers mean something (PDF). ``headings``: heading spans in
     ``text`` (document offsets). ``fmt``: the chunking rules (``markdown``, ``rst``, ``python``, ``code``,
     ``pdf``, ``text``). ``note``: something a person should know about a file that was read (e.g. pages
-    without a text layer), else None."""
+    without a text layer, pages read by OCR), else None. ``ocr_pages``: the 1-based pages whose text came
+    from OCR."""
 
     kind: str
     pages: list[str]
@@ -61,6 +64,7 @@ class Extracted:
     headings: tuple[Heading, ...] = ()
     fmt: str = "text"
     note: str | None = None
+    ocr_pages: tuple[int, ...] = ()
 
     @property
     def text(self) -> str:
@@ -202,16 +206,36 @@ def _extract_pdf(path: Path, data: bytes) -> Extracted:
         if type(exc).__module__.startswith("pypdf"):
             raise IngestError(str(path), f"corrupt PDF ({type(exc).__name__}: {exc})") from exc
         raise
-    empty = sum(1 for p in pages if not p.strip())
+    blank = [i for i, p in enumerate(pages) if not p.strip()]
+    ocr = read_pages(reader.pages, blank) if blank else OcrOutcome()
+    for i, text in ocr.texts.items():
+        pages[i] = text
+    empty = len(blank) - len(ocr.texts)
     if empty == len(pages):
-        raise IngestError(str(path), REASON_NO_TEXT_LAYER)
-    note = f"{empty} of {len(pages)} pages have no text layer (scanned?)" if empty else None
+        raise IngestError(str(path), "; ".join(filter(None, (REASON_NO_TEXT_LAYER, ocr.problem))))
+    ocr_pages = tuple(sorted(i + 1 for i in ocr.texts))
+    note = "; ".join(filter(None, (
+        f"{empty} of {len(pages)} pages have no text layer (scanned?)" if empty else None, ocr.problem,
+        f"{len(ocr_pages)} page(s) read by OCR (Tesseract): {_page_ranges(ocr_pages)}" if ocr_pages else None,
+    ))) or None
     headings: list[Heading] = []
     pos = 0
     for page in pages:
         headings.extend(Heading(h.start + pos, h.end + pos, h.level, h.title) for h in find_headings(page, "pdf"))
         pos += len(page) + len(PAGE_SEPARATOR)
-    return Extracted("pdf", pages, paged=True, headings=tuple(headings), fmt="pdf", note=note)
+    return Extracted("pdf", pages, paged=True, headings=tuple(headings), fmt="pdf", note=note,
+                     ocr_pages=ocr_pages)
+
+
+def _page_ranges(pages: tuple[int, ...]) -> str:
+    """``(1, 2, 3, 5)`` → ``"1-3, 5"`` (sorted 1-based page numbers)."""
+    runs: list[list[int]] = []
+    for p in pages:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def _pdf_open_with_empty_password(reader) -> bool:
