@@ -218,6 +218,21 @@ def spans(passage: str, window: int = 2) -> list[str]:
     return out or [passage]
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` str indices of each sentence of ``text``, split as ``spans`` splits a passage (at
+    ``.!?`` followed by space, and at line breaks); surrounding whitespace excluded, empty pieces dropped."""
+    out, pos = [], 0
+    for m in [*_SENTENCE.finditer(text), None]:
+        end = m.start() if m is not None else len(text)
+        piece = text[pos:end]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            out.append((pos + lead, pos + len(piece.rstrip())))
+        if m is not None:
+            pos = m.end()
+    return out
+
+
 def claim_text(sentence: str) -> str:
     """The sentence as compared: markers removed, whitespace folded."""
     return " ".join(_MARKER.sub(" ", sentence).split())
