@@ -137,7 +137,10 @@ class UserSettings:
     ``load`` fields keyed by model id, and the model's own keys (``speculative``, ``draft_model``,
     ``thinking_markers``, ``ttl_s``, the reasoning defaults; ``app.backends`` reads the engine's). ``tools``:
     ``ToolSettings``, the tool loop's limits. ``remotes``: ``RemoteSettings`` by name (remote engines; their
-    keys are elsewhere, ``app.secrets``)."""
+    keys are elsewhere, ``app.secrets``). ``embedding_model``: the GGUF file documents are embedded with
+    (None: the bundled all-MiniLM-L6-v2); ``embedding_pooling``: its pooling override (``mean``, ``cls``,
+    ``last``; None: the model's own), how a chat GGUF is used as an embedder (docs/retrieval.md, "Embedding
+    models")."""
 
     model: str | None = None
     load: LoadSettings = field(default_factory=LoadSettings)
@@ -149,6 +152,8 @@ class UserSettings:
     per_model: dict[str, dict[str, Any]] = field(default_factory=dict)
     tools: ToolSettings = field(default_factory=ToolSettings)
     remotes: dict[str, RemoteSettings] = field(default_factory=dict)
+    embedding_model: str | None = None
+    embedding_pooling: str | None = None
 
     def load_for(self, model_id: str | None) -> LoadSettings:
         """Load settings for ``model_id`` with its remembered overrides applied."""
@@ -196,7 +201,9 @@ def _typed(cls, data: Any, where: str, defaults: Any = None) -> dict[str, Any]:
     return out
 
 
-_OPTIONAL = {"n_threads", "n_parallel", "seed", "max_tokens", "grammar", "model", "api_key"}  # null allowed
+_OPTIONAL = {"n_threads", "n_parallel", "seed", "max_tokens", "grammar", "model", "api_key", "embedding_model",
+             "embedding_pooling"}  # null allowed
+_POOLINGS = ("mean", "cls", "last")  # app.retrieval.embedder.POOLING_TYPES (not imported: no llama.cpp here)
 
 
 def _same_type(v: Any, d: Any) -> bool:
@@ -254,6 +261,13 @@ def from_dict(data: dict[str, Any]) -> UserSettings:
     if base.cache_budget_mb < 0:
         log.warning("settings: cache_budget_mb=%r is negative; using the default", base.cache_budget_mb)
         base = replace(base, cache_budget_mb=UserSettings().cache_budget_mb)
+    if base.embedding_model is not None and not (isinstance(base.embedding_model, str) and base.embedding_model):
+        log.warning("settings: embedding_model=%r is not a file path; using the bundled model", base.embedding_model)
+        base = replace(base, embedding_model=None)
+    if base.embedding_pooling is not None and base.embedding_pooling not in _POOLINGS:
+        log.warning("settings: embedding_pooling=%r is not one of %s; using the model's own",
+                    base.embedding_pooling, ", ".join(_POOLINGS))
+        base = replace(base, embedding_pooling=None)
     if not all(isinstance(v, dict) for v in base.per_model.values()):
         base = replace(base, per_model={k: v for k, v in base.per_model.items() if isinstance(v, dict)})
     return replace(base, load=load, decoding=dec, server=server, tools=tools, remotes=remotes)

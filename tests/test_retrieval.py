@@ -358,7 +358,7 @@ def test_store_migrations_are_named_applied_once_and_wal(tmp_path: Path):
     names = [m.name for m in migrations.applied(s.db)]
     assert names == ["m001_create_documents", "m002_create_chunks", "m003_create_chunks_fts",
                      "m004_create_embeddings", "m005_create_meta", "m006_create_roots", "m007_chunk_heading_path",
-                     "m008_fts_heading_path", "m009_lead_vectors"]
+                     "m008_fts_heading_path", "m009_lead_vectors", "m010_embedding_models"]
     assert migrations.pending(s.db) == []
     assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     s.close()

@@ -33,11 +33,16 @@ IDLE_NICE = 19  # CPU priority (nice) of the embedding processes after the first
 IDLE_WATCHDOG_S = 60.0
 LEGACY_BATCH_TOKENS = 0  # the path before issue 16: Llama.embed within n_ctx tokens, no flash attention
 _BATCH_TEXTS = 64  # texts per request: bounds the size of one message; progress is reported per request too
+# Pooling a person may ask for (llama.cpp's enum llama_pooling_type): a chat (decoder) GGUF has none in its
+# header and is used as an embedder only with one of these (docs/retrieval.md, "Embedding models").
+POOLING_TYPES = {"mean": 1, "cls": 2, "last": 3}
 
 
-def model_id_for(path: Path) -> str:
+def model_id_for(path: Path, pooling: str | None = None) -> str:
     """A stable identity for an embedding model file: ``<stem>@<12 hex>`` of a sha256 over its size and its
-    first and last MiB (cheap for big files, and it changes whenever the weights do)."""
+    first and last MiB (cheap for big files, and it changes whenever the weights do), with ``+<pooling>``
+    when a pooling override (``POOLING_TYPES``) is given: the same file pooled another way gives other
+    vectors."""
     h = hashlib.sha256()
     size = path.stat().st_size
     h.update(str(size).encode())
@@ -46,7 +51,15 @@ def model_id_for(path: Path) -> str:
         if size > 2 << 20:
             f.seek(-(1 << 20), 2)
             h.update(f.read())
-    return f"{path.stem}@{h.hexdigest()[:12]}"
+    return f"{path.stem}@{h.hexdigest()[:12]}" + (f"+{pooling}" if pooling else "")
+
+
+def check_pooling(pooling: str | None) -> str | None:
+    """``pooling`` when it is None or a key of ``POOLING_TYPES``; else ``InvalidRequest`` (param ``pooling``)."""
+    if pooling is not None and pooling not in POOLING_TYPES:
+        raise InvalidRequest(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}",
+                             param="pooling")
+    return pooling
 
 
 @dataclass(frozen=True)
@@ -73,13 +86,15 @@ class Embedder:
     OpenMP barriers the way threads of one child do on a busy core). The first child runs at normal priority
     (queries, token counting: ``host``, ``pid``); the others start on the first call that
     has work for them and run at the lowest CPU priority (``nice`` 19 where the OS has it), so they take idle
-    cores only and the chat engine's threads keep theirs. Raises ``ModelLoadError`` (no such file) and
-    ``ValueError`` (``batch_tokens`` < 0, ``workers`` < 1)."""
+    cores only and the chat engine's threads keep theirs. ``pooling``: None (the model's own, from its
+    header) or a key of ``POOLING_TYPES`` (how a chat GGUF becomes an embedder; it is part of ``model_id``).
+    Raises ``ModelLoadError`` (no such file), ``InvalidRequest`` (an unknown ``pooling``) and ``ValueError``
+    (``batch_tokens`` < 0, ``workers`` < 1)."""
 
     def __init__(self, model_path: Path | str, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
                  start_timeout_s: float = Timeouts.start_s, request_timeout_s: float = Timeouts.reply_s, *,
                  batch_tokens: int = DEFAULT_BATCH_TOKENS, flash_attn: bool | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, pooling: str | None = None) -> None:
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ModelLoadError(f"embedding model not found: {self.model_path}", path=str(self.model_path))
@@ -87,7 +102,8 @@ class Embedder:
             raise ValueError(f"batch_tokens must be 0 (legacy path) or a number of tokens > 0, got {batch_tokens}")
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.model_id = model_id_for(self.model_path)
+        self.pooling = check_pooling(pooling)
+        self.model_id = model_id_for(self.model_path, pooling)
         self.name = f"llama.cpp:{self.model_id}"  # TokenCounter name
         self.n_ctx = n_ctx
         self.batch_tokens = batch_tokens
@@ -96,7 +112,7 @@ class Embedder:
         self.workers = workers = workers or default_workers(self.n_threads)
         self.hosts = [ChildHost(f"hearth-embedder{'' if k == 0 else k}", _EmbedService.load,
                                 (str(self.model_path), n_ctx, self.n_threads, batch_tokens, self.flash_attn,
-                                 0 if k == 0 else IDLE_NICE),
+                                 0 if k == 0 else IDLE_NICE, POOLING_TYPES.get(pooling or "", -1)),
                                 label="the embedding engine", model_path=str(self.model_path), side_lane=k == 0,
                                 timeouts=Timeouts(start_timeout_s, request_timeout_s,
                                                   Timeouts.unresponsive_s if k == 0 else IDLE_WATCHDOG_S))
@@ -294,9 +310,9 @@ class _EmbedService:
 
     @classmethod
     def load(cls, model_path: str, n_ctx: int, n_threads: int, batch_tokens: int = 0,
-             flash_attn: bool = False, nice: int = 0) -> "_EmbedService":
-        """Runs in the child (``nice``: added to its CPU niceness first, where the OS has ``os.nice``).
-        Raises ``ModelLoadError``."""
+             flash_attn: bool = False, nice: int = 0, pooling_type: int = -1) -> "_EmbedService":
+        """Runs in the child (``nice``: added to its CPU niceness first, where the OS has ``os.nice``;
+        ``pooling_type``: llama.cpp's enum, -1 for the model's own). Raises ``ModelLoadError``."""
         if nice:
             _lower_priority(nice)
         try:
@@ -311,7 +327,8 @@ class _EmbedService:
         try:
             with _quiet_stderr():
                 llm = Llama(model_path=model_path, embedding=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
-                            n_threads=n_threads, n_threads_batch=n_threads, flash_attn=flash_attn, verbose=False)
+                            n_threads=n_threads, n_threads_batch=n_threads, flash_attn=flash_attn,
+                            pooling_type=pooling_type, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the embedding model: {exc}", path=model_path) from exc
         return cls(llm, batch_tokens, n_ctx)
@@ -381,6 +398,7 @@ class _EmbedService:
                 batch.logits[n] = 1  # every token an output: pooling reads them all
                 n += 1
         batch.n_tokens = n
+        self.llm._ctx.kv_cache_clear()  # a decoder used as an embedder keeps a KV cache: start each batch empty
         rc = lib.llama_decode(ctx, batch)
         if rc != 0:
             raise HearthError(f"llama_decode failed while embedding ({rc})")

@@ -416,17 +416,13 @@ def _collect(roots: list[Path]) -> list[Path]:
 
 
 def open_default(with_embedder: bool = True, workers: int | None = None):
-    """The default store and, when an embedding model is installed, an ``Embedder`` on it (else None) with
-    ``workers`` embedding processes (None: ``embedder.default_workers``, 2 on a 2-core machine; the second
-    starts with the first bulk embedding and runs at the lowest CPU priority)."""
-    from app.retrieval.embed_model import find_embedding_model
+    """The default store and, when an embedding model is installed, an ``Embedder`` on the model search uses
+    (``embed_switch.active_ref``: the store's active model, the one its vectors are of, even while the library
+    is being re-embedded into another; else the bundled default), or None, with ``workers`` embedding
+    processes (None: ``embedder.default_workers``, 2 on a 2-core machine; the second starts with the first
+    bulk embedding and runs at the lowest CPU priority)."""
+    from app.retrieval.embed_switch import active_ref, embedder_for
 
     store = DocumentStore()
-    embedder = None
-    if with_embedder:
-        model = find_embedding_model()
-        if model is not None:
-            from app.retrieval.embedder import Embedder
-
-            embedder = Embedder(model, workers=workers)
+    embedder = embedder_for(active_ref(store), workers=workers) if with_embedder else None
     return store, embedder

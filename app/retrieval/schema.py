@@ -1,4 +1,4 @@
-"""The documents store's schema: named forward-only migrations ``m001``-``m009`` (``sqlite_utils.Migrations``,
+"""The documents store's schema: named forward-only migrations ``m001``-``m010`` (``sqlite_utils.Migrations``,
 as in simonw/llm ``llm/embeddings_migrations.py``), applied by ``DocumentStore``'s constructor, each once, in
 a transaction, in order. Never edit an applied one; add ``m0NN_...`` instead (docs/retrieval.md, 'Store')."""
 
@@ -143,3 +143,22 @@ def m009_lead_vectors(db: sqlite_utils.Database) -> None:
             PRIMARY KEY (chunk_id, model, recipe)
         )""")
     db.execute("CREATE INDEX lead_vectors_sha256 ON lead_vectors(lead_sha256)")
+
+
+@migrations()
+def m010_embedding_models(db: sqlite_utils.Database) -> None:
+    # Which embedding model's vectors search uses, and the switch to another (docs/retrieval.md, "Embedding
+    # models"): one row per role. ``active``: the model whose vectors (and query embeddings) search uses;
+    # ``pending``: the model the library is being re-embedded into (its vectors are written beside the
+    # active one's until every chunk has one, then the roles change in one transaction); ``failed``: the last
+    # model whose re-embed failed, with the reason. A store without an ``active`` row (indexed before this
+    # migration) takes the default model as active when it holds vectors of it.
+    db.execute("""
+        CREATE TABLE embedding_models (
+            role TEXT PRIMARY KEY,          -- active, pending, failed
+            model TEXT NOT NULL,            -- embedding model id (Embedder.model_id)
+            path TEXT,                      -- the GGUF file
+            pooling TEXT,                   -- pooling override (mean, cls, last) or NULL: the model's own
+            reason TEXT,                    -- why it failed (role failed)
+            at REAL NOT NULL                -- unix time (s) the row was written
+        )""")

@@ -291,6 +291,59 @@ class DocumentStore:
     def vector_count(self, model: str) -> int:
         return self._query("SELECT COUNT(*) FROM embeddings WHERE model = ?", [model])[0][0]
 
+    # ------------------------------------------------------------------- embedding models (m010, switching)
+
+    def embedding_roles(self) -> dict[str, dict]:
+        """Rows of ``embedding_models`` by role (``active``, ``pending``, ``failed``): dicts with ``model``,
+        ``path``, ``pooling``, ``reason``, ``at``."""
+        return {r["role"]: dict(r) for r in self._query("SELECT * FROM embedding_models")}
+
+    def set_embedding_role(self, role: str, model: str, path: str | None, pooling: str | None = None,
+                           reason: str | None = None) -> None:
+        """Record ``model`` in ``role`` (replacing the role's model)."""
+        with self._atomic():
+            self.db.execute("INSERT OR REPLACE INTO embedding_models(role, model, path, pooling, reason, at) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", [role, model, path, pooling, reason, time.time()])
+
+    def clear_embedding_role(self, role: str) -> None:
+        with self._atomic():
+            self.db.execute("DELETE FROM embedding_models WHERE role = ?", [role])
+
+    def drop_vectors_except(self, keep: list[str]) -> int:
+        """Delete the chunk and lead vectors of every model not in ``keep``; returns the chunk vectors deleted."""
+        with self._atomic():
+            return self._drop_vectors_except(keep)
+
+    def _drop_vectors_except(self, keep: list[str]) -> int:
+        marks = ",".join("?" * len(keep)) or "''"
+        n = self.db.execute(f"DELETE FROM embeddings WHERE model NOT IN ({marks})", keep).rowcount
+        if n + self.db.execute(f"DELETE FROM lead_vectors WHERE model NOT IN ({marks})", keep).rowcount:
+            self._bump_embeddings_version()
+        return n
+
+    def missing_vectors(self, model: str) -> int:
+        """Chunks without a vector of ``model``."""
+        return self._query("SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM embeddings e "
+                           "WHERE e.chunk_id = c.id AND e.model = ?)", [model])[0][0]
+
+    def switch_active(self, model: str) -> bool:
+        """In one transaction: when every chunk has a vector of the pending ``model``, make it the active one
+        (its ``pending`` row becomes ``active``) and delete every other model's vectors; True when switched.
+        False (nothing changed) when a chunk still lacks one, e.g. a document written meanwhile. Raises
+        ``ValueError`` when ``model`` is not the pending one."""
+        with self._atomic():
+            self._bump_embeddings_version()  # a write first: the transaction holds the write lock from here
+            pending = self._query("SELECT * FROM embedding_models WHERE role = 'pending'")
+            if not pending or pending[0]["model"] != model:
+                raise ValueError(f"{model} is not the pending embedding model")
+            if self.missing_vectors(model):
+                return False
+            self.db.execute("DELETE FROM embedding_models WHERE role IN ('active', 'failed')")
+            self.db.execute("UPDATE embedding_models SET role = 'active', at = ? WHERE role = 'pending'",
+                            [time.time()])
+            self._drop_vectors_except([model])
+        return True
+
     # ------------------------------------------------------------------------------------------- search
 
     def bm25(self, query: str, limit: int, max_postings: int = MAX_BM25_POSTINGS) -> list[tuple[int, float]]:
