@@ -102,10 +102,11 @@ def tesseract_info(exe: str, timeout: float = 10.0) -> tuple[str | None, list[st
     return version, listed
 
 
-def ocr_image(image, exe: str, langs: str, timeout: float = OCR_TIMEOUT_S) -> str:
+def ocr_image(image, exe: str, langs: str, timeout: float | None = None) -> str:
     """The text Tesseract reads in ``image`` (a PIL image; scaled down to ``MAX_OCR_PIXELS`` first), form
-    feeds and surrounding blank lines removed. Raises ``OcrFailed`` on a timeout, a non-zero exit or an
-    executable that cannot start."""
+    feeds and surrounding blank lines removed. ``timeout``: seconds, ``OCR_TIMEOUT_S`` by default. Raises
+    ``OcrFailed`` on a timeout, a non-zero exit or an executable that cannot start."""
+    timeout = OCR_TIMEOUT_S if timeout is None else timeout
     image = image.convert("L")
     if image.width * image.height > MAX_OCR_PIXELS:
         scale = (MAX_OCR_PIXELS / (image.width * image.height)) ** 0.5
@@ -121,7 +122,7 @@ def ocr_image(image, exe: str, langs: str, timeout: float = OCR_TIMEOUT_S) -> st
         raise OcrFailed(f"tesseract could not start ({exc.strerror or exc})") from exc
     if r.returncode != 0:
         lines = [ln for ln in r.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-        why = lines[-2] if len(lines) >= 2 and "initialize" in lines[-1] else (lines[-1] if lines else "")
+        why = next((ln for ln in lines if ln.startswith("Failed loading language")), lines[-1] if lines else "")
         raise OcrFailed(f"tesseract exited with status {r.returncode}" + (f": {why.strip()}" if why else ""))
     text = r.stdout.decode("utf-8", "replace").replace("\x0c", "").replace("\r\n", "\n").replace("\r", "\n")
     return text.strip("\n")
