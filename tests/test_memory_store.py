@@ -24,7 +24,7 @@ from app.memory.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["m001_conversations_messages", "m002_summaries_citations", "m003_messages_fts", "m004_tool_messages",
-              "m005_message_reasoning", "m006_presets_projects", "m007_citation_check"]
+              "m005_message_reasoning", "m006_presets_projects", "m007_citation_check", "m008_attributions"]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""Summaries and citations in the conversation store, as a mixin of ``Store``: records about messages, kept in
-their own tables so that the message rows are never rewritten for them (docs/memory.md "Store")."""
+"""Summaries, citations and attributions in the conversation store, as a mixin of ``Store``: records about
+messages, kept in their own tables so that the message rows are never rewritten for them (docs/memory.md
+"Store")."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any, Callable
 
 from app.errors import InvalidRequest
-from app.memory.records import Citation, Summary, dumps_json, loads_json, now, summary_id
+from app.memory.records import Attribution, Citation, Summary, dumps_json, loads_json, now, summary_id
 
 INSERT_CITATION = ("INSERT INTO citations (message_id, evidence_id, path, page, quote, supported, sentence_start, "
                    "sentence_end, support) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -24,6 +25,28 @@ def citation_values(d: dict) -> list[Any]:
             dumps_json(d.get("support")) if checked else None]
 
 
+INSERT_ATTRIBUTION = ("INSERT INTO attributions (message_id, sentence_start, sentence_end, evidence_id, path, page, "
+                      "supported, support) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def attribution_values(d: dict) -> list[Any]:
+    """An attribution dict's column values after ``message_id`` (``INSERT_ATTRIBUTION``). ``InvalidRequest``
+    for a sentence span that is not two integers ``0 <= start <= end``."""
+    start, end = d.get("sentence_start"), d.get("sentence_end")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) or not 0 <= start <= end:
+        raise InvalidRequest(f"an attribution needs sentence_start <= sentence_end as integers >= 0, got "
+                             f"{start!r}, {end!r}", param="sentence_start")
+    page, supported = d.get("page"), d.get("supported")
+    return [start, end, d.get("evidence_id"), d.get("path"), None if page is None else int(page),
+            None if supported is None else int(bool(supported)), dumps_json(d.get("support"))]
+
+
+def _attribution_from_row(r: dict, warnings: list[str] | None) -> Attribution:
+    support = loads_json(r["support"], f"attribution {r['id']}: support", warnings)
+    return Attribution(r["message_id"], r["sentence_start"], r["sentence_end"], r["evidence_id"], r["path"],
+                       r["page"], None if r["supported"] is None else bool(r["supported"]), support)
+
+
 def _citation_from_row(r: dict, warnings: list[str] | None) -> Citation:
     """A ``citations`` row as a ``Citation``: ``supported`` None for a row never checked (before m007)."""
     checked = r["supported"] is not None
@@ -33,7 +56,7 @@ def _citation_from_row(r: dict, warnings: list[str] | None) -> Citation:
 
 
 class SummariesCitations:
-    """Summary and citation rows of a conversation's messages (mixed into ``Store``)."""
+    """Summary, citation and attribution rows of a conversation's messages (mixed into ``Store``)."""
 
     # provided by Store
     _tx: Any
@@ -117,3 +140,26 @@ class SummariesCitations:
         rows = self._rows("SELECT c.* FROM citations c JOIN messages m ON m.id = c.message_id "
                           "WHERE m.conversation_id = ? ORDER BY m.seq, c.id", [conversation_id])
         return [_citation_from_row(r, warnings) for r in rows]
+
+    def add_attributions(self, message_id: str, attributions: Iterable[Attribution | dict]) -> None:
+        """Store the sentence attribution of ``message_id`` (``app.retrieval.attribution``): items are
+        ``Attribution`` or dicts with ``sentence_start``, ``sentence_end``, ``evidence_id`` / ``path`` / ``page``
+        (None: attributed to none), ``supported`` and ``support`` (``SentenceAttribution.to_dict()``;
+        ``message_id`` in them is ignored). ``InvalidRequest`` for a bad span; nothing is stored then."""
+        self._require_message(message_id)
+        rows = [[message_id, *attribution_values(a.to_dict() if isinstance(a, Attribution) else dict(a))]
+                for a in attributions]
+        with self._tx() as db:
+            for r in rows:
+                db.execute(INSERT_ATTRIBUTION, r)
+
+    def attributions_for(self, message_id: str, warnings: list[str] | None = None) -> list[Attribution]:
+        """The attributions of ``message_id`` in answer order ([] for an answer that had no evidence, or that
+        was stored before m008)."""
+        rows = self._rows("SELECT * FROM attributions WHERE message_id = ? ORDER BY id", [message_id])
+        return [_attribution_from_row(r, warnings) for r in rows]
+
+    def _attributions_of(self, conversation_id: str, warnings: list[str] | None = None) -> list[Attribution]:
+        rows = self._rows("SELECT a.* FROM attributions a JOIN messages m ON m.id = a.message_id "
+                          "WHERE m.conversation_id = ? ORDER BY m.seq, a.id", [conversation_id])
+        return [_attribution_from_row(r, warnings) for r in rows]

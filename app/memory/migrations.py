@@ -174,3 +174,23 @@ def m007_citation_check(db: Database) -> None:
     db.execute("ALTER TABLE citations ADD COLUMN sentence_start INTEGER")  # str indices in the message content
     db.execute("ALTER TABLE citations ADD COLUMN sentence_end INTEGER")
     db.execute("ALTER TABLE citations ADD COLUMN support TEXT")  # JSON {missing, similarity, threshold, reason}
+
+
+@migrations()
+def m008_attributions(db: Database) -> None:
+    # Sentence attribution (app.retrieval.attribution): each claim sentence of an answer that had evidence, the
+    # passage it was attributed to (or none) and the facts check against it; a table of its own, so message
+    # rows are never rewritten for it, and a reopened conversation shows the same marks.
+    db.execute("""
+        CREATE TABLE attributions (
+            id INTEGER PRIMARY KEY,
+            message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            sentence_start INTEGER NOT NULL,
+            sentence_end INTEGER NOT NULL,
+            evidence_id TEXT,
+            path TEXT,
+            page INTEGER,
+            supported INTEGER,
+            support TEXT NOT NULL DEFAULT '{}'
+        )""")  # evidence_id NULL: attributed to none; supported 1 / 0 / NULL (nothing to check); support: JSON
+    db.execute("CREATE INDEX attributions_message ON attributions(message_id)")

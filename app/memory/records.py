@@ -199,6 +199,27 @@ class Citation:
 
 
 @dataclass(frozen=True)
+class Attribution:
+    """One claim sentence of an assistant message tied to the passage that best supports it
+    (``app.retrieval.attribution``, stored since m008): ``sentence_start`` / ``sentence_end`` (str indices in
+    the message's content), ``evidence_id`` / ``path`` / ``page`` (None: attributed to none), ``supported``
+    (True: its facts are in the passage; False: one is not; None: attributed to none, nothing to check) and
+    ``support`` (``{missing, similarity, threshold, overlap, reason}``)."""
+
+    message_id: str
+    sentence_start: int
+    sentence_end: int
+    evidence_id: str | None = None
+    path: str | None = None
+    page: int | None = None
+    supported: bool | None = None
+    support: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class SearchHit:
     """A message matching a search. ``snippet`` marks matches with [ and ]."""
 
@@ -217,7 +238,8 @@ class SearchHit:
 @dataclass
 class ConversationData:
     """Everything stored for one conversation: all messages of all branches (in insertion order), summaries,
-    citations, ``warnings`` about rows that could only be loaded in part, and ``reasoning`` by message id."""
+    citations, ``warnings`` about rows that could only be loaded in part, ``reasoning`` by message id and
+    ``attributions`` (every message's, in message then answer order)."""
 
     conversation: Conversation
     messages: list[Message]
@@ -225,6 +247,7 @@ class ConversationData:
     citations: list[Citation]
     warnings: list[str] = field(default_factory=list)
     reasoning: dict[str, Reasoning] = field(default_factory=dict)
+    attributions: list[Attribution] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------------------

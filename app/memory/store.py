@@ -1,7 +1,7 @@
 """The conversation store: SQLite (``hearth.db``) through sqlite-utils, append-only and content-addressed. A
 message's id hashes its parent, role and content; only a streaming (``incomplete``) message changes in place.
-Its schema is ``app.memory.migrations``; summaries and citations are ``app.memory.annotations``, presets and
-projects ``app.memory.library`` (mixins). The design decisions it holds: docs/memory.md "Store"."""
+Its schema is ``app.memory.migrations``; summaries, citations and attributions are ``app.memory.annotations``,
+presets and projects ``app.memory.library`` (mixins). The design decisions it holds: docs/memory.md "Store"."""
 
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ from sqlite_utils import Database
 
 from app.errors import InvalidRequest, StoreError, open_store_db, store_error
 from app.memory import transfer
-from app.memory.annotations import INSERT_CITATION, SummariesCitations, citation_values
+from app.memory.annotations import (
+    INSERT_ATTRIBUTION,
+    INSERT_CITATION,
+    SummariesCitations,
+    attribution_values,
+    citation_values,
+)
 from app.memory.library import PresetsProjects
 from app.memory.migrations import migrations
 from app.memory.records import (
@@ -231,6 +237,8 @@ class Store(SummariesCitations, PresetsProjects):
         with self._tx() as db:
             db.execute("DELETE FROM citations WHERE message_id IN "
                        "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
+            db.execute("DELETE FROM attributions WHERE message_id IN "
+                       "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
             db.execute("DELETE FROM message_reasoning WHERE message_id IN "
                        "(SELECT id FROM messages WHERE conversation_id = ?)", [conversation_id])
             db.execute("DELETE FROM summaries WHERE conversation_id = ?", [conversation_id])
@@ -417,6 +425,7 @@ class Store(SummariesCitations, PresetsProjects):
             final = dict(final, meta=dumps_json({**loads_json(final["meta"], "meta", None), "variant": variant}))
         self._insert_message(db, dict(final, id=new))
         db.execute("UPDATE citations SET message_id = ? WHERE message_id = ?", [new, old])
+        db.execute("UPDATE attributions SET message_id = ? WHERE message_id = ?", [new, old])
         db.execute("UPDATE message_reasoning SET message_id = ? WHERE message_id = ?", [new, old])
         db.execute("DELETE FROM messages WHERE id = ?", [old])
         return new
@@ -508,7 +517,8 @@ class Store(SummariesCitations, PresetsProjects):
         reasoning = self._reasoning_of([r["id"] for r in rows])
         msgs = [self._message_from_row(r, warnings, reasoning) for r in rows]
         return ConversationData(conv, msgs, self.summaries_for(conversation_id, warnings),
-                                self._citations_of(conversation_id, warnings), warnings, reasoning)
+                                self._citations_of(conversation_id, warnings), warnings, reasoning,
+                                self._attributions_of(conversation_id, warnings))
 
     def search(self, query: str, limit: int = 20, conversation_id: str | None = None) -> list[SearchHit]:
         """Full-text search (FTS5, porter stemming) over the original text of every message, best first. Any
@@ -580,3 +590,5 @@ class Store(SummariesCitations, PresetsProjects):
                         s.get("model") or "", dumps_json(s.get("settings")), s["created"]])
         for c in doc["citations"]:
             db.execute(INSERT_CITATION, [c["message_id"], *citation_values(c)])
+        for a in doc.get("attributions") or []:
+            db.execute(INSERT_ATTRIBUTION, [a["message_id"], *attribution_values(a)])

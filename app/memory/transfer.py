@@ -40,6 +40,7 @@ def to_dict(data: ConversationData) -> dict[str, Any]:
         "messages": [{k: d[k] for k in _MESSAGE_FIELDS} for d in (_message_dict(data, m) for m in data.messages)],
         "summaries": [{k: getattr(s, k) for k in _SUMMARY_FIELDS} for s in data.summaries],
         "citations": [c.to_dict() for c in data.citations],
+        "attributions": [a.to_dict() for a in data.attributions],
     }
 
 
@@ -63,11 +64,16 @@ def to_markdown(data: ConversationData) -> str:
     cites: dict[str, list[dict]] = {}
     for c in doc["citations"]:
         cites.setdefault(c["message_id"], []).append(c)
+    attrs: dict[str, list[dict]] = {}
+    for a in doc["attributions"]:
+        attrs.setdefault(a["message_id"], []).append({k: v for k, v in a.items() if k != "message_id"})
     for m in doc["messages"]:
         head = m["role"].capitalize() + (f" ({m['name']})" if m.get("name") else "")
         head += "" if m["status"] == "complete" else f" ({m['status']})"
         meta = {k: m[k] for k in _MESSAGE_FIELDS if k != "content"}
         meta["citations"] = [{k: v for k, v in c.items() if k != "message_id"} for c in cites.get(m["id"], [])]
+        if attrs.get(m["id"]):
+            meta["attributions"] = attrs[m["id"]]
         meta["length"] = len(m["content"])
         out += [f"## {head}\n\n", _comment("message", meta), "\n", m["content"], "\n\n"]
         for call in m.get("tool_calls") or ():
@@ -79,6 +85,7 @@ def to_markdown(data: ConversationData) -> str:
             out.append(f"- source: {c.get('path') or c['evidence_id']}{page}\n")
         if meta["citations"]:
             out.append("\n")
+        out += _unsupported_lines(m["content"], attrs.get(m["id"], []))
     if doc["summaries"]:
         out.append("---\n\n# Summaries (kept apart; the messages above are the originals)\n\n")
     for s in doc["summaries"]:
@@ -89,12 +96,22 @@ def to_markdown(data: ConversationData) -> str:
     return "".join(out)
 
 
+def _unsupported_lines(content: str, attributions: list[dict]) -> list[str]:
+    """The readable lines under an answer for its unsupported sentences: ``- ⚠ "<sentence>": <reason>``."""
+    out = []
+    for a in attributions:
+        if a.get("supported") is False:
+            sentence = " ".join(content[a["sentence_start"]:a["sentence_end"]].split())
+            out.append(f"- ⚠ \"{sentence}\": {(a.get('support') or {}).get('reason') or 'not supported'}\n")
+    return out + ["\n"] if out else []
+
+
 def _bad(msg: str) -> InvalidRequest:
     return InvalidRequest(f"not a Hearth conversation export: {msg}", param="data")
 
 
 def _from_markdown(text: str) -> dict[str, Any]:
-    doc: dict[str, Any] = {"messages": [], "summaries": [], "citations": []}
+    doc: dict[str, Any] = {"messages": [], "summaries": [], "citations": [], "attributions": []}
     pos = 0
     while (m := _MARKER.search(text, pos)) is not None:
         kind, obj = m.group(1), json.loads(m.group(2))
@@ -113,6 +130,8 @@ def _from_markdown(text: str) -> dict[str, Any]:
         if kind == "message":
             for c in obj.pop("citations", []):
                 doc["citations"].append({"message_id": obj["id"], **c})
+            for a in obj.pop("attributions", []):
+                doc["attributions"].append({"message_id": obj["id"], **a})
             doc["messages"].append({**obj, "content": body})
         else:
             doc["summaries"].append({**obj, "text": body})
@@ -174,9 +193,12 @@ def _validate(doc: dict[str, Any]) -> dict[str, Any]:
     for c in doc.get("citations") or []:
         if c.get("message_id") not in ids:
             raise _bad("a citation names a message that is not in the export")
+    for a in doc.get("attributions") or []:
+        if not isinstance(a, dict) or a.get("message_id") not in ids:
+            raise _bad("an attribution names a message that is not in the export")
     return {"format": doc["format"], "version": doc["version"], "conversation": conv,
             "messages": _order_parents_first(msgs), "summaries": list(doc.get("summaries") or []),
-            "citations": list(doc.get("citations") or [])}
+            "citations": list(doc.get("citations") or []), "attributions": list(doc.get("attributions") or [])}
 
 
 def parse(data: str | dict) -> dict[str, Any]:
@@ -199,7 +221,7 @@ def parse(data: str | dict) -> dict[str, Any]:
 
 def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
     """The same conversation under a new id: message ids are recomputed along their new chains (finished
-    messages by content hash, others get new provisional ids); summaries and citations follow."""
+    messages by content hash, others get new provisional ids); summaries, citations and attributions follow."""
     idmap: dict[str, str] = {}
     messages = []
     for m in doc["messages"]:
@@ -219,7 +241,9 @@ def renumber(doc: dict[str, Any], new_conversation_id: str) -> dict[str, Any]:
         summaries.append(dict(s, first_message_id=first, last_message_id=last,
                               id=summary_id(new_conversation_id, first, last, s["text"])))
     citations = [dict(c, message_id=idmap[c["message_id"]]) for c in doc["citations"]]
-    return {**doc, "conversation": conv, "messages": messages, "summaries": summaries, "citations": citations}
+    attributions = [dict(a, message_id=idmap[a["message_id"]]) for a in doc.get("attributions") or []]
+    return {**doc, "conversation": conv, "messages": messages, "summaries": summaries, "citations": citations,
+            "attributions": attributions}
 
 
 def _variant(m: dict[str, Any]) -> int:
