@@ -33,7 +33,8 @@ def attribution_values(d: dict) -> list[Any]:
     """An attribution dict's column values after ``message_id`` (``INSERT_ATTRIBUTION``). ``InvalidRequest``
     for a sentence span that is not two integers ``0 <= start <= end``."""
     start, end = d.get("sentence_start"), d.get("sentence_end")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) or not 0 <= start <= end:
+    if not (isinstance(start, int) and isinstance(end, int)) or isinstance(start, bool) or isinstance(end, bool) \
+            or not 0 <= start <= end:
         raise InvalidRequest(f"an attribution needs sentence_start <= sentence_end as integers >= 0, got "
                              f"{start!r}, {end!r}", param="sentence_start")
     page, supported = d.get("page"), d.get("supported")
