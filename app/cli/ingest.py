@@ -29,18 +29,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="after indexing, keep watching every ingested path and re-index changes (Ctrl+C stops)")
     p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
                    help="with --watch: seconds between polls (default 5)")
+    p.add_argument("--embedding-model", metavar="PATH|ID",
+                   help="embed documents with this GGUF embedding model (a file, or a recommended model's id; "
+                        "'default': the bundled all-MiniLM-L6-v2) and re-embed the library now: search stays "
+                        "on the current model until every passage has the new vector (Ctrl+C pauses; the next "
+                        "`hearth ingest` resumes)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"),
+                   help="with --embedding-model: pool token vectors this way (needed for a chat model's GGUF)")
+    p.add_argument("--embedding-models", action="store_true",
+                   help="list the recommended embedding models (size, vector size, languages, fit), the one "
+                        "search uses and a re-embed in progress, then exit")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InvalidRequest
+    from app.retrieval.embed_switch import default_ref, desired_ref, reconcile
     from app.retrieval.ingest import Ingester, open_default
+    from app.retrieval.store import DocumentStore
+    from app.settings import load_user_settings
 
+    if args.embedding_models or args.embedding_model:
+        return _embedding_command(args)
+    if args.pooling:
+        raise InvalidRequest("--pooling goes with --embedding-model", param="pooling")
     if not args.paths and not args.rescan:
         raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
     if args.watch and not args.interval > 0:
         raise InvalidRequest(f"--interval needs a positive number of seconds, got {args.interval:g}",
                              param="interval")
+    if not args.no_embed:
+        with DocumentStore() as s:  # a model chosen in settings, on a new library: adopted before indexing
+            reconcile(s, desired_ref(load_user_settings()), default_ref())
     store, embedder = open_default(with_embedder=not args.no_embed)
     bar = _ProgressBar(enabled=not args.quiet and sys.stderr.isatty())
     try:
@@ -63,7 +83,35 @@ def run(args: argparse.Namespace) -> int:
             embedder.close()
         store.close()
     _print_report(report, args, embedder)
-    return 1 if report.failed else 0
+    status = 1 if report.failed else 0
+    if not args.no_embed:  # a re-embed into another model, interrupted or chosen in the app: finish it
+        from app.cli._embedding import resume
+
+        with DocumentStore() as s:
+            status = max(status, resume(s, args.quiet))
+    return status
+
+
+def _embedding_command(args: argparse.Namespace) -> int:
+    """``--embedding-models`` (list) or ``--embedding-model`` (choose, then re-embed; with PATHs, they are
+    indexed first with the model search uses now)."""
+    from app.cli import _embedding
+    from app.retrieval.store import DocumentStore
+
+    with DocumentStore() as store:
+        if args.embedding_models:
+            return _embedding.list_models(store)
+        ref = _embedding.resolve(args.embedding_model, args.pooling)
+        action = _embedding.choose(store, ref)
+    if args.paths or args.rescan:
+        args.embedding_model = args.embedding_models = None
+        args.pooling = None
+        return run(args)  # indexes, then resumes the re-embed just recorded
+    with DocumentStore() as store:
+        if action in ("keep", "cancel", "adopt"):
+            print(f"search uses {ref.name}" + (" (the library had no vectors to re-embed)" if action == "adopt"
+                                                else ""))
+        return _embedding.resume(store, args.quiet)
 
 
 def _print_report(report: IngestReport, args: argparse.Namespace, embedder) -> None:
