@@ -66,6 +66,9 @@ class DocumentsController(QObject):
         self._render_timer = QTimer(self, singleShot=True, interval=RUN_RENDER_MS)
         self._render_timer.timeout.connect(self._render_now)
         self._progress_item.connect(self._on_progress)
+        from app.ui.embed_ctl import EmbeddingController
+
+        self.embedding = EmbeddingController(pool, self._open_store, self._drop_embedder, self)
 
     # -- reading ------------------------------------------------------------------------------------------
     def store(self) -> Any:
@@ -81,11 +84,19 @@ class DocumentsController(QObject):
         return [doc_row(d) for d in self.store().documents() if d.status != "removed"]
 
     def search_notice(self) -> str:
-        from app.retrieval.embed_model import find_embedding_model
+        from app.retrieval.embed_switch import active_ref
 
-        if find_embedding_model() is None:
+        active = active_ref(self.store())
+        if active is None:
             return "No embedding model installed: keyword search only (run `hearth setup` for hybrid search)."
-        return "Hybrid search: keywords (BM25) + embeddings (all-MiniLM-L6-v2)."
+        return f"Hybrid search: keywords (BM25) + embeddings ({active.name})."
+
+    @staticmethod
+    def _open_store() -> Any:
+        """A new ``DocumentStore`` of the data folder (a context manager): one per thread."""
+        from app.retrieval.store import DocumentStore
+
+        return DocumentStore()
 
     # -- ingest -------------------------------------------------------------------------------------------
     @property
@@ -190,15 +201,23 @@ class DocumentsController(QObject):
             return self._embedder_unlocked()
 
     def _embedder_unlocked(self) -> Any:
+        """The ``Embedder`` of the model search uses (``embed_switch.active_ref``: the store's active model
+        while another is being re-embedded into), started on first use; None when none is installed."""
         if self._embedder is None:
-            from app.retrieval.embed_model import find_embedding_model
+            from app.retrieval.embed_switch import active_ref, embedder_for
 
-            model = find_embedding_model()
-            if model is not None:
-                from app.retrieval.embedder import Embedder
-
-                self._embedder = Embedder(model)
+            self._embedder = embedder_for(active_ref(self.store()))
         return self._embedder
+
+    def _drop_embedder(self) -> None:
+        """The active model changed: close the search source and its embedder; the next search starts them on
+        the new model."""
+        with self._embedder_lock:
+            source, embedder, self._source, self._embedder = self._source, self._embedder, None, None
+        if source is not None:
+            source.close()
+        if embedder is not None:
+            embedder.close()
 
     def source(self) -> Any:
         """The ``DocumentSource`` for chat turns and the port (None when retrieval is not in this build)."""

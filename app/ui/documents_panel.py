@@ -79,6 +79,25 @@ class DocumentsPanel(QWidget):
         self.docs.file_done.connect(self.model.update_status)
         self.docs.report.connect(lambda _r: self.refresh())
         self.model.selection_changed.connect(lambda: self.selection_changed.emit(self.model.selected_paths()))
+        self._add_embedding_box()
+
+    def _add_embedding_box(self) -> None:
+        """The embedding model box (``app.ui.embedding_box``) under the list; an interrupted re-embed resumes
+        once the window is up."""
+        from PySide6.QtCore import QTimer
+
+        from app.ui.embedding_box import EmbeddingBox
+
+        self.embedding = EmbeddingBox(self.ctx)
+        self.layout().addWidget(self.embedding)
+        self.docs.embedding.switched.connect(self.refresh)
+        QTimer.singleShot(0, self.resume_embedding)
+
+    def resume_embedding(self) -> None:
+        """Bring the library to the embedding model the settings name (resuming a re-embed left part-way)."""
+        from app.retrieval.embed_switch import desired_ref
+
+        self.docs.embedding.resume(desired_ref(getattr(self.ctx, "settings", None)))
 
     def _build(self) -> None:
         lay = QVBoxLayout(self)
