@@ -1,0 +1,19 @@
+"""The phrase-judged retrieval question sets are sound: every answer phrase occurs exactly once in its corpus,
+in the document the question names, and each set is large enough to judge a ranker on (``PHRASE_SETS`` in
+``benchmarks/retrieval_corpus.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.retrieval_corpus import PHRASE_SETS, QUESTION_SETS, check_phrases
+
+
+@pytest.mark.parametrize("name", PHRASE_SETS)
+def test_answer_phrases_occur_once_in_their_document(name: str) -> None:
+    assert check_phrases(name) == []
+
+
+@pytest.mark.parametrize("name", PHRASE_SETS)
+def test_each_set_has_at_least_30_questions(name: str) -> None:
+    assert len(QUESTION_SETS[name].questions) >= 30
