@@ -83,8 +83,9 @@ def for_machine(ram_bytes: int | None = None, folders: list[Path] | None = None,
     models folder and ``models/embeddings``), in the data file's order (the bundled default first)."""
     from app import paths
     from app.catalog.memory_estimate import detect_available_ram
-    from app.retrieval.embed_model import embeddings_dir
 
     ram = ram_bytes if ram_bytes is not None else detect_available_ram()
-    where = folders if folders is not None else [embeddings_dir(), paths.models_dir()]
+    # models/embeddings is where app.retrieval.embed_model writes the bundled conversion (catalog sits below
+    # retrieval in the layers, so the folder is named here rather than imported)
+    where = folders if folders is not None else [paths.models_dir() / "embeddings", paths.models_dir()]
     return [locate(fit(m, ram), where) for m in (catalog if catalog is not None else load_catalog())]
