@@ -206,7 +206,8 @@ class DocumentsController(QObject):
         if self._embedder is None:
             from app.retrieval.embed_switch import active_ref, embedder_for
 
-            self._embedder = embedder_for(active_ref(self.store()))
+            with self._open_store() as store:  # called from the chat's worker thread too: its own connection
+                self._embedder = embedder_for(active_ref(store))
         return self._embedder
 
     def _drop_embedder(self) -> None:
