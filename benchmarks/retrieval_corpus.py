@@ -4,7 +4,9 @@
 - ``everyday``: 15 documents written for the benchmark (``benchmarks/data/everyday_docs/*.md``) and 124
   questions (``benchmarks/data/everyday_questions.py``), each with a phrase of the passage that answers it.
 - ``legal``: 7 policy and legal documents (licence, terms, privacy notice, lease, contracts) and 42 questions;
-- ``notes``: 7 logs of dated entries (lab notebook, minutes, travel, budget, boat, garden, on-call), 42 questions.
+- ``notes``: 7 logs of dated entries (lab notebook, minutes, travel, budget, boat, garden, on-call), 42 questions;
+- ``inference``: 8 essays on running language models locally (technical prose), 43 questions;
+- ``stories``: 7 short stories (narrative: people, places, events, reasons), 44 questions.
 
 ``QuestionSet(name, questions, build)``: ``build(folder)`` writes the corpus and returns facts about it;
 each ``Question`` has ``question`` and ``is_relevant(chunk_text)``.
@@ -255,5 +257,5 @@ QUESTION_SETS = {
     "stdlib": QuestionSet("stdlib", STDLIB_QUESTIONS, _build_stdlib),
 }
 # Phrase-judged sets, each ``benchmarks/data/<name>_docs/*.md`` with ``benchmarks/data/<name>_questions.py``.
-PHRASE_SETS = ("everyday", "legal", "notes")
+PHRASE_SETS = ("everyday", "legal", "notes", "inference", "stories")
 QUESTION_SETS.update({n: QuestionSet(n, phrase_questions(n), phrase_builder(n)) for n in PHRASE_SETS})
