@@ -3,7 +3,7 @@
 OCR is optional: Tesseract is an outside program (``tesseract`` on PATH), never a Python dependency. Each
 image goes to ``tesseract stdin stdout`` as a grayscale PNG, bounded in size and time; the first failure
 (a timeout, a missing language, a crash) stops OCR for the rest of that document and is reported, never
-raised. The reasoning: docs/retrieval.md, 'OCR'.
+raised. The reasoning: docs/retrieval.md, 'app/retrieval/extract.py' (OCR).
 """
 
 from __future__ import annotations
