@@ -3,7 +3,7 @@ for the CLI, the desktop window and the HTTP port (``turn.Assistant``), MCP tool
 (``tool_loop.ToolBox``), stateless grounding for requests that carry their own history (``grounding.ground``),
 and the evidence/citation conversions they share (``evidence``)."""
 
-from app.assistant.evidence import DocumentSource, Found, citations, given, prune_stale_citations
+from app.assistant.evidence import DocumentSource, Found, attributions, citations, given, prune_stale_citations
 from app.assistant.grounding import Grounding, ground
 from app.assistant.tool_loop import (
     Permission,
@@ -17,4 +17,4 @@ from app.assistant.turn import Assistant, Caller, EvidenceFound, ReasoningDelta,
 
 __all__ = ["Assistant", "Caller", "DocumentSource", "EvidenceFound", "Found", "Grounding", "Permission",
            "ReasoningDelta", "TextDelta", "ToolBox", "ToolCallRequested", "ToolNotice", "ToolResultShown", "TurnDone",
-           "TurnEvent", "citations", "deny_all", "given", "ground", "prune_stale_citations"]
+           "TurnEvent", "attributions", "citations", "deny_all", "given", "ground", "prune_stale_citations"]

@@ -226,6 +226,21 @@ def checked_citations(answer: str, evidence: Sequence[Evidence], checker: Any = 
             for c in checked]
 
 
+def attributions(answer: str, evidence: Sequence[Evidence], checker: Any = None) -> list[dict]:
+    """Each claim sentence of ``answer`` attributed to the passage of ``evidence`` that best supports it, or
+    to none, with its facts checked (``app.retrieval.attribution.attribute``), whether or not the answer
+    cites: ``SentenceAttribution.to_dict()`` dicts (``sentence_start`` / ``sentence_end`` str indices into
+    ``answer``, ``evidence_id`` / ``path`` / ``page`` or None, ``supported`` True / False / None, ``support``:
+    ``{missing, similarity, threshold, overlap, reason}``), in answer order; [] without evidence. What
+    ``hearth.attributions`` carries and the store keeps. ``checker``: as ``checked_citations`` (its embedder
+    measures similarity; None or a failing one: word overlap)."""
+    if not evidence:
+        return []
+    from app.retrieval.attribution import attribute
+
+    return [a.to_dict() for a in attribute(answer, list(evidence), checker)]
+
+
 def given(evidence: Sequence[Evidence]) -> list[dict]:
     """What the model was given: ``evidence_id``, ``path``, ``page``, ``text`` per passage, in prompt order."""
     return [{"evidence_id": e.evidence_id, "path": e.path, "page": e.page, "text": e.text} for e in evidence]

@@ -47,6 +47,12 @@ class Grounding:
         checker = self.source.checker() if self.source is not None else None
         return ev.checked_citations(answer, self.evidence, checker)
 
+    def attributions(self, answer: str) -> list[dict]:
+        """Each claim sentence of ``answer`` attributed to a passage given (or none), its facts checked
+        (``evidence.attributions`` with the source's checker): what ``hearth.attributions`` should carry."""
+        checker = self.source.checker() if self.source is not None else None
+        return ev.attributions(answer, self.evidence, checker)
+
 
 @dataclass
 class _Turn:

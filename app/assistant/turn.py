@@ -9,7 +9,7 @@ import enum
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Union
 
 from app.assistant import evidence as ev
@@ -80,12 +80,14 @@ class TurnDone:
     context breakdown); ``citations``: what the answer cites, each with the citation check
     (``evidence.checked_citations``: ``supported``, ``sentence_start`` / ``sentence_end``, ``support``; stored
     with it); ``evidence``: what the model was given (``evidence.given`` dicts); ``notice``: the search notice,
-    if any."""
+    if any; ``attributions``: each claim sentence attributed to a passage given (or none) with its facts
+    checked, cited or not (``evidence.attributions``; stored with it)."""
 
     result: TurnResult
     citations: list[dict]
     evidence: list[dict]
     notice: str | None = None
+    attributions: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape of ``hearth chat --message --json``."""
@@ -93,7 +95,8 @@ class TurnDone:
         return {"conversation_id": r.conversation_id, "message_id": r.message_id, "text": r.text,
                 "reasoning": r.reasoning, "finish_reason": r.finish_reason, "metrics": r.metrics,
                 "context": r.context, "summaries_added": r.summaries_added, "dropped_ids": r.dropped_ids,
-                "citations": self.citations, "evidence": self.evidence, "search_notice": self.notice}
+                "citations": self.citations, "attributions": self.attributions, "evidence": self.evidence,
+                "search_notice": self.notice}
 
 
 TurnEvent = Union[EvidenceFound, ReasoningDelta, TextDelta, ToolCallRequested, ToolResultShown, ToolNotice,
@@ -347,12 +350,16 @@ class Assistant:
 
     def _done(self, result: TurnResult, given: tuple[Evidence, ...], notice: str | None) -> TurnDone:
         """The turn's end: the answer's citations checked (``evidence.checked_citations`` with the source's
-        checker) and stored with the check, so a reopened conversation shows the same marks."""
+        checker) and its sentences attributed (``evidence.attributions``, cited or not), both stored with it,
+        so a reopened conversation shows the same marks."""
         checker = self.documents.checker() if given and self.documents is not None else None
         cites = ev.checked_citations(result.text, given, checker)
         if cites:
             self.store.add_citations(result.message_id, cites)
-        return TurnDone(result, cites, ev.given(given), notice)
+        attrs = ev.attributions(result.text, given, checker)
+        if attrs:
+            self.store.add_attributions(result.message_id, attrs)
+        return TurnDone(result, cites, ev.given(given), notice, attrs)
 
 
 @dataclass

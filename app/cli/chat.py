@@ -193,23 +193,28 @@ def _one_message(assistant, cid: str | None, args) -> int:
     if args.json:
         out = done.to_dict()
         if assistant.documents is None:
-            for key in ("citations", "evidence", "search_notice"):
+            for key in ("citations", "attributions", "evidence", "search_notice"):
                 out.pop(key)
         print(json.dumps(out, ensure_ascii=False))
     else:
         print()
-        _print_sources(done.citations, done.evidence)
+        _print_sources(done.citations, done.evidence, done.result.text, done.attributions)
         _print_notices(done)
     return 0
 
 
-def _print_sources(cites: list[dict], given: list[dict]) -> None:
+def _print_sources(cites: list[dict], given: list[dict], text: str = "", attributions: list[dict] = ()) -> None:
+    """The cited passages (else the passages given) and each sentence the attribution check flags."""
+    from app.memory.records import flagged_sentences
+
     for c in cites:
         page = f" p.{c['page']}" if c.get("page") else ""
         print(f"  [E:{c['evidence_id']}] {c['path']}{page}: {(c.get('quote') or '')[:100]!r}", file=sys.stderr)
     if given and not cites:
         print("  (no passage cited; the model was given: " + ", ".join(f"[E:{g['evidence_id']}] {g['path']}"
                                                                      for g in given) + ")", file=sys.stderr)
+    for sentence, reason in flagged_sentences(text, list(attributions)):
+        print(f"  ⚠ {sentence!r}: {reason}", file=sys.stderr)
 
 
 def _interactive(eng, assistant, cid: str | None, reasoning=None) -> int:
@@ -264,7 +269,7 @@ def _stream_turn(assistant, cid: str, text: str, reasoning=None) -> None:
           f"{m.get('cached_tokens', 0)}/{m.get('prompt_tokens', 0)} prompt tokens reused · context "
           f"{m.get('prompt_tokens', 0) + m.get('completion_tokens', 0)}/{r.context.get('n_ctx', 0)} tokens]",
           file=sys.stderr)
-    _print_sources(done.citations, done.evidence)
+    _print_sources(done.citations, done.evidence, done.result.text, done.attributions)
     _print_notices(done)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidRequest
+from app.memory.records import flagged_sentences
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,14 +83,20 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"conversation": data.conversation.to_dict(), "messages": [m.to_dict() for m in messages],
                      "summaries": [s.to_dict() for s in data.summaries],
-                     "citations": [c.to_dict() for c in data.citations], "warnings": data.warnings})
+                     "citations": [c.to_dict() for c in data.citations],
+                     "attributions": [a.to_dict() for a in data.attributions], "warnings": data.warnings})
         return 0
     for w in data.warnings:
         print(f"hearth: warning: {w}", file=sys.stderr)
+    flags: dict[str, list[dict]] = {}
+    for a in data.attributions:
+        flags.setdefault(a.message_id, []).append(a.to_dict())
     print(f"# {data.conversation.title or '(untitled)'}  [{cid}]")
     for m in messages:
         status = "" if m.status == "complete" else f" ({m.status})"
         print(f"\n{m.role}{status}  {m.id[:12]}\n{m.content}")
+        for sentence, reason in flagged_sentences(m.content, flags.get(m.id, [])):
+            print(f"  ⚠ {sentence!r}: {reason}")
     for s in data.summaries:
         print(f"\n-- summary of {s.first_message_id[:12]}..{s.last_message_id[:12]} ({s.model or 'unknown model'})"
               f"\n{s.text}")

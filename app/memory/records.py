@@ -219,6 +219,20 @@ class Attribution:
         return asdict(self)
 
 
+def flagged_sentences(content: str, attributions: list[dict]) -> list[tuple[str, str]]:
+    """``(sentence, reason)`` for each attribution of ``content`` marked unsupported (``supported`` False), the
+    sentence with its whitespace folded, in answer order; a span outside ``content`` is skipped. What the
+    exports and ``hearth history show`` / ``hearth chat`` print under an answer."""
+    out = []
+    for a in attributions:
+        start, end = a.get("sentence_start"), a.get("sentence_end")
+        if a.get("supported") is False and isinstance(start, int) and isinstance(end, int) \
+                and 0 <= start < end <= len(content):
+            out.append((" ".join(content[start:end].split()),
+                        str((a.get("support") or {}).get("reason") or "not supported")))
+    return out
+
+
 @dataclass(frozen=True)
 class SearchHit:
     """A message matching a search. ``snippet`` marks matches with [ and ]."""

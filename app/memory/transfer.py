@@ -20,6 +20,7 @@ from app.memory.records import (
     calls_from_list,
     calls_to_list,
     check_reasoning_info,
+    flagged_sentences,
     message_id,
     provisional_id,
     summary_id,
@@ -98,11 +99,7 @@ def to_markdown(data: ConversationData) -> str:
 
 def _unsupported_lines(content: str, attributions: list[dict]) -> list[str]:
     """The readable lines under an answer for its unsupported sentences: ``- ⚠ "<sentence>": <reason>``."""
-    out = []
-    for a in attributions:
-        if a.get("supported") is False:
-            sentence = " ".join(content[a["sentence_start"]:a["sentence_end"]].split())
-            out.append(f"- ⚠ \"{sentence}\": {(a.get('support') or {}).get('reason') or 'not supported'}\n")
+    out = [f"- ⚠ \"{sentence}\": {reason}\n" for sentence, reason in flagged_sentences(content, attributions)]
     return out + ["\n"] if out else []
 
 

@@ -37,6 +37,7 @@ class Choice:
     consistency: Optional[dict[str, Any]] = None  # hearth.self_consistency (None: not asked for)
     samples: tuple[Done, ...] = ()  # with self-consistency: every sample's Done (they all cost)
     citations: Optional[list[dict[str, Any]]] = None  # hearth.citations, checked off the event loop (Service)
+    attributions: Optional[list[dict[str, Any]]] = None  # hearth.attributions, the same way
 
     @property
     def text(self) -> str:
@@ -113,6 +114,7 @@ def _choice_meta(plan: Plan, choice: Choice) -> dict[str, Any]:
         meta["tool_call_error"] = tool_call_error(choice.tools)
     if plan.grounding is not None:
         meta["citations"] = citations(plan, choice)
+        meta["attributions"] = attributions(plan, choice)
     if choice.consistency is not None:
         meta["self_consistency"] = choice.consistency
     return meta
@@ -126,6 +128,16 @@ def citations(plan: Plan, choice: Choice) -> list[dict[str, Any]]:
     if choice.citations is None:
         choice.citations = plan.grounding.checked_citations(choice.text)
     return choice.citations
+
+
+def attributions(plan: Plan, choice: Choice) -> list[dict[str, Any]]:
+    """``hearth.attributions``: each claim sentence of the choice's answer attributed to the passage given that
+    best supports it (or to none), its facts checked, whether or not it cites (``Grounding.attributions``:
+    ``sentence_start`` / ``sentence_end`` as str indices into the content, ``evidence_id``, ``path``, ``page``,
+    ``supported``, ``support`` with ``reason``). ``choice.attributions`` when the service computed them."""
+    if choice.attributions is None:
+        choice.attributions = plan.grounding.attributions(choice.text)
+    return choice.attributions
 
 
 def tool_call_error(outcome: ToolOutcome) -> dict[str, Any]:

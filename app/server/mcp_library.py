@@ -140,7 +140,9 @@ class Library:
         ``max_tokens`` 1-2048 tokens; nothing is stored): ``answer``, ``model``, ``finish_reason``, ``cited``
         (evidence IDs the answer cites, in order), ``citations`` (each checked: ``supported``, the citing
         sentence's span ``sentence_start`` / ``sentence_end`` in ``answer``, ``support``), ``all_supported``
-        (false when nothing is cited), ``evidence`` (the passages given) and ``notice``.
+        (false when nothing is cited), ``attributions`` (each claim sentence tied to a passage given or to none,
+        its facts checked, cited or not: ``evidence.attributions``), ``evidence`` (the passages given) and
+        ``notice``.
         ``require_citations``: decode under ``cited_grammar`` (1-3 sentences, ``cited_sentences(max_tokens)``,
         each ending with a citation of a given passage) when passages were found, for models that do not cite
         on their own. Raises
@@ -167,6 +169,7 @@ class Library:
         checked = grounding.checked_citations(answer)
         return {"answer": answer, "model": held.model, "finish_reason": done.finish_reason,
                 "cited": list(dict.fromkeys(c["evidence_id"] for c in checked)), "citations": checked,
+                "attributions": grounding.attributions(answer),
                 "all_supported": bool(checked) and all(c["supported"] for c in checked),
                 "evidence": given(grounding.evidence), "notice": grounding.notice}
 

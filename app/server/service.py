@@ -255,11 +255,14 @@ class Service:
 
 
 async def _check_citations(plan: Plan, choice: fmt.Choice) -> None:
-    """With documents: ``choice.citations`` checked on the thread pool, before any body is written (with an
-    embedding model the check embeds the citing sentences and the cited passages' spans: one call per answer,
-    ~0.2 s per citation on the loaded 2-core dev machine, docs/retrieval.md; never on the event loop)."""
+    """With documents: ``choice.citations`` checked and ``choice.attributions`` computed on the thread pool,
+    before any body is written (with an embedding model the check embeds the citing sentences and the cited
+    passages' spans: one call per answer, ~0.2 s per citation on the loaded 2-core dev machine,
+    docs/retrieval.md; the attribution one more call for every claim sentence and every passage's spans;
+    never on the event loop)."""
     if plan.grounding is not None:
         choice.citations = await run_in_threadpool(plan.grounding.checked_citations, choice.text)
+        choice.attributions = await run_in_threadpool(plan.grounding.attributions, choice.text)
 
 
 def _check_answer(plan: Plan, choice: fmt.Choice) -> None:
