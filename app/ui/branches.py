@@ -33,8 +33,9 @@ def branch_rows(store: Any, conversation_id: str, tip: str | None) -> list[ChatR
         pos = ids.index(m.id) + 1 if m.id in ids else 1
         cites = [c.to_dict() for c in store.citations_for(m.id)]
         given = m.meta.get("evidence") if m.role == "assistant" else None
+        attrs = [a.to_dict() for a in store.attributions_for(m.id)] if m.role == "assistant" else []
         row = ChatRow(m.id, m.role, m.content, m.status, m.reasoning or "", m.parent_id, (pos, len(ids)), ids,
-                      cites, tool_calls=m.tool_calls, retrieved=_passages(given))
+                      cites, tool_calls=m.tool_calls, retrieved=_passages(given), attributions=attrs)
         if m.reasoning:
             row = thinking_row(row, store.reasoning_for(m.id))
         if m.meta.get("self_consistency"):

@@ -253,9 +253,11 @@ class MessageWidget(QFrame):
     def render(self) -> None:
         r = self.row
         self.body.set_content(r.content or ("…" if r.streaming else ""), markdown=r.role == "assistant")
-        if r.citations and not r.streaming:
-            mark_unsupported(self.body.document(), unsupported_sentences(r.content, r.citations),
-                             theme.PALETTES[theme.current()].notice)
+        if (r.citations or r.attributions) and not r.streaming:
+            notice = theme.PALETTES[theme.current()].notice
+            mark_unsupported(self.body.document(), unsupported_sentences(r.content, r.citations), notice)
+            mark_unsupported(self.body.document(), attributed_sentences(r.content, r.citations, r.attributions),
+                             notice, inline=True, tip="Not supported by the passages given")
         self.body.setVisible(bool(r.content or r.streaming or not r.tool_calls))
         self.thinking.setVisible(bool(r.reasoning))
         self._label_thinking()
@@ -328,8 +330,7 @@ def unsupported_sentences(content: str, citations: list[dict]) -> list[tuple[str
         start, end = c.get("sentence_start"), c.get("sentence_end")
         if c.get("supported") is not False or start is None or end is None or not 0 <= start < end <= len(content):
             continue
-        text = content[start:end].strip().splitlines()[-1] if content[start:end].strip() else ""
-        text = _MD_MARKS.sub("", text).strip().lstrip("-*+ ").strip()
+        text = _shown(content[start:end])
         reason = str((c.get("support") or {}).get("reason") or "")
         if text and text not in out:
             out[text] = reason
@@ -338,13 +339,32 @@ def unsupported_sentences(content: str, citations: list[dict]) -> list[tuple[str
     return list(out.items())
 
 
+def attributed_sentences(content: str, citations: list[dict], attributions: list[dict]) -> list[tuple[str, str]]:
+    """``(text, reason)`` for each sentence the attribution check marks unsupported (``supported`` False), as
+    ``unsupported_sentences`` gives them, except a sentence the citation check covered: the passage the model
+    named is the one its claim is judged by (docs/retrieval.md, "Attribution")."""
+    checked = [(c["sentence_start"], c["sentence_end"]) for c in citations
+               if c.get("supported") is not None and c.get("sentence_start") is not None]
+    kept = [a for a in attributions if not any(a.get("sentence_start", 0) < e and s < a.get("sentence_end", 0)
+                                                for s, e in checked)]
+    return unsupported_sentences(content, kept)
+
+
+def _shown(raw: str) -> str:
+    """A sentence of the Markdown source as the rendered text shows it: its last line, emphasis and code marks
+    and a list bullet dropped."""
+    text = raw.strip().splitlines()[-1] if raw.strip() else ""
+    return _MD_MARKS.sub("", text).strip().lstrip("-*+ ").strip()
+
+
 _MD_MARKS = re.compile(r"\*\*|__|\*|`")
 
 
-def mark_unsupported(doc: QTextDocument, sentences: list[tuple[str, str]], color: str) -> int:
+def mark_unsupported(doc: QTextDocument, sentences: list[tuple[str, str]], color: str, *, inline: bool = False,
+                     tip: str = "Not supported by the cited passage") -> int:
     """Underline (wavy, ``color``) each of ``sentences`` (``unsupported_sentences``) where ``doc`` shows it,
-    with its reason as the tooltip. A sentence the rendering changed beyond finding is left as it is. Returns
-    how many were marked."""
+    with ``tip: reason`` as the tooltip; ``inline``: also write "⚠ <reason>" in ``color`` right after it. A
+    sentence the rendering changed beyond finding is left as it is. Returns how many were marked."""
     marked = 0
     for text, reason in sentences:
         cursor = doc.find(text, 0, QTextDocument.FindFlag.FindCaseSensitively)
@@ -353,8 +373,15 @@ def mark_unsupported(doc: QTextDocument, sentences: list[tuple[str, str]], color
         cf = QTextCharFormat()
         cf.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
         cf.setUnderlineColor(QColor(color))
-        cf.setToolTip(f"Not supported by the cited passage: {reason}")
+        cf.setToolTip(f"{tip}: {reason}")
         cursor.mergeCharFormat(cf)
+        if inline:
+            note = QTextCharFormat()
+            note.setForeground(QColor(color))
+            note.setToolTip(f"{tip}: {reason}")
+            after = QTextCursor(doc)
+            after.setPosition(cursor.selectionEnd())
+            after.insertText(f" ⚠ {reason}", note)
         marked += 1
     return marked
 

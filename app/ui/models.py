@@ -275,7 +275,9 @@ class ChatRow:
     ``citations``: dicts with evidence_id, path, page, quote and the citation check when it ran
     (``supported`` bool, ``sentence_start`` / ``sentence_end``: the citing sentence's str indices in
     ``content``, ``support``: ``{missing, similarity, threshold, reason}``; absent: not checked);
-    ``retrieved``: passages given to the model (shown when the answer cited none).
+    ``retrieved``: passages given to the model (shown when the answer cited none); ``attributions``: each claim
+    sentence of an answer that had evidence tied to a passage (or none) with its facts checked, cited or not
+    (``Store.attributions_for`` dicts: ``sentence_start`` / ``sentence_end``, ``supported``, ``support``).
 
     Tool use: an assistant row's ``tool_calls`` are the calls it made; a ``tool`` row is one call and its
     result (``content``): ``call_id``, ``tool_name`` (the name the model used), ``server`` / ``tool`` (MCP
@@ -299,6 +301,7 @@ class ChatRow:
     sibling_ids: tuple[str, ...] = ()
     citations: list[dict] = field(default_factory=list)
     retrieved: list[dict] = field(default_factory=list)
+    attributions: list[dict] = field(default_factory=list)
     streaming: bool = False
     tool_calls: tuple = ()
     call_id: str | None = None
