@@ -5,7 +5,7 @@ field is absent."""
 
 from __future__ import annotations
 
-from fakes import FakeEngine
+from tests.fakes import FakeEngine
 
 from app.retrieval.types import Evidence
 from tests.test_server_fake import FakeDocs, client, events
