@@ -5,9 +5,8 @@ field is absent."""
 
 from __future__ import annotations
 
-from tests.fakes import FakeEngine
-
 from app.retrieval.types import Evidence
+from tests.fakes import FakeEngine
 from tests.test_server_fake import FakeDocs, client, events
 
 FERRY = Evidence("aaaa11112222", "/docs/ferry.txt", None, 1.0,
