@@ -81,3 +81,16 @@ def test_a_bad_attribution_is_refused_and_nothing_is_stored(tmp_path: Path):
     doc["attributions"][0]["message_id"] = "nope"
     with Store(tmp_path / "c.db") as other, pytest.raises(InvalidRequest, match="attribution names a message"):
         other.import_conversation(doc)
+
+
+def test_attributions_follow_a_renamed_document_and_stay_when_it_is_gone(tmp_path: Path):
+    from types import SimpleNamespace
+
+    with Store(tmp_path / "hearth.db") as store:
+        _cid, aid = _answered(store)
+        moved = SimpleNamespace(path="/docs/renamed.txt", page=None)
+        store.prune_citations(lambda ids: {i: moved for i in ids})
+        assert {a.path for a in store.attributions_for(aid)} == {"/docs/renamed.txt"}
+        store.prune_citations(lambda ids: {})
+        kept = store.attributions_for(aid)
+        assert len(kept) == 2 and kept[0].support["reason"] == REASON

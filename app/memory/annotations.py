@@ -115,7 +115,10 @@ class SummariesCitations:
         ``resolve(evidence_ids) -> {evidence_id: obj with .path and .page}`` (the document index's
         ``DocumentStore.resolve``; passed in so that memory does not import retrieval). A deleted or edited
         document's evidence IDs stop resolving, so its citations disappear; a renamed one keeps them under the
-        new path. Returns the number of citations removed. Messages themselves are never touched."""
+        new path. Returns the number of citations removed. Messages themselves are never touched. Attributions
+        follow a renamed document's path too, and are kept when their evidence is gone (they record what the
+        answer was given)."""
+        self._move_attributions(resolve)
         rows = self._rows("SELECT id, evidence_id, path, page FROM citations", [])
         if not rows:
             return 0
@@ -130,6 +133,17 @@ class SummariesCitations:
             for path, page, cid in moved:
                 db.execute("UPDATE citations SET path = ?, page = ? WHERE id = ?", [path, page, cid])
         return len(gone)
+
+    def _move_attributions(self, resolve: Callable[[list[str]], dict[str, Any]]) -> None:
+        rows = self._rows("SELECT id, evidence_id, path, page FROM attributions WHERE evidence_id IS NOT NULL", [])
+        found = resolve(sorted({r["evidence_id"] for r in rows})) if rows else {}
+        moved = [(found[r["evidence_id"]].path, found[r["evidence_id"]].page, r["id"]) for r in rows
+                 if r["evidence_id"] in found and (found[r["evidence_id"]].path, found[r["evidence_id"]].page)
+                 != (r["path"], r["page"])]
+        if moved:
+            with self._tx() as db:
+                for path, page, aid in moved:
+                    db.execute("UPDATE attributions SET path = ?, page = ? WHERE id = ?", [path, page, aid])
 
     def citations_for(self, message_id: str, warnings: list[str] | None = None) -> list[Citation]:
         """The citations of ``message_id`` in the order stored (answer order), with their check when they
