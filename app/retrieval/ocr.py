@@ -1,7 +1,8 @@
 """Text for PDF pages without a text layer, read from their images by Tesseract when it is installed.
 
 OCR is optional: Tesseract is an outside program (``tesseract`` on PATH), never a Python dependency. Each
-image goes to ``tesseract stdin stdout`` as a grayscale PNG, bounded in size and time; the first failure
+image goes to ``tesseract stdin stdout`` as a grayscale PNG, one thread (``OMP_THREAD_LIMIT=1``: OpenMP's
+threads made a page 5x slower on a busy 2-core machine), bounded in size and time; the first failure
 (a timeout, a missing language, a crash) stops OCR for the rest of that document and is reported, never
 raised. The reasoning: docs/retrieval.md, 'app/retrieval/extract.py' (OCR).
 """
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 LANG_ENV = "HEARTH_OCR_LANG"  # Tesseract languages, e.g. "eng" (the default) or "eng+deu"
 DEFAULT_LANG = "eng"
-OCR_TIMEOUT_S = 60.0      # per image; an A4 page at 300 dpi takes 1-3 s on the 2-core test machine
+OCR_TIMEOUT_S = 60.0      # per image; a dense A4 page at 300 dpi took 4 s on the busy 2-core test machine
 MAX_OCR_PIXELS = 40_000_000  # larger images are scaled down first (A4 at 600 dpi is 35 MP)
 MIN_OCR_SIDE = 16         # images narrower or shorter than this (px) hold no readable text: not sent
 _LANG_RE = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")
@@ -115,7 +116,7 @@ def ocr_image(image, exe: str, langs: str, timeout: float | None = None) -> str:
     image.save(buf, "PNG")
     try:
         r = subprocess.run([exe, "stdin", "stdout", "-l", langs], input=buf.getvalue(), capture_output=True,
-                           timeout=timeout, check=False)
+                           timeout=timeout, check=False, env={"OMP_THREAD_LIMIT": "1", **os.environ})
     except subprocess.TimeoutExpired as exc:
         raise OcrFailed(f"tesseract timed out after {timeout:g} s") from exc
     except OSError as exc:
