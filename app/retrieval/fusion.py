@@ -1,12 +1,14 @@
 """Fusing the keyword (BM25) and vector (cosine) rankings into one.
 
-Two methods, both over each ranker's top ``candidates``:
+Two methods, both over each ranker's top ``candidates``, optionally weighted per query by how sharply each
+ranker separates its top hit (``sharpness``) and with each ranker's first ``keep`` hits held near the top.
 
 The reasoning: docs/retrieval.md, 'app/retrieval/fusion.py'.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,12 +24,17 @@ Ranking = Sequence[tuple[int, float]]  # (item id, score) best first; larger sco
 class FusionConfig:
     """How to fuse a BM25 and a vector ranking. ``method``: ``"rrf"`` (weighted reciprocal rank fusion) or
     ``"score"`` (normalised score fusion). ``bm25_weight`` / ``vector_weight``: each ranker's weight (>= 0,
-    not both 0; only their ratio matters). ``rrf_k``: the RRF constant (>= 1; ``"rrf"`` only)."""
+    not both 0; only their ratio matters). ``rrf_k``: the RRF constant (>= 1; ``"rrf"`` only).
+    ``sharpness``: 0 … 10; each weight is multiplied per query by ``separation(ranking) ** sharpness``, so a
+    ranker whose top hit stands out counts more (0: fixed weights). ``keep``: 0 … 10; each ranker's first
+    ``keep`` hits are placed no lower than position ``2·keep + 1`` of the fused order (0: off)."""
 
     method: str = "score"
     bm25_weight: float = 1.0
     vector_weight: float = 1.0
     rrf_k: int = RRF_K
+    sharpness: float = 0.0
+    keep: int = 0
 
     def validate(self) -> "FusionConfig":
         """Self, or ``InvalidRequest`` naming the field, its range and the value received."""
@@ -44,17 +51,27 @@ class FusionConfig:
         if not isinstance(self.rrf_k, int) or isinstance(self.rrf_k, bool) or not 1 <= self.rrf_k <= 10_000:
             raise InvalidRequest(f"fusion rrf_k must be an integer from 1 to 10000, got {self.rrf_k!r}",
                                  param="fusion.rrf_k")
+        v = self.sharpness
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 10:
+            raise InvalidRequest(f"fusion sharpness must be a number from 0 to 10, got {v!r}",
+                                 param="fusion.sharpness")
+        if not isinstance(self.keep, int) or isinstance(self.keep, bool) or not 0 <= self.keep <= 10:
+            raise InvalidRequest(f"fusion keep must be an integer from 0 to 10, got {self.keep!r}",
+                                 param="fusion.keep")
         return self
 
     def describe(self) -> str:
         """A short label for tables, e.g. ``score(bm25 0.6, vector 0.4)``."""
         tail = f", k={self.rrf_k}" if self.method == "rrf" else ""
+        tail += f", sharpness {self.sharpness:g}" if self.sharpness else ""
+        tail += f", keep {self.keep}" if self.keep else ""
         return f"{self.method}(bm25 {self.bm25_weight:g}, vector {self.vector_weight:g}{tail})"
 
 
-# Chosen on the dev splits of both benchmark question sets after the lead vectors (docs/retrieval.md,
-# "Fusion"; re-run with ``python -m benchmarks.retrieval_quality --tune``).
-DEFAULT_FUSION = FusionConfig("rrf", 0.2, 0.8, 10)
+# Chosen by the leave-one-corpus-out rule over the six benchmark corpora (docs/retrieval.md, "Fusion";
+# re-run with ``python -m benchmarks.retrieval_quality``). The fixed RRF default before it: ``OLD_FUSION``.
+DEFAULT_FUSION = FusionConfig("score", 0.3, 0.7, keep=2)
+OLD_FUSION = FusionConfig("rrf", 0.2, 0.8, 10)
 
 
 def weighted_rrf(rankings: Sequence[Sequence[int]], weights: Sequence[float] | None = None,
@@ -96,13 +113,57 @@ def score_fusion(rankings: Sequence[Ranking], weights: Sequence[float] | None = 
     return sorted(scores.items(), key=lambda kv: -kv[1])
 
 
+def separation(ranking: Ranking) -> float:
+    """How far a ranking's top score stands above the rest: ``(top − mean) / standard deviation`` over its
+    scores (a z-score; 0 for fewer than two results or equal scores). Units: standard deviations."""
+    if len(ranking) < 2:
+        return 0.0
+    scores = [s for _, s in ranking]
+    mean = sum(scores) / len(scores)
+    sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+    return (scores[0] - mean) / sd if sd > 0 else 0.0
+
+
+def query_weights(lexical: Ranking, vector: Ranking, config: FusionConfig) -> tuple[float, float]:
+    """The ``(bm25, vector)`` weights for one query: ``config``'s, each times ``separation ** sharpness``
+    (``config.sharpness`` 0: unchanged); back to ``config``'s when both would be 0."""
+    wb, wv = config.bm25_weight, config.vector_weight
+    if not config.sharpness:
+        return wb, wv
+    b = wb * max(separation(lexical), 0.0) ** config.sharpness
+    v = wv * max(separation(vector), 0.0) ** config.sharpness
+    return (b, v) if b + v > 0 else (wb, wv)
+
+
+def keep_tops(fused: list[tuple[int, float]], rankings: Sequence[Ranking], keep: int) -> list[tuple[int, float]]:
+    """``fused`` with each ranking's first ``keep`` items within its first ``2·keep + 1`` places: a missing
+    one takes the place of the lowest item there that no ranking holds in its first ``keep`` (so the fused
+    first stays first unless a ranking's top displaces nothing else); the displaced items follow, in order.
+    Scores are kept, so the result is not sorted by score. ``keep`` 0: ``fused`` unchanged."""
+    if keep <= 0:
+        return fused
+    window, score = 2 * keep + 1, dict(fused)
+    tops = list(dict.fromkeys(item for ranking in rankings for item, _ in ranking[:keep]))
+    head = [item for item, _ in fused[:window]]
+    missing = [item for item in tops if item not in head]
+    for item in missing:
+        drop = next(i for i in range(len(head) - 1, -1, -1) if head[i] not in tops)
+        del head[drop]
+    head += missing
+    chosen = set(head)
+    return [(i, score.get(i, 0.0)) for i in head] + [(i, s) for i, s in fused if i not in chosen]
+
+
 def fuse(lexical: Ranking, vector: Ranking, config: FusionConfig = DEFAULT_FUSION) -> list[tuple[int, float]]:
     """The fused ranking of a BM25 ranking and a vector ranking (each ``(id, score)`` best first) under
-    ``config``; ``(id, fused score)`` best first."""
-    weights = (config.bm25_weight, config.vector_weight)
+    ``config``: per-query weights (``query_weights``), then RRF or score fusion, then ``keep_tops``;
+    ``(id, fused score)`` in fused order."""
+    weights = query_weights(lexical, vector, config)
     if config.method == "rrf":
-        return weighted_rrf([[i for i, _ in lexical], [i for i, _ in vector]], weights, config.rrf_k)
-    return score_fusion([lexical, vector], weights)
+        fused = weighted_rrf([[i for i, _ in lexical], [i for i, _ in vector]], weights, config.rrf_k)
+    else:
+        fused = score_fusion([lexical, vector], weights)
+    return keep_tops(fused, [lexical, vector], config.keep)
 
 
 def relevance(lexical: Ranking, vector: Ranking, config: FusionConfig = DEFAULT_FUSION) -> dict[int, float]:
