@@ -14,6 +14,7 @@ import pytest
 
 from app.doctor import checks
 from app.errors import IngestError
+from app.retrieval import ingest as ingest_mod
 from app.retrieval import ocr
 from app.retrieval.extract import REASON_NO_TEXT_LAYER, extract
 from app.retrieval.ingest import Ingester
@@ -139,6 +140,50 @@ def test_without_tesseract_a_partly_scanned_pdf_is_indexed_with_a_note(tmp_path:
     ex = extract(tmp_path / "mixed.pdf", (tmp_path / "mixed.pdf").read_bytes())
     assert ex.ocr_pages == () and ex.pages[1] == ""
     assert ex.note == f"1 of 2 pages have no text layer (scanned?); OCR needs Tesseract: {ocr.install_command()}"
+
+
+@posix_only
+def test_a_scan_that_failed_for_want_of_tesseract_is_read_once_tesseract_is_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, doc_store):
+    pdf = scanned_pdf(tmp_path / "scan.pdf", PAGES[:1])
+    bin_dir = _hide_tesseract(monkeypatch, tmp_path)
+    assert Ingester(doc_store).ingest([pdf]).files[0].status == "failed"
+    exe = bin_dir / "tesseract"  # a stand-in that "reads" every image and counts its runs
+    exe.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\necho 'Cormorants nest on the cliff.'\n")
+    exe.chmod(0o755)
+    status = Ingester(doc_store).ingest([pdf]).files[0]  # unchanged, but named: read again
+    assert (status.status, status.reason) == ("indexed", "1 page(s) read by OCR (Tesseract): 1")
+    assert "Cormorants" in Retriever(doc_store).search("cormorants", k=1)[0].text
+
+
+@posix_only
+def test_a_rescan_retries_a_failure_of_the_ocr_setup_once_per_setup_but_not_other_failures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, doc_store):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    pdf = scanned_pdf(folder / "scan.pdf", PAGES[:1])
+    (folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    bin_dir = _hide_tesseract(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    read: list[str] = []
+    monkeypatch.setattr(ingest_mod, "extract", lambda path, data: read.append(path.name) or extract(path, data))
+    ingester = Ingester(doc_store)
+    assert [f.status for f in ingester.ingest([folder]).files] == ["failed", "failed"]
+    exe = bin_dir / "tesseract"  # fails as a bad HEARTH_OCR_LANG would, counting its runs
+    exe.write_text(f"#!/bin/sh\necho run >> {runs}\necho \"Failed loading language 'xxx'\" >&2\nexit 1\n")
+    exe.chmod(0o755)
+    broken = doc_store.document(str(folder / "broken.pdf"))
+    assert not ocr.depends_on_setup(broken.error) and ocr.depends_on_setup(doc_store.document(str(pdf)).error)
+    read.clear()
+    ingester.rescan()
+    assert runs.read_text().count("run") == 1 and read == ["scan.pdf"]  # retried: Tesseract appeared
+    ingester.rescan()
+    assert runs.read_text().count("run") == 1  # same setup: a watch does not run Tesseract each poll
+    assert read == ["scan.pdf"]  # the broken file's failure does not depend on the machine: not read again
+    exe.write_text(f"#!/bin/sh\necho run >> {runs}\necho 'Cormorants nest on the cliff.'\n")
+    monkeypatch.setenv(ocr.LANG_ENV, "eng")  # the setting fixed: a new setup, retried
+    statuses = {f.path: f.status for f in ingester.rescan().files}
+    assert statuses[str(pdf)] == "indexed" and runs.read_text().count("run") == 2
 
 
 @posix_only

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from app.errors import HearthError, IngestError
+from app.retrieval import ocr
 from app.retrieval.chunking import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_OVERLAP_TOKENS,
@@ -74,12 +75,16 @@ class Ingester:
         self.leads = leads
         self._embed_failed: str | None = None
         self._pipe: _Pipeline | None = None
+        self._ocr_retried: dict[str, tuple[str | None, str]] = {}  # path -> OCR setup it was last retried with
 
     # ------------------------------------------------------------------------------------------ public API
 
     def ingest(self, paths: Iterable[Path | str], progress: ProgressCallback | None = None,
-               remember: bool = True) -> IngestReport:
-        """Index files and folders (docs/retrieval.md, 'Ingestion'). ``progress`` is called after each file."""
+               remember: bool = True, retry_failed: bool = True) -> IngestReport:
+        """Index files and folders (docs/retrieval.md, 'Ingestion'). ``progress`` is called after each file.
+        ``retry_failed``: read again every file recorded as failed, even unchanged (a person naming a path
+        asks for it); False: only failures that depend on this machine's OCR setup (``ocr.depends_on_setup``),
+        once per setup (``ocr.setup_key``) in this ``Ingester``, so a watch does not re-read them each poll."""
         started = time.monotonic()
         roots = [_abs(p) for p in paths]
         if remember:
@@ -104,7 +109,7 @@ class Ingester:
                     why = f"unsupported type ({path.suffix.lower() or 'no extension'})"
                     finished(index, FileStatus(str(path), STATUS_SKIPPED, why))
                     continue
-                outcome = self._ingest_one(path, index)
+                outcome = self._ingest_one(path, index, retry_failed)
                 if isinstance(outcome, _Prepared):
                     pipe.add(outcome)
                 else:
@@ -127,7 +132,7 @@ class Ingester:
     def rescan(self, progress: ProgressCallback | None = None) -> IngestReport:
         """Walk every remembered root again: new, modified, renamed and deleted files are handled."""
         roots = self.store.roots()
-        report = self.ingest(roots, progress, remember=False)
+        report = self.ingest(roots, progress, remember=False, retry_failed=False)
         for root in roots:
             if not Path(root).exists():  # its documents were removed by the ingest above
                 self.store.remove_root(root)
@@ -177,7 +182,7 @@ class Ingester:
 
     # ------------------------------------------------------------------------------------------- per file
 
-    def _ingest_one(self, path: Path, index: int = 0) -> FileStatus | _Prepared:
+    def _ingest_one(self, path: Path, index: int = 0, retry_failed: bool = True) -> FileStatus | _Prepared:
         key = str(path)
         try:
             st = path.stat()
@@ -192,15 +197,16 @@ class Ingester:
                               size=st.st_size, mtime_ns=st.st_mtime_ns, type=path.suffix.lower() or None)
         if st.st_size > MAX_FILE_BYTES:
             return self._fail(key, f"too large ({st.st_size / 2**20:.0f} MiB > {MAX_FILE_BYTES >> 20} MiB)", row)
+        retry = row is not None and row.status == STATUS_FAILED and self._retry(row, retry_failed)
         if row and row.sha256 and row.size == st.st_size and row.mtime_ns == st.st_mtime_ns \
-                and row.status != STATUS_DUPLICATE:
+                and row.status != STATUS_DUPLICATE and not retry:
             return _unchanged(row)
         try:
             data = path.read_bytes()
         except OSError as exc:
             return self._fail(key, f"cannot read ({exc.strerror or exc})", row)
         sha = hashlib.sha256(data).hexdigest()
-        if row and row.sha256 == sha and row.status != STATUS_DUPLICATE:
+        if row and row.sha256 == sha and row.status != STATUS_DUPLICATE and not retry:
             if row.mtime_ns != st.st_mtime_ns:
                 self.store.touch(row.id, st.st_mtime_ns)
             return _unchanged(row)
@@ -211,6 +217,19 @@ class Ingester:
         if moved is not None:
             return moved
         return self._prepare(path, index, data, sha, st, kind, row)
+
+    def _retry(self, row: DocumentRow, always: bool) -> bool:
+        """Whether to read a file recorded as failed again although it did not change: ``always``, or its
+        reason depends on the OCR setup and that setup differs from the one it was last retried with here."""
+        if always:
+            return True
+        if not ocr.depends_on_setup(row.error):
+            return False
+        setup = ocr.setup_key()
+        if self._ocr_retried.get(row.path) == setup:
+            return False
+        self._ocr_retried[row.path] = setup
+        return True
 
     def _rename_or_duplicate(self, key: str, sha: str, st: os.stat_result,
                              row: DocumentRow | None) -> FileStatus | None:

@@ -80,6 +80,19 @@ def missing_hint() -> str:
     return f"OCR needs Tesseract: {install_command()}"
 
 
+def setup_key() -> tuple[str | None, str]:
+    """What OCR's outcome depends on besides the page: (the ``tesseract`` on PATH or None, the raw
+    ``HEARTH_OCR_LANG``). A change means a failure that ``depends_on_setup`` may now go otherwise."""
+    return tesseract_path(), os.environ.get(LANG_ENV, "").strip()
+
+
+def depends_on_setup(reason: str | None) -> bool:
+    """Whether a failure ``reason`` (``IngestError.reason``) came from this machine's OCR setup (Tesseract
+    missing or failing, Pillow missing, a bad ``HEARTH_OCR_LANG``) rather than from the file alone: installing
+    or configuring OCR may change it."""
+    return bool(reason) and ("OCR needs " in reason or "OCR failed" in reason)
+
+
 def languages() -> str:
     """The Tesseract language list from ``HEARTH_OCR_LANG`` (default ``eng``). Raises ``OcrFailed`` naming
     the variable when it is not a list like ``eng`` or ``eng+deu``."""
