@@ -106,3 +106,19 @@ def test_sentence_spans_split_as_the_citation_check_does():
     text = "First one. Second: 9.15 is a number!\n- a list item\n\n  Last"
     assert [text[a:b] for a, b in sentence_spans(text)] == ["First one.", "Second: 9.15 is a number!",
                                                             "- a list item", "Last"]
+
+
+def test_the_check_does_not_use_the_search_embedder_when_it_is_not_minilm(doc_store):
+    from app.assistant.evidence import DocumentSource
+    from tests.fakes import FakeEmbedder
+
+    # The bars were chosen on all-MiniLM-L6-v2: another model's cosines mean nothing against them. Without
+    # MiniLM installed (this test's HEARTH_HOME), the check falls back to facts and word overlap.
+    docs = DocumentSource(doc_store, FakeEmbedder())
+    try:
+        checker = docs.checker()
+        assert checker.embed is None and docs.checker() is checker
+        off = attribute("Bananas are a yellow fruit rich in potassium.", GIVEN, checker)
+        assert [(a.evidence_id, a.supported) for a in off] == [(None, None)]
+    finally:
+        docs.close()

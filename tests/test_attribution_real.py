@@ -75,3 +75,26 @@ def test_a_chat_turn_over_a_real_document_returns_attributions_through_the_opena
         print(f"answer: {content!r}\nattributions: {h['attributions']}")
     finally:
         docs.close()
+
+
+def test_the_check_embeds_with_minilm_whatever_model_search_uses(embedding_model, doc_store):
+    from app.assistant.evidence import DocumentSource
+    from app.retrieval.embed_model import default_embedding_model_path
+    from app.retrieval.embedder import Embedder, model_id_for
+    from tests.fakes import FakeEmbedder
+
+    default_embedding_model_path().symlink_to(embedding_model)  # MiniLM installed in this HEARTH_HOME
+    docs = DocumentSource(doc_store, FakeEmbedder())  # search on another model (its cosines are all ~1)
+    try:
+        checker = docs.checker()
+        assert checker.embed is not None and checker.embed.__self__.model_id == model_id_for(embedding_model)
+        for answer in ("Bananas are a yellow fruit rich in potassium.",
+                       "My grandmother knitted a blue scarf last winter."):
+            assert [(a.evidence_id, a.supported) for a in attribute(answer, GIVEN, checker)] == [(None, None)]
+    finally:
+        docs.close()
+    assert checker.embed.__self__.pid is None  # the check's own embedder is closed with the source
+    with Embedder(embedding_model) as embedder:  # search on MiniLM itself: the check shares its embedder
+        shared = DocumentSource(doc_store, embedder)
+        assert shared.checker().embed.__self__ is embedder
+        shared.close()

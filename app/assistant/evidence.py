@@ -52,6 +52,8 @@ class DocumentSource:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple, tuple[tuple[int, int], Found]] = OrderedDict()
         self._checker: Any = None
+        self._checker_lock = threading.Lock()
+        self._own_check_embedder: Any = None  # all-MiniLM-L6-v2 for ``checker`` when search uses another model
 
     @classmethod
     def open_default(cls, embedder: Any = None) -> "DocumentSource":
@@ -110,20 +112,49 @@ class DocumentSource:
         return conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes
 
     def checker(self) -> Any:
-        """The ``citecheck.CitationChecker`` for this source: with embeddings when it has an embedder (the
-        same all-MiniLM-L6-v2 the threshold was measured with), facts only otherwise."""
-        if self._checker is None:
-            from app.retrieval.citecheck import CitationChecker
+        """The ``citecheck.CitationChecker`` the citation check and the attribution use. Their bars
+        (``citecheck.DEFAULT_THRESHOLD``, ``attribution.ATTRIBUTION_THRESHOLD``) were chosen on all-MiniLM-L6-v2,
+        so it embeds with that model whatever model search uses: this source's embedder when it is the
+        installed default (``embed_model.find_embedding_model``), else an ``Embedder`` of its own on that file
+        (started on the first call, closed by ``close``); without the default installed, or when it cannot be
+        started, none: facts and word overlap only (docs/retrieval.md, "Attribution")."""
+        with self._checker_lock:
+            if self._checker is None:
+                from app.retrieval.citecheck import CitationChecker
 
-            self._checker = CitationChecker(self.embedder.embed if self.embedder is not None else None)
-        return self._checker
+                embedder = self._check_embedder()
+                self._checker = CitationChecker(embedder.embed if embedder is not None else None)
+            return self._checker
+
+    def _check_embedder(self) -> Any:
+        """The all-MiniLM-L6-v2 embedder for ``checker``: this source's when it is that model, else one of its
+        own (``self._own_check_embedder``), else None."""
+        from app.retrieval.embed_model import find_embedding_model
+
+        path = find_embedding_model()
+        if path is None:
+            return None
+        from app.retrieval.embedder import Embedder, model_id_for
+
+        if self.embedder is not None and getattr(self.embedder, "model_id", None) == model_id_for(path):
+            return self.embedder
+        try:
+            self._own_check_embedder = Embedder(path)
+        except Exception:  # noqa: BLE001 - the check still runs on facts and word overlap
+            log.warning("citation check: could not start %s; checking facts and word overlap only", path,
+                        exc_info=True)
+            return None
+        return self._own_check_embedder
 
     def close(self) -> None:
-        """Stop the search thread; close the store and the embedder this source owns."""
+        """Stop the search thread; close the store and the embedder this source owns (and the check's own)."""
         self._retriever.close()
         owns_store, owns_embedder = self._owns
         if owns_embedder and self.embedder is not None:
             self.embedder.close()
+        if self._own_check_embedder is not None:
+            self._own_check_embedder.close()
+            self._own_check_embedder = None
         if owns_store:
             self.store.close()
 
