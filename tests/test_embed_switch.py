@@ -103,6 +103,21 @@ def test_a_reembed_stopped_part_way_keeps_search_on_the_old_model_and_resumes_af
     store.close()
 
 
+def test_the_lead_step_counts_leads_not_the_chunks_already_done(tmp_path):
+    old, new = FakeEmbedder("old@000000000001"), FakeEmbedder("new@000000000002")
+    store, _ = _indexed(tmp_path, old)
+    sw.reconcile(store, ModelRef(new.model_id, "/m/new.gguf"))
+    seen: list[tuple[str, str, int, int, str]] = []
+    sw.reembed(store, new, None, lambda p: seen.append((p.phase, p.counting, p.done, p.total, p.text())), batch=2)
+    leads = [s for s in seen if s[0] == "leads"]
+    total = store.stats()["lead_vectors"]
+    assert total > 2 and store.lead_counts(new.model_id) == (total, total)
+    assert leads[0][2:4] == (0, total) and leads[-1][2:4] == (total, total)  # not "N / N chunks" meanwhile
+    assert all(s[1] == "leads" and "passage leads" in s[4] for s in leads)
+    assert [s[2] for s in leads] == sorted(s[2] for s in leads) and seen[-1][0] == "switched"
+    store.close()
+
+
 class _Failing(FakeEmbedder):
     """Fails on its second batch, as an engine that runs out of memory does."""
 

@@ -53,3 +53,38 @@ def test_a_file_that_is_not_a_gguf_is_refused_and_the_setting_unchanged(tmp_path
     assert main(["ingest", "--embedding-model", str(bad)]) == 1
     assert "model.gguf" in capsys.readouterr().err
     assert load_user_settings().embedding_model is None
+
+
+def test_hearth_ingest_with_no_path_finishes_a_paused_reembed_and_shows_progress_off_a_terminal(
+        tmp_path, monkeypatch, capsys):
+    from app.retrieval import embed_switch as sw
+    from app.retrieval.ingest import Ingester
+    from app.retrieval.store import DocumentStore
+    from tests.fakes import FakeEmbedder
+    from tests.test_embed_switch import _library
+
+    old, new = FakeEmbedder("old@000000000001"), FakeEmbedder("new@000000000002")
+    old_ref, new_ref = sw.ModelRef(old.model_id, "/m/old.gguf"), sw.ModelRef(new.model_id, "/m/new.gguf")
+    with DocumentStore() as store:
+        Ingester(store, old, background=False).ingest([_library(tmp_path)])
+        sw.reconcile(store, old_ref)
+        assert sw.reconcile(store, new_ref)[0] == sw.START  # as a Ctrl+C'd `--embedding-model` leaves it
+        chunks = store.stats()["chunks"]
+    monkeypatch.setattr(sw, "desired_ref", lambda settings: new_ref)
+    monkeypatch.setattr(sw, "default_ref", lambda: old_ref)
+    monkeypatch.setattr(sw, "embedder_for", lambda ref, **kw: new)
+    assert main(["ingest"]) == 0
+    out = capsys.readouterr()
+    assert "Search now uses new.gguf." in out.out
+    assert f"Re-embedding for new.gguf: 0 / {chunks} chunks" in out.err  # stderr is not a terminal here
+    assert "passage leads" in out.err
+    with DocumentStore() as store:
+        assert sw.read_state(store).active == new_ref and sw.read_state(store).pending is None
+    assert main(["ingest"]) == 1  # nothing left to resume: the usual error
+    assert "give at least one PATH, or --rescan" in capsys.readouterr().err
+
+
+def test_the_help_says_ingest_with_no_path_resumes(capsys):
+    with pytest.raises(SystemExit):
+        main(["ingest", "--help"])
+    assert "with none (and no --rescan), finish a paused re-embed" in " ".join(capsys.readouterr().out.split())

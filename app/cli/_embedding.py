@@ -1,6 +1,7 @@
 """``hearth ingest --embedding-model`` / ``--embedding-models``: choose the embedding model, list the
-recommended ones, and re-embed the library in the foreground (Ctrl+C pauses; the next ``hearth ingest`` or
-the app resumes). The switch itself is ``app.retrieval.embed_switch`` (docs/retrieval.md, "Embedding models")."""
+recommended ones, and re-embed the library in the foreground (Ctrl+C pauses; ``hearth ingest``, with or
+without paths, or the app resumes). The switch itself is ``app.retrieval.embed_switch`` (docs/retrieval.md,
+"Embedding models")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidRequest
+
+NON_TTY_EVERY_S = 10.0  # seconds between progress lines when stderr is not a terminal (a log, a pipe)
 
 
 def resolve(name: str, pooling: str | None) -> Any:
@@ -92,25 +95,35 @@ def resume(store: Any, quiet: bool = False) -> int:
 
 
 def run_reembed(store: Any, ref: Any, quiet: bool) -> int:
-    """Re-embed into ``ref`` with a progress line on stderr; Ctrl+C stops after the batch in flight."""
+    """Re-embed into ``ref`` with progress on stderr (unless ``quiet``): one line redrawn at most every 0.2 s
+    on a terminal, else a line every ``NON_TTY_EVERY_S`` and at each step; Ctrl+C stops after the batch in
+    flight."""
     from app.retrieval import embed_switch as sw
 
-    show = not quiet and sys.stderr.isatty()
-    last = [0.0]
+    tty = sys.stderr.isatty()
+    show = not quiet and tty
+    last: list[Any] = [0.0, None]  # when a line was last written, and of which step
 
     def progress(p: sw.ReembedProgress) -> None:
-        if show and (time.monotonic() - last[0] > 0.2 or p.phase != "chunks"):
-            last[0] = time.monotonic()
+        if quiet:
+            return
+        now, new_step = time.monotonic(), p.counting != last[1] or p.phase not in ("chunks", "leads")
+        if not new_step and now - last[0] < (0.2 if tty else NON_TTY_EVERY_S):
+            return
+        last[0], last[1] = now, p.counting
+        if tty:
             sys.stderr.write("\r" + p.text()[:100] + "\x1b[K")
             sys.stderr.flush()
+        elif p.phase in ("chunks", "leads"):  # how it ended is printed below
+            print(p.text(), file=sys.stderr, flush=True)
 
     stop = threading.Event()
     embedder = sw.embedder_for(ref)
     try:
         p = sw.reembed(store, embedder, stop, progress)
     except KeyboardInterrupt:
-        print(f"\nre-embedding for {ref.name} paused: search stays on the current model; the next "
-              "`hearth ingest` (or the app) resumes it", file=sys.stderr)
+        print(f"\nre-embedding for {ref.name} paused: search stays on the current model; `hearth ingest` "
+              "(no path needed) or the app resumes it", file=sys.stderr)
         return 130
     finally:
         embedder.close()

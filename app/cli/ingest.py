@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="index files and folders for search (txt, md, rst, code, PDF, DOCX, HTML)",
                        description="Index files and folders into the default collection. Unchanged files are "
                                    "skipped, modified ones re-indexed, deleted ones removed.")
-    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (folders are walked)")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="files or folders (folders are walked); with none (and no --rescan), finish a paused "
+                        "re-embed into another embedding model")
     p.add_argument("--rescan", action="store_true", help="also walk every previously ingested path again")
     p.add_argument("--no-embed", action="store_true", help="keyword index only (no embedding model)")
     p.add_argument("--all", action="store_true", help="also list unchanged files")
@@ -32,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embedding-model", metavar="PATH|ID",
                    help="embed documents with this GGUF embedding model (a file, or a recommended model's id; "
                         "'default': the bundled all-MiniLM-L6-v2) and re-embed the library now: search stays "
-                        "on the current model until every passage has the new vector (Ctrl+C pauses; the next "
-                        "`hearth ingest` resumes)")
+                        "on the current model until every passage has the new vector (Ctrl+C pauses; "
+                        "`hearth ingest`, with or without PATH, resumes)")
     p.add_argument("--pooling", choices=("mean", "cls", "last"),
                    help="with --embedding-model: pool token vectors this way (needed for a chat model's GGUF)")
     p.add_argument("--embedding-models", action="store_true",
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pooling:
         raise InvalidRequest("--pooling goes with --embedding-model", param="pooling")
     if not args.paths and not args.rescan:
-        raise InvalidRequest("give at least one PATH, or --rescan", param="paths")
+        return _resume_only(args)
     if args.watch and not args.interval > 0:
         raise InvalidRequest(f"--interval needs a positive number of seconds, got {args.interval:g}",
                              param="interval")
@@ -90,6 +92,22 @@ def run(args: argparse.Namespace) -> int:
         with DocumentStore() as s:
             status = max(status, resume(s, args.quiet))
     return status
+
+
+def _resume_only(args: argparse.Namespace) -> int:
+    """``hearth ingest`` with no PATH: finish a re-embed left pending (paused by Ctrl+C, or chosen in the
+    app); without one, the usual error."""
+    from app.cli._embedding import resume
+    from app.errors import InvalidRequest
+    from app.retrieval.embed_switch import read_state
+    from app.retrieval.store import DocumentStore
+
+    with DocumentStore() as store:
+        pending = None if args.no_embed or args.watch else read_state(store).pending
+        if pending is None:
+            raise InvalidRequest("give at least one PATH, or --rescan (with neither, `hearth ingest` finishes "
+                                 "a paused re-embed, and none is paused)", param="paths")
+        return resume(store, args.quiet)
 
 
 def _embedding_command(args: argparse.Namespace) -> int:

@@ -201,9 +201,11 @@ def embedder_for(ref: ModelRef | None, **kw: Any) -> Any:
 
 @dataclass
 class ReembedProgress:
-    """One re-embed's progress: ``model`` (the pending model's name), chunks ``done`` of ``total`` (``total``
-    grows when documents are added meanwhile), ``rate`` (chunks per second in this run, None before the first
-    batch), ``phase`` ("chunks", "leads", "switched", "stopped", "failed") and ``reason`` (when failed)."""
+    """One re-embed's progress: ``model`` (the pending model's name), ``done`` of ``total`` items of the step
+    ``counting`` ("chunks": chunk vectors; "leads": passage-lead vectors, the second step; ``total`` grows
+    when documents are added meanwhile), ``rate`` (items per second of this step in this run, None before
+    its first batch), ``phase`` ("chunks", "leads", "switched", "stopped", "failed") and ``reason`` (when
+    failed)."""
 
     model: str
     done: int = 0
@@ -211,6 +213,7 @@ class ReembedProgress:
     rate: float | None = None
     phase: str = "chunks"
     reason: str | None = None
+    counting: str = "chunks"
 
     def text(self) -> str:
         """One line: "Re-embedding for X: 120 / 480 chunks · 35 chunks/s", or how it ended."""
@@ -218,8 +221,8 @@ class ReembedProgress:
             return f"Search now uses {self.model}."
         if self.phase == "failed":
             return f"Re-embedding for {self.model} failed: {self.reason}. Search stays on the current model."
-        rate = f" · {self.rate:,.1f} chunks/s" if self.rate else ""
-        what = "passage leads" if self.phase == "leads" else "chunks"
+        what = "passage leads" if self.counting == "leads" else "chunks"
+        rate = f" · {self.rate:,.1f} {what.split()[-1]}/s" if self.rate else ""
         head = "Re-embedding paused" if self.phase == "stopped" else "Re-embedding"
         return f"{head} for {self.model}: {self.done:,} / {self.total:,} {what}{rate}"
 
@@ -238,14 +241,19 @@ def reembed(store: Any, embedder: Any, stop: threading.Event | None = None,
         raise ValueError(f"{embedder.model_id} is not the pending embedding model")
     model = embedder.model_id
     p = ReembedProgress(state.pending.name)
-    started, embedded = time.monotonic(), 0
+    clock = {"started": time.monotonic(), "embedded": 0}  # of the step being counted
 
     def report(phase: str) -> None:
+        if phase in ("chunks", "leads") and phase != p.counting:
+            p.counting, clock["started"], clock["embedded"] = phase, time.monotonic(), 0
         p.phase = phase
-        p.total = store.stats()["chunks"]
-        p.done = p.total - store.missing_vectors(model)
-        elapsed = time.monotonic() - started
-        p.rate = embedded / elapsed if embedded and elapsed > 0 else None
+        if p.counting == "leads":
+            p.done, p.total = store.lead_counts(model)
+        else:
+            p.total = store.stats()["chunks"]
+            p.done = p.total - store.missing_vectors(model)
+        elapsed = time.monotonic() - clock["started"]
+        p.rate = clock["embedded"] / elapsed if clock["embedded"] and elapsed > 0 else None
         if progress is not None:
             progress(p)
 
@@ -262,7 +270,7 @@ def reembed(store: Any, embedder: Any, stop: threading.Event | None = None,
                         report("stopped")
                         return p
                     add([c for c, _ in todo], [t for _, t in todo], embedder.embed([t for _, t in todo]))
-                    embedded += len(todo) if phase == "chunks" else 0
+                    clock["embedded"] += len(todo)
                     report(phase)
             if store.switch_active(model):
                 report("switched")

@@ -268,6 +268,15 @@ class DocumentStore:
             [model, LEAD_MIN_TOKENS, model, LEAD_RECIPE, limit])
         return [(r[0], lead_text(r[1], _path_tuple(r[2]))) for r in rows]
 
+    def lead_counts(self, model: str) -> tuple[int, int]:
+        """``(done, total)``: chunks with a vector of ``model`` that should have a lead (``chunking.has_lead``),
+        and how many of them have a lead vector of the current ``LEAD_RECIPE``: a re-embed's second phase."""
+        row = self._query(
+            "SELECT COUNT(l.chunk_id), COUNT(*) FROM chunks c JOIN embeddings e ON e.chunk_id = c.id "
+            "AND e.model = ? LEFT JOIN lead_vectors l ON l.chunk_id = c.id AND l.model = ? AND l.recipe = ? "
+            "WHERE c.token_count > ?", [model, model, LEAD_RECIPE, LEAD_MIN_TOKENS])[0]
+        return row[0], row[1]
+
     def add_lead_vectors(self, model: str, chunk_ids: list[int], leads: list[str], vectors: np.ndarray) -> None:
         """Lead vectors of the current recipe for these chunks; rows of older recipes are dropped."""
         with self._atomic():
