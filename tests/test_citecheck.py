@@ -169,3 +169,30 @@ def test_times_dates_versions_and_combinations_are_checked_whole(sentence, missi
     passage = ("The backup runs every night at 02:30. The München office closes at 17:00. Release 3.2.1 shipped "
                "on 2024-05-03. The safe's combination is 31-17-4. Boil for 5 to 10 minutes.")
     assert missing_facts(sentence, passage) == missing
+
+
+@pytest.mark.parametrize("sentence, passage, missing", [
+    ("The ferry costs 12 dollars.", "The ferry costs 12 euros.", ["12 dollars"]),
+    ("The ferry costs 12 USD.", "The ferry costs 12 EUR.", ["12 USD"]),
+    ("It costs GBP 40.", "It costs €40.", ["GBP 40"]),
+    ("It costs 40 pounds.", "It costs $40.", ["40 pounds"]),
+    ("It closes in May.", "The shop closes in March.", ["May"]),
+    ("It opens on 3 May.", "It opens on 3 June.", ["May"]),
+    ("It opens May 3rd.", "It opens June 3rd.", ["May"]),
+    ("The ferry runs on Sundays.", "The ferry runs on Mondays.", ["Sundays"]),
+])
+def test_a_wrong_currency_or_month_or_plural_weekday_is_missing(sentence, passage, missing):
+    assert missing_facts(sentence, passage) == missing
+
+
+def test_currencies_are_one_sign_however_written_and_may_is_a_month_only_where_one_is_expected():
+    assert {(f.value, f.unit, f.currency) for text in ("€12", "12 €", "12 euros", "12 EUR", "EUR 12", "12 euro")
+            for f in facts(text)} == {("12", None, "€")}
+    assert missing_facts("The ferry costs 12 EUR.", "Tickets: €12 for adults.") == []
+    assert missing_facts("It costs 12 euros.", "It costs 12.") == ["12 euros"]  # as for "£12": the sign too
+    assert [f.value for f in facts("It closes in May, by May or after May 5.")] == ["5", "may", "may", "may"]
+    assert facts("You may book a seat. May I help?") == []
+    assert missing_facts("It closes in May.", "Closed from May to June.") == []
+    assert [(f.kind, f.value) for f in facts("on Mondays")] == [("date", "monday")]
+    assert missing_facts("It runs on Monday.", "It runs on Mondays.") == []
+    assert missing_facts("It runs on Mondays.", "It runs every Monday.") == []

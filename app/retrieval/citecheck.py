@@ -23,7 +23,7 @@ DEFAULT_THRESHOLD = 0.58  # all-MiniLM-L6-v2: chosen on the dev half of benchmar
 MONTHS = ("january february march april may june july august september october november december "
           "jan feb mar apr jun jul aug sep sept oct nov dec").split()
 WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
-_MONTH_WORDS = frozenset(MONTHS) - {"may"}  # "may" is a verb far more often than a month
+_MONTH_WORDS = frozenset(MONTHS) - {"may"}  # "may" is a verb far more often than a month: ``_date_word``
 _DAY_WORDS = frozenset(WEEKDAYS)
 
 # Unit aliases → one canonical spelling. Units are matched right after a number (an optional space between).
@@ -45,12 +45,21 @@ _UNIT_ALIASES = {
     "mb": "mb", "gb": "gb", "kb": "kb", "x": "x", "×": "x", "bar": "bar", "mph": "mph", "rpm": "rpm",
     "kwh": "kwh", "kw": "kw", "hz": "hz", "khz": "khz", "mhz": "mhz", "ghz": "ghz", "p": "p", "pence": "p",
 }
-_CURRENCY = {"£": "£", "€": "€", "$": "$", "¥": "¥"}
-_UNIT_RE = "|".join(sorted((re.escape(u) for u in _UNIT_ALIASES), key=len, reverse=True))
+# Currencies → their sign, written before the number ("£12", "EUR 12") or after it ("12 euros", "12 €").
+# "pounds" is read as money: a weight in pounds is rarer in what people ask about (docs/retrieval.md).
+_CURRENCY = {"£": "£", "€": "€", "$": "$", "¥": "¥", "gbp": "£", "eur": "€", "usd": "$", "jpy": "¥"}
+_CURRENCY_AFTER = {**_CURRENCY, "pound": "£", "pounds": "£", "euro": "€", "euros": "€", "dollar": "$",
+                   "dollars": "$", "yen": "¥"}
+_UNIT_RE = "|".join(sorted((re.escape(u) for u in [*_UNIT_ALIASES, *_CURRENCY_AFTER]), key=len, reverse=True))
 _NUMBER = re.compile(  # a sign only where it cannot be a range or a date's dash ("5-10", "2024-03-05")
-    r"(?P<cur>[£€$¥])?\s?(?:(?<![\w.-])(?P<sign>-)(?=\d))?"
+    r"(?:(?P<cur>[£€$¥])|\b(?P<code>gbp|eur|usd|jpy)\s)?\s?(?:(?<![\w.-])(?P<sign>-)(?=\d))?"
     r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
     r"(?:\s?(?P<unit>" + _UNIT_RE + r")(?![\w°]))?", re.IGNORECASE)
+# "May" is a month only where a month is expected: after in/on/of/by/until/since/before/after, or next to a
+# day number ("3 May", "May 3rd"); elsewhere it is the verb far more often.
+_MAY_BEFORE = re.compile(r"(?:\b(?:in|on|of|by|until|since|before|after)|\b\d{1,2}(?:st|nd|rd|th)?)\s+$",
+                         re.IGNORECASE)
+_MAY_AFTER = re.compile(r"^\s+\d{1,2}(?:st|nd|rd|th)?\b(?![:.]\d)", re.IGNORECASE)
 _CODE = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z][\w]*(?:-\w+)*\b")
 # Numbers that are one fact only whole: a time or ratio (17:02), a date (2024-05-03, 12/05/2024), a version
 # (3.2.1), a code of three or more dash-joined numbers (4-17-31). Their parts alone prove nothing: "30:02" is
@@ -128,14 +137,37 @@ def facts(sentence: str) -> list[Fact]:
     for m in _NUMBER.finditer(text):
         if _inside_code(text, m.start("num"), m.end("num")) or any(a <= m.start("num") < b for a, b in spans):
             continue
-        unit = m.group("unit")
-        out.append(Fact("number", _signed(m), m.group(0).strip(),
-                        _UNIT_ALIASES.get(unit.lower()) if unit else None, m.group("cur")))
-    for w in _WORD.findall(text):
-        lw = w.lower()
-        if lw in _MONTH_WORDS or lw in _DAY_WORDS:
-            out.append(Fact("date", lw[:3] if lw in _MONTH_WORDS else lw, w))
+        unit, currency = _unit_and_currency(m)
+        out.append(Fact("number", _signed(m), m.group(0).strip(), unit, currency))
+    for m in _WORD.finditer(text):
+        value = _date_word(text, m)
+        if value is not None:
+            out.append(Fact("date", value, m.group(0)))
     return out
+
+
+def _unit_and_currency(m: re.Match) -> tuple[str | None, str | None]:
+    """A ``_NUMBER`` match's canonical unit and currency sign (each None when absent): a currency written
+    after the number ("12 euros") is its currency, not its unit."""
+    unit = (m.group("unit") or "").lower()
+    currency = _CURRENCY.get((m.group("cur") or m.group("code") or "").lower())
+    if unit in _CURRENCY_AFTER:
+        return None, currency or _CURRENCY_AFTER[unit]
+    return _UNIT_ALIASES.get(unit) if unit else None, currency
+
+
+def _date_word(text: str, m: re.Match) -> str | None:
+    """The fact value of the word ``m`` of ``text`` when it names a month (its first three letters) or a
+    weekday (singular: "Mondays" is "monday"), else None. "May" only where a month is expected (``_MAY_*``)."""
+    lw = m.group(0).lower()
+    if lw in _MONTH_WORDS:
+        return lw[:3]
+    if lw == "may":
+        near = _MAY_BEFORE.search(text[max(0, m.start() - 12):m.start()]) or _MAY_AFTER.match(text[m.end():])
+        return "may" if near else None
+    if lw in _DAY_WORDS or (lw.endswith("s") and lw[:-1] in _DAY_WORDS):
+        return lw.rstrip("s")
+    return None
 
 
 def _compound(raw: str) -> str:
@@ -169,12 +201,13 @@ def _passage_facts(passage: str) -> tuple[set, set, set, set]:
     for m in _NUMBER.finditer(text):
         n = _signed(m)
         numbers.add(n)
-        if m.group("unit"):
-            with_unit.add((n, _UNIT_ALIASES.get(m.group("unit").lower())))
-        if m.group("cur"):
-            with_cur.add((m.group("cur"), n))
+        unit, currency = _unit_and_currency(m)
+        if unit:
+            with_unit.add((n, unit))
+        if currency:
+            with_cur.add((currency, n))
     words = {w.lower() for w in re.findall(r"\w+(?:-\w+)*", text)}
-    words |= {w.lower()[:3] for w in _WORD.findall(text) if w.lower() in _MONTH_WORDS}
+    words |= {v for m in _WORD.finditer(text) if (v := _date_word(text, m)) is not None}
     words |= {_compound(m.group(0)) for m in _COMPOUND.finditer(text)}
     return numbers, with_unit, with_cur, words
 
