@@ -122,3 +122,48 @@ def test_the_check_does_not_use_the_search_embedder_when_it_is_not_minilm(doc_st
         assert [(a.evidence_id, a.supported) for a in off] == [(None, None)]
     finally:
         docs.close()
+
+
+FERRY_ONLY = Evidence("cccc11112222", "/docs/ferry2.txt", None, 1.0,
+                      "The ferry leaves the harbour at 9:15 and costs 12 euros.", 0, 60)
+BUS = Evidence("dddd11112222", "/docs/bus.txt", None, 1.0,
+               "The bus to the airport leaves at 10:40 and costs 3 euros. It runs every 20 minutes.", 0, 90)
+
+
+def test_the_subject_decides_the_passage_before_a_fact_another_passage_happens_to_hold():
+    def embed(texts):  # both passages equally close: the sentence is too short to tell them apart by meaning
+        return np.asarray([[1.0, 0.0]] * len(texts), dtype=np.float32)
+
+    for checker in (None, CitationChecker(embed)):
+        a = only("The ferry leaves at 10:40.", [FERRY_ONLY, BUS], checker)
+        assert (a.evidence_id, a.supported) == (FERRY_ONLY.evidence_id, False), a
+        assert a.reason == "10:40 is not in the passage; it says 9:15"
+        b = only("It leaves at 10:40.", [FERRY_ONLY, BUS], checker)  # no subject to tell: the facts decide
+        assert (b.evidence_id, b.supported) == (BUS.evidence_id, True)
+    c = only("The ferry to the island leaves from the harbour at 10:40.", [FERRY_ONLY, BUS])
+    assert (c.evidence_id, c.reason) == (FERRY_ONLY.evidence_id, "10:40 is not in the passage; it says 9:15")
+
+
+@pytest.mark.parametrize("answer, reason", [
+    ("The ferry leaves at 9.15.", "9.15 is not in the passage; it says 9:15"),
+    ("The ferry costs 12 dollars.", "12 dollars is not in the passage; it says 12 euros"),
+    ("The ferry costs €15.", "€15 is not in the passage; it says 12 euros"),
+])
+def test_it_says_names_the_fact_the_claim_misstates(answer, reason):
+    a = only(answer, [FERRY_ONLY])
+    assert (a.supported, a.reason) == (False, reason)
+    assert only("It closes in May.", [Evidence("e" * 12, "/docs/shop.txt", None, 1.0, "The shop closes in March.",
+                                               0, 30)]).reason == "May is not in the passage; it says March"
+
+
+def test_a_supported_reason_never_reads_as_below_the_bar():
+    def embed(texts):  # the bare answer is far from the passage in meaning, as " 9:15." is
+        return np.asarray([[1.0, 0.0] if t.strip(" .") == "9:15" else [0.0, 1.0] for t in texts], dtype=np.float32)
+
+    a = only(" 9:15.", [FERRY_ONLY], CitationChecker(embed))
+    assert a.supported is True and a.similarity == pytest.approx(0.0)
+    assert a.reason == "supported by its facts: 9:15 is in the passage (similarity 0.00, under the 0.40 bar " \
+                       "for meaning alone)"
+    same = CitationChecker(lambda texts: np.asarray([[1.0, 0.0]] * len(texts), dtype=np.float32))
+    b = only("The ferry leaves the harbour at 9:15.", [FERRY_ONLY], same)
+    assert b.supported is True and b.reason.startswith("supported by the passage (similarity ") and "≥ 0.40" in b.reason

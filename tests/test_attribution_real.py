@@ -98,3 +98,19 @@ def test_the_check_embeds_with_minilm_whatever_model_search_uses(embedding_model
         shared = DocumentSource(doc_store, embedder)
         assert shared.checker().embed.__self__ is embedder
         shared.close()
+
+
+def test_the_subject_decides_the_passage_with_real_embeddings(embedding_model):
+    from app.retrieval.embedder import Embedder
+    from tests.test_attribution import BUS, FERRY_ONLY
+
+    with Embedder(embedding_model) as embedder:
+        checker = CitationChecker(embedder.embed)
+        (a,) = attribute("The ferry leaves at 10:40.", [FERRY_ONLY, BUS], checker)
+        assert (a.evidence_id, a.supported) == (FERRY_ONLY.evidence_id, False)
+        assert a.reason == "10:40 is not in the passage; it says 9:15"
+        (b,) = attribute("The ferry costs 12 dollars.", [FERRY_ONLY, BUS], checker)
+        assert (b.evidence_id, b.reason) == (FERRY_ONLY.evidence_id,
+                                             "12 dollars is not in the passage; it says 12 euros")
+        (c,) = attribute("The bus to the airport leaves at 10:40.", [FERRY_ONLY, BUS], checker)
+        assert (c.evidence_id, c.supported) == (BUS.evidence_id, True) and "similarity" in c.reason

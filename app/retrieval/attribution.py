@@ -91,9 +91,17 @@ def is_claim(sentence: str) -> bool:
         content_words(text))
 
 
+def subject_words(sentence: str) -> set[str]:
+    """What ``sentence`` is about: its content words (``content_words``) other than those of its facts
+    (a month or weekday name, a currency or unit word: "May", "dollars")."""
+    text = claim_text(sentence)
+    return content_words(text) - {w for f in facts(text) for w in content_words(f.text)}
+
+
 def overlap(sentence: str, passage: str) -> float:
-    """The share (0 … 1) of ``sentence``'s content words found in ``passage`` (0 for a sentence with none)."""
-    mine = content_words(claim_text(sentence))
+    """The share (0 … 1) of ``sentence``'s subject words (``subject_words``) found in ``passage`` (0 for a
+    sentence with none)."""
+    mine = subject_words(sentence)
     return len(mine & content_words(passage)) / len(mine) if mine else 0.0
 
 
@@ -153,35 +161,50 @@ def _attribute_one(sentence: str, a: int, b: int, passages: Sequence[Evidence], 
                   if missing else "about none of the passages given; nothing to check")
         return SentenceAttribution(a, b, None, None, None, False if missing else None, None, 0.0, missing, reason)
     p = passages[best.index]
-    if best.missing:
-        reason = explain(sentence, p.text, best.missing)
-    else:
-        reason = "supported by the passage" + (f" (similarity {best.similarity:.2f})"
-                                                if best.similarity is not None else "")
+    reason = explain(sentence, p.text, best.missing) if best.missing else _supported_reason(sentence, best)
     return SentenceAttribution(a, b, p.evidence_id, p.path, p.page, not best.missing, best.similarity,
                                round(best.overlap, 3), best.missing, reason)
 
 
 def _choose(sentence: str, cands: list[_Candidate], passages: Sequence[Evidence]) -> _Candidate | None:
-    """The passage that best supports the sentence: the most similar above the bar (within ``SIM_TIE`` /
-    ``LEX_TIE`` of it: fewer missing facts, then more word overlap). A sentence too short to compare
-    (under ``MIN_CONTEXT_WORDS`` content words, with facts) goes to a passage holding all its facts, else to
-    the most similar one holding a fact it could misstate (``_alternative``); a longer one below the bar, to
-    a passage holding all its facts. None: no passage."""
+    """The passage that best supports the sentence. Its subject decides before its facts do (a wrong fact
+    that another passage happens to hold must not move the sentence there): the most similar above the bar,
+    within ``SIM_TIE`` / ``LEX_TIE`` of it the most subject overlap (within ``LEX_TIE``), then fewer missing
+    facts. A sentence too short to compare by meaning (under ``MIN_CONTEXT_WORDS`` content words, with
+    facts) goes to the passages sharing most of its subject words (fewer missing facts deciding among
+    them); with none, to a passage holding all its facts, else to one holding a fact it could misstate
+    (``_alternative``). A longer one below the bar goes to a passage holding all its facts. None: no
+    passage."""
     has_facts = bool(facts(sentence))
     embedded = cands[0].similarity is not None
     bar, tie = (ATTRIBUTION_THRESHOLD, SIM_TIE) if embedded else (LEXICAL_THRESHOLD, LEX_TIE)
-    short = has_facts and len(content_words(claim_text(sentence))) < MIN_CONTEXT_WORDS
-    near = [c for c in cands if c.score >= bar] if not short else []
-    if not near:
-        near = [c for c in cands if has_facts and not c.missing]
-    if not near and short:
-        near = [c for c in cands if _misstates(sentence, passages[c.index].text)]
+    if has_facts and len(content_words(claim_text(sentence))) < MIN_CONTEXT_WORDS:
+        most = max(c.overlap for c in cands)
+        near = [c for c in cands if most > 0 and c.overlap >= most - LEX_TIE]
+        near = near or [c for c in cands if not c.missing] or [
+            c for c in cands if _misstates(sentence, passages[c.index].text)]
+        return min(near, key=lambda c: (len(c.missing), -c.overlap, c.index)) if near else None
+    near = [c for c in cands if c.score >= bar] or [c for c in cands if has_facts and not c.missing]
     if not near:
         return None
     top = max(c.score for c in near)
     tied = [c for c in near if c.score >= top - tie]
+    most = max(c.overlap for c in tied)
+    tied = [c for c in tied if c.overlap >= most - LEX_TIE]
     return min(tied, key=lambda c: (len(c.missing), -c.overlap, -c.score, c.index))
+
+
+def _supported_reason(sentence: str, best: _Candidate) -> str:
+    """The reason of a supported attribution: the similarity against its bar; under the bar (a sentence too
+    short to compare by meaning, or matched by its facts), the facts that carried it."""
+    sim = best.similarity
+    if sim is None:
+        return "supported by the passage"
+    if sim >= ATTRIBUTION_THRESHOLD:
+        return f"supported by the passage (similarity {sim:.2f} ≥ {ATTRIBUTION_THRESHOLD:.2f})"
+    found = [f.text for f in facts(sentence)]
+    return (f"supported by its facts: {', '.join(found)} {'is' if len(found) == 1 else 'are'} in the passage "
+            f"(similarity {sim:.2f}, under the {ATTRIBUTION_THRESHOLD:.2f} bar for meaning alone)")
 
 
 def _misstates(sentence: str, passage: str) -> bool:
@@ -219,22 +242,34 @@ def _passage_facts_by_span(sentence: str, passage: str) -> list[Fact]:
 
 
 def _alternative(f: Fact, theirs: list[Fact], stated: set[str]) -> Fact | None:
-    """The passage's fact that ``f`` most likely misstates: the same number with another unit (a wrong
-    unit), else the first of the same kind (``_kind``) that the sentence does not state itself."""
-    if f.kind == "number" and f.unit:
-        same_value = [g for g in theirs if g.kind == "number" and g.value == f.value and g.unit != f.unit]
+    """The passage's fact that ``f`` most likely misstates: the same number with another unit or currency (a
+    wrong unit), else one with the same digits written another way ("9.15" for "9:15"), else the first of
+    the same kind (``_kind``) that the sentence does not state itself."""
+    if f.kind == "number" and (f.unit or f.currency):
+        same_value = [g for g in theirs if g.kind == "number" and g.value == f.value
+                      and (g.unit, g.currency) != (f.unit, f.currency)]
         if same_value:
             return same_value[0]
+    if f.kind in ("number", "compound"):
+        same_digits = [g for g in theirs if g.kind in ("number", "compound") and g.value not in stated
+                       and _digits(g.value) == _digits(f.value)]
+        if same_digits:
+            return same_digits[0]
     return next((g for g in theirs if _kind(g) == _kind(f) and g.value not in stated), None)
+
+
+def _digits(value: str) -> str:
+    """The digits of a fact's value, separators dropped: "9.15" and "9:15" both give "915"."""
+    return re.sub(r"\D", "", value)
 
 
 def _kind(f: Fact) -> tuple:
     """What makes two facts comparable: a time with a time (``9:15``), a date with a date of the same shape, a
-    number with a number of the same unit and currency, a month with a month, a weekday with a weekday."""
+    number with a number of the same unit, an amount of money with one in any currency, a month with a month, a weekday with a weekday."""
     if f.kind == "compound":
         return ("compound", re.sub(r"\d+", "9", f.value))
     if f.kind == "number":
-        return ("number", f.unit, f.currency)
+        return ("money",) if f.currency else ("number", f.unit)
     if f.kind == "date":
         return ("date", f.value in _MONTHS)
     return (f.kind,)
