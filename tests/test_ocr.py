@@ -248,6 +248,28 @@ def test_doctor_reports_a_missing_tesseract_as_information_with_the_install_comm
     assert c.fix == ocr.install_command()
 
 
+_STAND_IN_DOCTOR = ('case "$1" in --version) echo "tesseract 5.3.0";; --list-langs) '
+                    'printf "List of available languages (2):\\neng\\nosd\\n";; esac\n')
+
+
+@posix_only
+@pytest.mark.parametrize(("langs", "summary", "fix"), [
+    ("eng+xxx", "lacks the language(s) xxx (HEARTH_OCR_LANG=eng+xxx): scanned PDFs are read with eng only",
+     "`sudo apt install tesseract-ocr-xxx`"),        # Tesseract skips xxx and reads with eng: it does read
+    ("xxx", "scanned PDFs are not read", "`sudo apt install tesseract-ocr-xxx`"),
+    ("ENG", "scanned PDFs are not read", "case-sensitive: write eng in HEARTH_OCR_LANG, not ENG"),
+    ("chi_sim+Osd", "lacks the language(s) chi_sim, Osd", "write osd in HEARTH_OCR_LANG, not Osd; install their "
+     "traineddata (Debian: `sudo apt install tesseract-ocr-chi-sim`)"),
+])
+def test_doctor_says_what_a_missing_language_does_and_names_the_package_in_lower_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, langs: str, summary: str, fix: str):
+    _hide_tesseract(monkeypatch, tmp_path, _STAND_IN_DOCTOR)
+    monkeypatch.setenv(ocr.LANG_ENV, langs)
+    c = checks.check_ocr()
+    assert c.status == "warn" and summary in c.summary and fix in c.fix
+    assert "tesseract-ocr-ENG" not in c.fix and "tesseract-ocr-Osd" not in c.fix
+
+
 @pytest.mark.parametrize(("platform", "release", "command"), [
     ("linux", 'ID=debian\n', "sudo apt install tesseract-ocr"),
     ("linux", 'ID=linuxmint\nID_LIKE="ubuntu debian"\n', "sudo apt install tesseract-ocr"),

@@ -267,11 +267,43 @@ def check_port() -> Check:
                  "Port tab)", details)
 
 
+def _recorded_embedding_model(db: Path) -> tuple[str, str | None] | None:
+    """``(path, pooling)`` of the model the documents database ``db`` records as the one search uses
+    (``embed_switch``'s ``active`` role), read without opening the store for writing; None when there is
+    none (no database yet, one indexed before the switch existed, or one that cannot be read)."""
+    import sqlite3
+
+    if not db.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT path, pooling FROM embedding_models WHERE role = 'active'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return (row[0], row[1]) if row and row[0] else None
+
+
 def check_embedding() -> Check:
-    """The embedding model for document search (all-MiniLM-L6-v2 converted to GGUF)."""
+    """The embedding model for document search: the one the library is embedded with (chosen with
+    ``hearth ingest --embedding-model``; warned about when its file is gone), else the bundled
+    all-MiniLM-L6-v2 converted to GGUF."""
     from app.retrieval.embed_model import find_embedding_model, packaged_model_zip
 
     path = find_embedding_model()
+    chosen = _recorded_embedding_model(paths.documents_db())
+    if chosen is not None and not Path(chosen[0]).is_file():
+        return Check("embedding", "warn", f"the embedding model search uses is gone ({chosen[0]}): document "
+                     "search uses keywords (BM25) only",
+                     "put the file back, or `hearth ingest --embedding-model default` (re-embeds with the "
+                     "bundled model)", details={"path": chosen[0]})
+    if chosen is not None and (path is None or Path(chosen[0]).resolve() != path.resolve()):
+        size = Path(chosen[0]).stat().st_size / (1 << 20)
+        pooling = f", {chosen[1]} pooling" if chosen[1] else ""
+        return Check("embedding", "ok", f"{Path(chosen[0]).name} ({size:,.0f} MiB{pooling}; chosen)",
+                     details={"path": chosen[0]})
     if path is not None:
         return Check("embedding", "ok", f"{path.name} ({path.stat().st_size / (1 << 20):,.0f} MiB)",
                      details={"path": str(path)})
@@ -301,14 +333,33 @@ def check_ocr() -> Check:
         wanted = ocr.languages()
     except ocr.OcrFailed as exc:
         return Check("ocr", "warn", f"Tesseract {version}, but {exc}", f"fix or unset {ocr.LANG_ENV}", details)
-    lacking = [lang for lang in wanted.split("+") if lang not in installed]
+    wanted_list = wanted.split("+")
+    lacking = [lang for lang in wanted_list if lang not in installed]
     if lacking:
+        # Tesseract reads with the languages it has and skips the others; with none of them it reads nothing.
+        have = [lang for lang in wanted_list if lang in installed]
+        effect = f"scanned PDFs are read with {'+'.join(have)} only" if have else "scanned PDFs are not read"
         return Check("ocr", "warn", f"Tesseract {version} lacks the language(s) {', '.join(lacking)} "
-                     f"({ocr.LANG_ENV}={wanted}): scanned PDFs are not read",
-                     f"install their traineddata (Debian: `sudo apt install tesseract-ocr-{lacking[0]}`), or "
-                     f"set {ocr.LANG_ENV} to one of {', '.join(installed) or 'none'}", details)
+                     f"({ocr.LANG_ENV}={wanted}): {effect}", _ocr_language_fix(lacking, installed), details)
     return Check("ocr", "ok", f"Tesseract {version} ({wanted}): scanned PDF pages are read by OCR",
                  details=details)
+
+
+def _ocr_language_fix(lacking: list[str], installed: list[str]) -> str:
+    """How to get the ``lacking`` Tesseract languages: a name that differs from an installed one only in case
+    is a misspelling (Tesseract's names are case-sensitive); else the Debian package of its traineddata
+    (``tesseract-ocr-`` and the name in lower case, ``_`` as ``-``: ``chi_sim`` -> ``tesseract-ocr-chi-sim``)."""
+    from app.retrieval import ocr
+
+    by_lower = {lang.lower(): lang for lang in installed}
+    cased = {lang: by_lower[lang.lower()] for lang in lacking if lang.lower() in by_lower}
+    parts = [f"language names are case-sensitive: write {', '.join(cased.values())} in {ocr.LANG_ENV}, not "
+             f"{', '.join(cased)}"] if cased else []
+    if rest := [lang for lang in lacking if lang not in cased]:
+        packages = " ".join(f"tesseract-ocr-{lang.lower().replace('_', '-')}" for lang in rest)
+        parts.append(f"install their traineddata (Debian: `sudo apt install {packages}`), or set {ocr.LANG_ENV} "
+                     f"to one of {', '.join(installed) or 'none'}")
+    return "; ".join(parts)
 
 
 def check_service() -> Check:

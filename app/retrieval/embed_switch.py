@@ -188,6 +188,16 @@ def active_ref(store: Any) -> ModelRef | None:
     return default_ref()
 
 
+def no_model_notice(store: Any) -> str:
+    """Why search has no embedding model, said to a person: the file of the model the library is embedded
+    with (the store's active one) is gone, with the way back to the bundled default; or none is installed."""
+    active = read_state(store).active
+    if active is not None and not Path(active.path).is_file():
+        return (f"the embedding model search uses ({active.path}) is gone: keyword search (BM25) only; put the "
+                "file back, or re-embed with the bundled model: `hearth ingest --embedding-model default`")
+    return "no embedding model installed: keyword search (BM25) only; run `hearth setup`"
+
+
 def embedder_for(ref: ModelRef | None, **kw: Any) -> Any:
     """An ``Embedder`` on ``ref`` (None for None); ``kw`` go to ``Embedder``."""
     if ref is None:

@@ -115,7 +115,9 @@ class Retriever:
         """Embed the query on a worker thread (the engine is another process, so BM25 runs at the same time).
         Returns a future of ``(vector, seconds)``, or a notice (str) when no vector search is possible."""
         if self.embedder is None:
-            return "no embedding model installed: keyword search (BM25) only; run `hearth setup`"
+            from app.retrieval.embed_switch import no_model_notice
+
+            return no_model_notice(self.store)
         if not self.store.has_vectors(self.embedder.model_id):
             return (f"no vectors for {self.embedder.model_id} yet: keyword search (BM25) only; "
                     "run `hearth ingest`")
