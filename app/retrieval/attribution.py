@@ -265,7 +265,8 @@ def _digits(value: str) -> str:
 
 def _kind(f: Fact) -> tuple:
     """What makes two facts comparable: a time with a time (``9:15``), a date with a date of the same shape, a
-    number with a number of the same unit, an amount of money with one in any currency, a month with a month, a weekday with a weekday."""
+    number with a number of the same unit, an amount of money with one in any currency, a month with a
+    month, a weekday with a weekday."""
     if f.kind == "compound":
         return ("compound", re.sub(r"\d+", "9", f.value))
     if f.kind == "number":
