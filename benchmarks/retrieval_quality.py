@@ -160,17 +160,27 @@ def rerank_eval(rows, engine_path: Path, depth: int, blend: float, fuse_fn, fusi
     return out, per_query
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the benchmark with command-line ``argv`` (None: ``sys.argv[1:]``); ``prog``: the command named in
+    the usage line (``hearth bench`` gives ``hearth bench retrieval-quality``). Returns the exit status."""
+    parser = argparse.ArgumentParser(prog=prog or "python -m benchmarks.retrieval_quality",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the corpora and stores here")
-    parser.add_argument("--sets", default=",".join(QUESTION_SETS), help="question sets, comma-separated")
+    parser.add_argument("--workdir", type=Path, default=None, metavar="DIR",
+                        help="keep the corpora and stores here (default: a temporary folder, removed after)")
+    parser.add_argument("--sets", default=",".join(QUESTION_SETS), metavar="NAME,...",
+                        help=f"question sets, comma-separated, of: {', '.join(QUESTION_SETS)} (default: all)")
     parser.add_argument("--candidates", action="store_true", help="also list every candidate's figures")
     parser.add_argument("--rerank", action="store_true", help="also measure the chat-model reranker")
-    parser.add_argument("--rerank-depth", type=int, default=10)
-    parser.add_argument("--rerank-blend", type=float, default=1.0)
+    parser.add_argument("--rerank-depth", type=int, default=10, metavar="N",
+                        help="with --rerank: how many of the fused ranking's top passages the reranker scores "
+                             "(the rest keep their order after them; default 10)")
+    parser.add_argument("--rerank-blend", type=float, default=1.0, metavar="SHARE",
+                        help="with --rerank: the chat model's share of the final score, 0 to 1 (the fused "
+                             "score has the rest; default 1.0: the model's alone)")
     parser.add_argument("--rerank-split", choices=("all", "dev", "test"), default="all",
-                        help="rerank only this half (the reranker is slow: one prefill per passage)")
+                        help="with --rerank: rerank only this half of each set's questions (the reranker is "
+                             "slow: one prefill per passage; default all)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.sets.split(",") if n not in QUESTION_SETS]
     if unknown:

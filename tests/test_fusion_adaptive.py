@@ -62,6 +62,16 @@ def test_keep_tops_holds_each_rankers_first_hits_within_two_keep_plus_one():
     assert keep_tops(fused[:2], [[(2, 1.0)], [(1, 1.0)]], 2) == fused[:2]
 
 
+def test_keep_tops_scores_never_increase_down_the_list_and_its_order_is_unchanged():
+    fused = [(i, 10.0 - i) for i in range(1, 10)]
+    out = keep_tops(fused, [[(9, 1.0), (8, 1.0)], [(1, 1.0), (7, 1.0)]], 2)
+    assert [i for i, _ in out] == [1, 2, 9, 8, 7, 3, 4, 5, 6]  # the order test above, whole
+    scores = [s for _, s in out]
+    assert scores == sorted(scores, reverse=True)  # was 9.0, 8.0, 1.0, 2.0, 3.0, 7.0, ...
+    assert out[:2] == fused[:2] and out[5:] == fused[2:6]  # only the moved-up ones take a score
+    assert [s for _, s in out[2:5]] == [7.0, 7.0, 7.0]  # the highest score below them: 3's
+
+
 def test_keep_brings_a_bm25_only_hit_into_the_top_five():
     vector = [(i, 0.9 - 0.01 * i) for i in range(10, 30)]  # the vector side never returns chunk 1
     lexical = [(2, 9.0), (1, 8.9)] + [(i, 8.0 - 0.1 * i) for i in range(10, 20)]
@@ -122,3 +132,17 @@ def test_leave_one_out_chooses_each_corpus_setting_without_it():
     }
     held = leave_one_out(results, SINGLES)
     assert held == {"a": "x", "b": "x", "c": "y"}  # on c the setting chosen without c is judged
+
+
+def test_the_benchmark_help_names_the_command_every_option_and_the_sets(capsys):
+    from app.cli import main
+    from benchmarks.retrieval_corpus import QUESTION_SETS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "retrieval-quality", "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: hearth bench retrieval-quality ")
+    flat = " ".join(text.split())
+    for option in ("--rerank-depth N with --rerank:", "--rerank-blend SHARE with --rerank:", "--workdir DIR keep"):
+        assert option in flat
+    assert f"of: {', '.join(QUESTION_SETS)}" in flat

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -34,4 +35,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"hearth: error: benchmark {args.name!r} is not available in this installation "
               "(benchmarks/ ships with the source checkout)", file=sys.stderr)
         return 1
+    if "prog" in inspect.signature(mod.main).parameters:  # its usage line names the command typed
+        return int(mod.main(args.rest, prog=f"hearth bench {args.name}") or 0)
     return int(mod.main(args.rest) or 0)

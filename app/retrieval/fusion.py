@@ -139,7 +139,9 @@ def keep_tops(fused: list[tuple[int, float]], rankings: Sequence[Ranking], keep:
     """``fused`` with each ranking's first ``keep`` items within its first ``2·keep + 1`` places: a missing
     one takes the place of the lowest item there that no ranking holds in its first ``keep`` (so the fused
     first stays first unless a ranking's top displaces nothing else); the displaced items follow, in order.
-    Scores are kept, so the result is not sorted by score. ``keep`` 0: ``fused`` unchanged."""
+    An item placed above a higher-scored one takes the highest score below it, so scores never increase
+    down the list (ties where items were moved up); the order is keep_tops' and the scores only follow it.
+    ``keep`` 0: ``fused`` unchanged."""
     if keep <= 0:
         return fused
     window, score = 2 * keep + 1, dict(fused)
@@ -151,7 +153,12 @@ def keep_tops(fused: list[tuple[int, float]], rankings: Sequence[Ranking], keep:
         del head[drop]
     head += missing
     chosen = set(head)
-    return [(i, score.get(i, 0.0)) for i in head] + [(i, s) for i, s in fused if i not in chosen]
+    out = [(i, score.get(i, 0.0)) for i in head] + [(i, s) for i, s in fused if i not in chosen]
+    floor = float("-inf")
+    for n in range(len(out) - 1, -1, -1):  # from the bottom: each takes the highest score below it
+        floor = max(floor, out[n][1])
+        out[n] = (out[n][0], floor)
+    return out
 
 
 def fuse(lexical: Ranking, vector: Ranking, config: FusionConfig = DEFAULT_FUSION) -> list[tuple[int, float]]:
