@@ -256,6 +256,8 @@ def reembed(store: Any, embedder: Any, stop: threading.Event | None = None,
     def report(phase: str) -> None:
         if phase in ("chunks", "leads") and phase != p.counting:
             p.counting, clock["started"], clock["embedded"] = phase, time.monotonic(), 0
+        elif phase == "switched":
+            p.counting = "chunks"  # how it ended: every chunk has the new vector
         p.phase = phase
         if p.counting == "leads":
             p.done, p.total = store.lead_counts(model)
