@@ -202,3 +202,24 @@ def test_the_setting_names_the_model_and_its_pooling(tmp_path):
     assert ref.name == "m.gguf (mean pooling)"
     assert from_dict({"embedding_pooling": "max"}).embedding_pooling is None
     assert sw.desired_ref(from_dict({"embedding_model": str(tmp_path / "gone.gguf")})) is None
+
+
+def test_a_served_embedder_is_shared_only_when_the_library_is_of_its_model(tmp_path):
+    """``hearth serve`` hands its embedder (the bundled model) to the documents: after the user chose another
+    model it must not embed queries for vectors of that other model; a gone model's notice names the file."""
+    from app.assistant import DocumentSource
+
+    gem = tmp_path / "gem.gguf"
+    gem.write_bytes(b"GGUF")
+    store = DocumentStore()
+    sw.reconcile(store, ModelRef("gem@000000000003+mean", str(gem), "mean"))  # a new library adopts it
+    store.close()
+    same = FakeEmbedder("gem@000000000003+mean")
+    docs = DocumentSource.open_default(same)
+    assert docs.embedder is same
+    docs.close()
+    gem.unlink()  # the chosen model's file is gone: the bundled one is not used in its place
+    docs = DocumentSource.open_default(FakeEmbedder("mini@000000000001"))
+    assert docs.embedder is None
+    assert "(" + str(gem) + ") is gone" in sw.no_model_notice(docs.store)
+    docs.close()

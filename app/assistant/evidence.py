@@ -59,11 +59,20 @@ class DocumentSource:
     def open_default(cls, embedder: Any = None) -> "DocumentSource":
         """The data directory's index (``documents.db``) searched with ``embedder`` (kept open on close: its
         owner shares it, e.g. the desktop's ingest) or, when None, with an ``Embedder`` of its own on the
-        installed embedding model (none installed: BM25 only)."""
+        installed embedding model (none installed: BM25 only). An ``embedder`` on another model than the one the
+        library's vectors are of (``embed_switch.active_ref``: after the user chose another model) is not shared:
+        the source starts its own on the active model, so the query and the vectors always come from one model."""
+        from app.retrieval.embed_switch import active_ref
         from app.retrieval.ingest import open_default
 
-        store, own = open_default(with_embedder=embedder is None)
-        return cls(store, embedder or own, owns_store=True, owns_embedder=embedder is None)
+        if embedder is not None:
+            store, _ = open_default(with_embedder=False)
+            active = active_ref(store)
+            if active is not None and getattr(embedder, "model_id", None) == active.model_id:
+                return cls(store, embedder, owns_store=True, owns_embedder=False)
+            store.close()
+        store, own = open_default(with_embedder=True)
+        return cls(store, own, owns_store=True, owns_embedder=True)
 
     def search(self, query: str, k: int, paths: Sequence[str] | None = None, mode: str | None = None,
                floor: float = RELEVANCE_FLOOR) -> Found:

@@ -219,7 +219,9 @@ def _documents(embedder):
 
     docs = DocumentSource.open_default(embedder)
     if docs.embedder is None:
-        print("hearth: documents: no embedding model installed, keyword search (BM25) only", file=sys.stderr)
+        from app.retrieval.embed_switch import no_model_notice
+
+        print(f"hearth: documents: {no_model_notice(docs.store)}", file=sys.stderr)
     return docs
 
 
