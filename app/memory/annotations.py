@@ -48,6 +48,17 @@ def _attribution_from_row(r: dict, warnings: list[str] | None) -> Attribution:
                        r["page"], None if r["supported"] is None else bool(r["supported"]), support)
 
 
+def _renamed(rows: list[dict], found: dict[str, Any]) -> list[tuple[Any, Any, int]]:
+    """``(path, page, row id)`` for each row (``id``, ``evidence_id``, ``path``, ``page``) whose evidence
+    ``found`` (``resolve``'s answer) places at another path or page: a renamed document."""
+    out = []
+    for r in rows:
+        hit = found.get(r["evidence_id"])
+        if hit is not None and (hit.path, hit.page) != (r["path"], r["page"]):
+            out.append((hit.path, hit.page, r["id"]))
+    return out
+
+
 def _citation_from_row(r: dict, warnings: list[str] | None) -> Citation:
     """A ``citations`` row as a ``Citation``: ``supported`` None for a row never checked (before m007)."""
     checked = r["supported"] is not None
@@ -124,9 +135,7 @@ class SummariesCitations:
             return 0
         found = resolve(sorted({r["evidence_id"] for r in rows}))
         gone = [r["id"] for r in rows if r["evidence_id"] not in found]
-        moved = [(found[r["evidence_id"]].path, found[r["evidence_id"]].page, r["id"]) for r in rows
-                 if r["evidence_id"] in found and (found[r["evidence_id"]].path, found[r["evidence_id"]].page)
-                 != (r["path"], r["page"])]
+        moved = _renamed(rows, found)
         with self._tx() as db:
             for cid in gone:
                 db.execute("DELETE FROM citations WHERE id = ?", [cid])
@@ -137,9 +146,7 @@ class SummariesCitations:
     def _move_attributions(self, resolve: Callable[[list[str]], dict[str, Any]]) -> None:
         rows = self._rows("SELECT id, evidence_id, path, page FROM attributions WHERE evidence_id IS NOT NULL", [])
         found = resolve(sorted({r["evidence_id"] for r in rows})) if rows else {}
-        moved = [(found[r["evidence_id"]].path, found[r["evidence_id"]].page, r["id"]) for r in rows
-                 if r["evidence_id"] in found and (found[r["evidence_id"]].path, found[r["evidence_id"]].page)
-                 != (r["path"], r["page"])]
+        moved = _renamed(rows, found)
         if moved:
             with self._tx() as db:
                 for path, page, aid in moved:
