@@ -245,3 +245,97 @@ def test_the_details_take_the_new_themes_colours(qtbot, page):
         assert theme.PALETTES["light"].error not in page.details.text()
     finally:
         theme.manager().set_mode("light")
+
+
+# -- issue 27 trial: a download while offline ----------------------------------------------------------------
+class ConnectError(Exception):
+    """Named like httpx's: the hub client knows connection errors by name."""
+
+
+class LocalEntryNotFoundError(Exception):
+    """Named like huggingface_hub's: what ``hf_hub_download`` raises, from the connection error, offline."""
+
+
+def _offline_download(repo_id, filename, local_dir, tqdm_class):
+    try:
+        raise ConnectError("[Errno -3] Temporary failure in name resolution")
+    except ConnectError as exc:
+        raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub and we "
+                                      "cannot find the requested files in the local cache.") from exc
+
+
+def test_an_offline_download_says_so_in_plain_words_within_seconds(qtbot, page):
+    """The trial: ~24 s of silent retries, then a raw LocalEntryNotFoundError ending "try again to resume"."""
+    import time
+
+    from app.catalog.hub import OFFLINE, HubClient
+
+    calls: list[str] = []
+
+    def no_network() -> None:
+        raise OSError(101, "Network is unreachable")
+
+    def download(**kw):
+        calls.append(kw["filename"])
+        return _offline_download(**kw)
+
+    page.ctx.downloads.client = HubClient(download=download, probe=no_network)
+    page.show_recommendations(64 << 30, None)
+    settle(qtbot)
+    start = time.monotonic()
+    page.recommended.cards[0].download.click()
+    qtbot.waitUntil(lambda: page.recommended.cards[0].download.isEnabled(), timeout=5_000)
+    assert page.dl_label.text() == OFFLINE and calls == [] and time.monotonic() - start < 3
+    page.ctx.downloads.client = HubClient(download=download, probe=lambda: None)  # the probe passed; then not
+    page.recommended.cards[0].download.click()
+    qtbot.waitUntil(lambda: page.recommended.cards[0].download.isEnabled(), timeout=5_000)
+    assert page.dl_label.text() == OFFLINE and len(calls) == 1
+
+
+def test_a_failed_download_offers_a_resume_only_when_something_came(tmp_path):
+    import threading as th
+
+    from app.catalog.hub import HubClient
+    from app.errors import HearthError
+
+    def cut(after: int):
+        def download(repo_id, filename, local_dir, tqdm_class):
+            bar = tqdm_class(total=100)
+            if after:
+                bar.update(after)
+            raise RuntimeError("the server closed the connection")
+        return download
+
+    for after, ends in ((0, "; try again"), (40, "; try again to resume")):
+        with pytest.raises(HearthError) as got:
+            HubClient(download=cut(after), probe=lambda: None).download("org/r", "m.gguf", lambda *a: None,
+                                                                         th.Event(), tmp_path)
+        assert str(got.value).endswith(ends) and "RuntimeError" in str(got.value)
+    full = OSError(28, "No space left on device")  # a file's error is named, never "no network"
+    with pytest.raises(HearthError, match="No space left"):
+        HubClient(download=lambda **kw: (_ for _ in ()).throw(full), probe=lambda: None).download(
+            "org/r", "m.gguf", lambda *a: None, th.Event(), tmp_path)
+
+
+def test_a_long_download_message_never_squeezes_the_cards(qtbot):
+    """The trial at 1280x800: the raw error wrapped to five lines and left the Recommended box part of one
+    card."""
+    from app.errors import HearthError
+    from tests.test_ui_first_hour import ready_window
+    from tests.test_ui_reasoning import close_window
+
+    w = ready_window(qtbot)
+    try:
+        w.resize(1280, 800)
+        w.show_page("models")
+        w.models.show_recommendations(64 << 30, None)
+        settle(qtbot)
+        card = w.models.recommended.cards[0]
+        room = w.models.recommended.viewport().height()
+        assert room >= card.height() > 0
+        w.ctx.downloads.failed.emit(HearthError("download of org/repo/file.gguf failed: " + "long words " * 80))
+        settle(qtbot)
+        assert w.models.recommended.viewport().height() >= card.height()  # one whole card, at least
+        assert w.models.dl_label.width() > w.models.width() // 2  # a line of its own, not beside the button
+    finally:
+        close_window(w)

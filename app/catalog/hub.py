@@ -8,6 +8,7 @@ The reasoning: docs/ui.md, 'app/catalog/hub.py'.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import socket
@@ -31,15 +32,32 @@ _NETWORK_ERRORS = {"ConnectError", "ConnectTimeout", "ConnectionError", "Network
                    "Timeout", "TimeoutException", "OfflineModeIsEnabled"}  # httpx / requests / huggingface_hub
 
 
+_NETWORK_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.ECONNREFUSED, errno.ECONNRESET,
+                   errno.ETIMEDOUT}
+
+
 def is_offline_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) says the Hub could not be reached at all: a socket error, or one of
-    httpx's / requests' connection errors (matched by class name, so neither library is imported here)."""
+    httpx's / requests' connection errors (matched by class name, so neither library is imported here). A
+    file's error (a full disk, a denied folder) is not one: a download names it."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, OSError) or _NETWORK_ERRORS & {t.__name__ for t in type(seen).__mro__}:
+        if isinstance(seen, (ConnectionError, TimeoutError, socket.gaierror, socket.herror)) or (
+                isinstance(seen, OSError) and seen.errno in _NETWORK_ERRNOS):
+            return True
+        if _NETWORK_ERRORS & {t.__name__ for t in type(seen).__mro__}:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def hub_error(exc: BaseException, what: str, then: str = "") -> HearthError:
+    """The one line a person reads for a failed Hub call: ``OFFLINE`` when the Hub could not be reached
+    (``is_offline_error``), else ``what``, the error, and ``then`` (a search, a listing and a download say it
+    alike)."""
+    if is_offline_error(exc):
+        return HearthError(OFFLINE)
+    return HearthError(f"{what}: {type(exc).__name__}: {exc}{then}")
 
 
 def probe_endpoint(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> None:
@@ -121,8 +139,8 @@ class HubClient:
         """Fail fast, with ``OFFLINE``, when the Hub cannot be reached (instead of the client's retries)."""
         probe = self._probe
         if probe is None:
-            if self._api is not None or _proxied():  # a fake api; or a proxy, which a direct probe would miss
-                return
+            if self._api is not None or self._download is not None or _proxied():  # a fake api or download
+                return  # (tests); or a proxy, which a direct probe would miss
             endpoint = getattr(self.api, "endpoint", None) or "https://huggingface.co"
             probe = lambda: probe_endpoint(endpoint)  # noqa: E731
         try:
@@ -139,9 +157,7 @@ class HubClient:
             found = self.api.list_models(search=query or None, filter="gguf", sort="downloads", limit=limit)
             return [HubModel(m.id, int(getattr(m, "downloads", 0) or 0)) for m in found]
         except Exception as exc:  # noqa: BLE001 - offline, rate-limited...: one line for the person
-            if is_offline_error(exc):
-                raise HearthError(OFFLINE) from exc
-            raise HearthError(f"Hugging Face search failed: {type(exc).__name__}: {exc}") from exc
+            raise hub_error(exc, "Hugging Face search failed") from exc
 
     def files(self, repo: str) -> list[HubFile]:
         """The repository's GGUF model files (projector files ``mmproj*`` left out), by name."""
@@ -151,27 +167,33 @@ class HubClient:
             out = [HubFile(repo, e.path, getattr(e, "size", None)) for e in entries
                    if str(e.path).lower().endswith(".gguf") and "mmproj" not in str(e.path).lower()]
         except Exception as exc:  # noqa: BLE001
-            if is_offline_error(exc):
-                raise HearthError(OFFLINE) from exc
-            raise HearthError(f"cannot list files of {repo}: {type(exc).__name__}: {exc}") from exc
+            raise hub_error(exc, f"cannot list files of {repo}") from exc
         return sorted(out, key=lambda f: f.path.lower())
 
     def download(self, repo: str, filename: str, on_progress: ProgressFn, cancel: threading.Event,
                  dest_dir: Path | None = None) -> Path:
         """Download ``filename`` of ``repo`` into the models folder (resuming a partial download); returns the
-        file. Raises ``DownloadCancelled`` when ``cancel`` is set, ``HearthError`` on a network failure."""
+        file. Raises ``DownloadCancelled`` when ``cancel`` is set, ``HearthError`` on a network failure (offline:
+        ``OFFLINE`` within seconds, as a search)."""
         fn = self._download
         if fn is None:
             from huggingface_hub import hf_hub_download
 
             fn = hf_hub_download
+        self._reachable()
         target = dest_dir or paths.models_dir()
+        got = [0]  # bytes received: "resume" is only offered when there is something to resume
+
+        def progress(done: int, total: int | None) -> None:
+            got[0] = done
+            on_progress(done, total)
+
         try:
             path = fn(repo_id=repo, filename=filename, local_dir=str(target),
-                      tqdm_class=progress_class(on_progress, cancel))
+                      tqdm_class=progress_class(progress, cancel))
         except DownloadCancelled:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise HearthError(f"download of {repo}/{filename} failed: {type(exc).__name__}: {exc}; "
-                              "try again to resume") from exc
+            again = "try again to resume" if got[0] else "try again"
+            raise hub_error(exc, f"download of {repo}/{filename} failed", f"; {again}") from exc
         return Path(path)

@@ -9,7 +9,8 @@ gets the keyboard focus scrolls its card into view.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from app.catalog.recommended import Recommendation
@@ -98,6 +99,22 @@ class RecommendationList(QScrollArea):
         self._lay.addStretch(1)
         self.setWidget(self._column)
 
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        """Room for the first card whole at the list's width: a long message elsewhere on the page makes the
+        page scroll, it never squeezes the list to part of a card."""
+        hint = super().minimumSizeHint()
+        if not self.cards:
+            return hint
+        card, width = self.cards[0], self.viewport().width()
+        need = card.heightForWidth(width) if card.hasHeightForWidth() and width > 0 else card.sizeHint().height()
+        return QSize(hint.width(), max(hint.height(), need + 2 * self.frameWidth()))
+
+    def resizeEvent(self, e: QResizeEvent) -> None:  # noqa: N802 - Qt API
+        """A new width wraps the cards anew: the minimum height follows."""
+        super().resizeEvent(e)
+        if e.size().width() != e.oldSize().width():
+            self.updateGeometry()
+
     def set_recommendations(self, recs: list[Recommendation]) -> None:
         """Show one card per model of ``recs`` (replacing any shown), in that order."""
         for card in self.cards:
@@ -112,6 +129,7 @@ class RecommendationList(QScrollArea):
             card.set_busy(*self._busy)
         self.placeholder.setVisible(not self.cards)
         self.placeholder.setText("No models listed.")
+        self.updateGeometry()
 
     def set_busy(self, busy: bool, current: tuple[str, str] | None = None) -> None:
         """A download runs or ended (``RecommendationCard.set_busy``); kept for cards shown later."""

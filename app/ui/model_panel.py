@@ -178,13 +178,14 @@ class ModelPanel(QWidget):
         lists.addWidget(self.files)
         prog = QHBoxLayout()
         self.dl_bar = QProgressBar(visible=False)
-        self.dl_label = fit_width(QLabel())  # a long error wraps, never widens the window
+        self.dl_label = fit_width(QLabel())  # a long error wraps on a line of its own, never widens the window
         self.dl_btn, self.cancel_btn = QPushButton("Download file"), QPushButton("Cancel", visible=False)
-        for w in (self.dl_bar, self.dl_label, self.dl_btn, self.cancel_btn):
+        for w in (self.dl_bar, self.dl_btn, self.cancel_btn):
             prog.addWidget(w)
         lay.addLayout(row)
         lay.addLayout(lists)
         lay.addLayout(prog)
+        lay.addWidget(self.dl_label)
         return box
 
     def _name_controls(self) -> None:
