@@ -80,6 +80,32 @@ def test_the_minimum_size_is_enforced_and_every_page_fits_it(qtbot, window):
         assert (w.width(), w.height()) == (640, 480), name  # a page scrolls; it never widens the window
 
 
+@pytest.mark.parametrize("width, height", [(900, 700), (640, 480)])
+def test_no_page_scrolls_sideways(qtbot, window, width, height):
+    """Issue 27 trial, defect 2: the Documents page needed ~1190 px for the embedding model's entry ("Rescan"
+    read "Resc" at 900, Remove and Rescan were off-screen at 640); the Tools page cut "HTTP server (streamable
+    HTTP)" at 640."""
+    from PySide6.QtWidgets import QScrollArea
+
+    w = window
+    w.resize(width, height)
+    w.tools_page.mcp.add_server()  # the editor of a server shown too
+    for name in w.page_of:
+        w.show_page(name)
+        settle(qtbot)
+        areas = [a for a in w.stacked[name].findChildren(QScrollArea) if a.isVisibleTo(w)]
+        if isinstance(w.stacked[name], QScrollArea):
+            areas.append(w.stacked[name])
+        for area in areas:
+            bar = area.horizontalScrollBar()
+            assert bar.maximum() == 0, f"{name} at {width} px: {area.objectName()} scrolls {bar.maximum()} px"
+        page = w.page_of[name]
+        for b in page.findChildren(QAbstractButton):
+            if b.isVisibleTo(w) and b.text():
+                right = b.mapTo(page, b.rect().topRight()).x()
+                assert right <= page.width() and b.width() >= b.sizeHint().width(), f"{name}: {b.text()!r}"
+
+
 @pytest.mark.parametrize("width", [1280, 900])
 def test_rail_labels_and_page_buttons_are_not_cut(qtbot, window, width):
     w = window

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.errors import HearthError
-from app.ui.labels import fit_width
+from app.ui.labels import ElidedComboBox, fit_width
 
 _FILE = "file"  # the picker's "Choose a file…" entry
 _STEPS = 1000
@@ -41,10 +41,13 @@ class EmbeddingBox(QGroupBox):
         self.downloads = getattr(ctx, "downloads", None)  # none: installed models and files only
         lay = QVBoxLayout(self)
         self.current = fit_width(QLabel())
-        self.picker = QComboBox()
+        self.picker = ElidedComboBox()  # a long entry is cut with "…": it never widens the page (issue 27)
         self.picker.setAccessibleName("Embedding model to use")
-        self.pooling = QComboBox(toolTip="How token vectors become one vector; a chat model's GGUF needs one")
+        self.pooling = ElidedComboBox(toolTip="How token vectors become one vector; a chat model's GGUF needs one")
         self.pooling.setAccessibleName("Pooling")
+        for combo, letters in ((self.picker, 16), (self.pooling, 10)):
+            combo.setMinimumContentsLength(letters)
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         for text, value in POOLINGS:
             self.pooling.addItem(text, value)
         self.use_btn = QPushButton("Use")

@@ -31,6 +31,8 @@ from PySide6.QtWidgets import (
 
 from app.errors import InvalidRequest
 from app.settings import TOOL_LIMITS, ToolSettings
+from app.ui.flow import FlowLayout
+from app.ui.labels import fit_width
 
 _ALWAYS_ROLE = Qt.ItemDataRole.UserRole + 1  # a tool item's data: allowed without asking
 _LAUNCH_KEYS = ("command", "args", "env", "cwd", "url", "headers", "disabled", "type")
@@ -121,7 +123,7 @@ class McpPage(QWidget):
 
     def _limits_box(self) -> QGroupBox:
         box = QGroupBox("Tool calls (every server)")
-        row = QHBoxLayout(box)
+        row = FlowLayout(box)  # the three limits wrap at 640 px instead of scrolling the page sideways
         self.limits: dict[str, QSpinBox] = {}
         for name, label, suffix, tip in (
                 ("max_steps", "Steps per answer", "", "Generations per turn; the last one may not call a tool"),
@@ -131,9 +133,12 @@ class McpPage(QWidget):
             lo, hi = TOOL_LIMITS[name]
             spin = QSpinBox(minimum=lo, maximum=hi, suffix=suffix, toolTip=tip)
             self.limits[name] = spin
-            row.addWidget(QLabel(label, buddy=spin))  # the spin box's name (else: the group box's title)
-            row.addWidget(spin)
-        row.addStretch(1)
+            pair = QWidget()  # a label stays beside its spin box when the row wraps
+            both = QHBoxLayout(pair)
+            both.setContentsMargins(0, 0, 0, 0)
+            both.addWidget(QLabel(label, buddy=spin))  # the spin box's name (else: the group box's title)
+            both.addWidget(spin)
+            row.addWidget(pair)
         return box
 
     def _editor(self) -> QWidget:
@@ -145,7 +150,7 @@ class McpPage(QWidget):
         for b in (self.stdio, self.http):
             group.addButton(b)
             b.toggled.connect(self._transport_changed)
-        kind = QHBoxLayout()
+        kind = QVBoxLayout()  # one above the other: side by side they cut "(streamable HTTP)" at 640 px
         kind.addWidget(self.stdio)
         kind.addWidget(self.http)
         self.command, self.cwd, self.url = QLineEdit(), QLineEdit(), QLineEdit(placeholderText="http://127.0.0.1:9000/mcp")
@@ -171,7 +176,7 @@ class McpPage(QWidget):
                          ("Environment", self.env), ("Working folder", self.cwd), ("URL", self.url),
                          ("Headers", self.headers), ("", self.disabled), ("Status", self.status)):
             f.addRow(label, w)
-        f.addRow(QLabel("Tools (unchecked: hidden from the model)"))
+        f.addRow(fit_width(QLabel("Tools (unchecked: hidden from the model)")))
         f.addRow(self.tools)
         f.addRow(self.ask_again_btn)
         return self.editor
