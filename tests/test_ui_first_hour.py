@@ -140,12 +140,69 @@ def test_a_saved_model_that_fails_falls_back_to_the_last_that_worked_then_the_bu
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
     assert loaded_name(w) == "good-model.gguf" and w.chat.send_btn.isEnabled()
     text = w.status.model.text()
-    assert "broken-model could not be loaded" in text and "loaded good-model instead" in text
+    assert "broken-model could not be loaded" in text and text.startswith("Loaded good-model instead")
     close_window(w)
     (fake_loads / "good-model.gguf").unlink()  # the last that worked is gone too: the bundled one
     w = open_window(qtbot, autoload=True)
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
     assert loaded_name(w) == paths_bundled_name() and "instead" in w.status.model.text()
+    close_window(w)
+
+
+def test_a_fallback_at_start_is_one_message_then_the_startup_model_and_goes_after_an_answer(qtbot, fake_loads):
+    """Issue 27 trial, defect 3: the red line named only the failure, the strip was cut before "loaded …
+    instead", the note stayed after answers, and every start failed the same way again."""
+    from app.settings import load_user_settings, save_user_settings
+    from app.ui.prefs import UiPrefs, save_prefs
+    from tests.test_ui_reasoning import send
+
+    good = str(fake_loads / "good-model.gguf")
+    save_user_settings(replace(load_user_settings(), model=str(fake_loads / "broken-model.gguf")))
+    save_prefs(UiPrefs(last_model=good))
+    w = open_window(qtbot, autoload=True)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and not w.startup.active, timeout=10_000)
+    text = w.status.model.text()
+    assert text.startswith("Loaded good-model instead (now the startup model): broken-model could not be loaded")
+    assert w.error.isVisibleTo(w) and w.error.text().startswith("Loaded good-model instead")
+    assert "truncated file" in w.error.text() and load_user_settings().model == good
+    send(qtbot, w, "Hello")
+    qtbot.waitUntil(lambda: not w.ctx.chat.busy and len(w.chat_model.items()) == 2, timeout=10_000)
+    settle(qtbot)
+    assert "instead" not in w.status.model.text() and w.status.model.text().startswith("Model: good-model")
+    assert not w.error.isVisibleTo(w)
+    close_window(w)
+    w = open_window(qtbot, autoload=True)  # the next start: the model that loaded, no fallback again
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and not w.startup.active, timeout=10_000)
+    assert loaded_name(w) == "good-model.gguf" and "instead" not in w.status.model.text()
+    close_window(w)
+
+
+def test_a_start_model_whose_file_is_gone_is_not_listed_as_available(qtbot, fake_loads):
+    from app.settings import load_user_settings, save_user_settings
+
+    gone = fake_loads / "mygood.gguf"
+    gone.symlink_to(fake_loads / "deleted-elsewhere.gguf")  # a dropped file linked in place, then deleted
+    save_user_settings(replace(load_user_settings(), model=str(gone)))
+    w = open_window(qtbot, autoload=True)
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "ready" and not w.startup.active, timeout=10_000)
+    text = w.status.model.text()
+    assert text.startswith(f"Loaded {paths_bundled_name()[:-5]} instead") and "mygood" in text
+    assert "its file is gone" in text and "available" not in text
+    assert load_user_settings().model is None  # the bundled model: no model saved
+    close_window(w)
+
+
+def test_a_failed_loads_note_goes_when_the_model_is_unloaded(qtbot, fake_loads):
+    """Issue 27 trial, defect 4: "(good-model is still loaded)" stayed while the strip said "No model"."""
+    w = open_window(qtbot)
+    w.ctx.load_model(str(fake_loads / "good-model.gguf"), "good-model")
+    qtbot.waitUntil(lambda: loaded_name(w) == "good-model.gguf", timeout=10_000)
+    w.ctx.load_model(str(fake_loads / "broken-model.gguf"), "broken-model")
+    qtbot.waitUntil(lambda: "good-model is still loaded" in w.error.text(), timeout=10_000)
+    assert w.error.isVisibleTo(w)
+    w.models.unload_btn.click()
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "idle", timeout=10_000)
+    assert not w.error.isVisibleTo(w) and w.status.model.text() == "No model loaded"
     close_window(w)
 
 

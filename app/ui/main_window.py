@@ -33,6 +33,7 @@ from app.ui.chats_page import MIN_SIZE, ChatsPage, opening_size
 from app.ui.documents_panel import DocumentsPanel
 from app.ui.formatting import tools_indicator
 from app.ui.labels import scrolled
+from app.ui.model_notes import ModelNotes
 from app.ui.model_panel import REMOTE, ModelPanel
 from app.ui.models import ChatModel, ChatRow
 from app.ui.nav_rail import PAGES, NavRail
@@ -235,20 +236,16 @@ class MainWindow(QMainWindow):
         chat.failed.connect(self._turn_failed)
         eng.state_changed.connect(self._engine_state)
         eng.loaded.connect(self._engine_loaded)
-        eng.load_failed.connect(self._load_failed)
+        self.notes = ModelNotes(eng, chat, self.status, self._say, self)
 
     # -- model --------------------------------------------------------------------------------------------
     def load_startup_model(self) -> None:
         """The saved model, else the last one that worked, else the bundled one (``app.ui.startup``); the
         status line says when a fallback was loaded, or that none could be."""
         self.startup = StartupLoader(self.ctx, self)
-        self.startup.done.connect(self._startup_done)
-        self.startup.gave_up.connect(self.status.show_model)
+        self.startup.done.connect(self.notes.startup_done)
+        self.startup.gave_up.connect(self.notes.gave_up)
         self.startup.start()
-
-    def _startup_done(self, note: str) -> None:
-        if note:
-            self.status.show_model(f"{note} · {self.status.model.text()}")
 
     def _engine_state(self, state: str) -> None:
         job = self.ctx.engine.job
@@ -274,13 +271,6 @@ class MainWindow(QMainWindow):
         self.status.set_n_ctx(int(info.get("n_ctx") or 0) or None)
         self.chat.send_btn.setEnabled(not self.ctx.chat.busy)
         self._show_picker()
-
-    def _load_failed(self, exc: BaseException) -> None:
-        """A load failed: said under the chat with the model that still answers (the status line keeps it)."""
-        job = self.ctx.engine.job
-        still = registry.model_id(job.path) if job else None
-        self._say(f"Could not load the model: {exc}" + (f" ({still} is still loaded)" if still else ""), True)
-        self.status.show_model(f"Model: {still} (the last load failed)" if still else f"Load failed: {exc}")
 
     def choose_model(self, row: int) -> None:
         """The header's model picker: load the model of the Models page's row ``row``."""

@@ -4,17 +4,21 @@ A model is saved as the startup model only after it loaded (``AppContext.load_mo
 loads is remembered in ``ui.json`` as the last one that worked (``app.ui.prefs``). At start the window tries, in
 order: the saved model, the last model that worked, the bundled one; a candidate that cannot be found or fails
 to load is skipped for the next, and the status line says which was loaded instead and why (issue 27: one
-truncated GGUF left every later start with no model).
+truncated GGUF left every later start with no model). The model loaded instead becomes the startup model, so
+the next start does not fail the same way again (the note says so).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
 from app.catalog.registry import BUNDLED_MODEL_ID, model_id, resolve_model
+from app.errors import ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +37,17 @@ def name_of(name: str | None) -> str:
     return BUNDLED_MODEL_ID if not name else model_id(name) if name.lower().endswith(".gguf") else name
 
 
+def missing_text(name: str | None, exc: BaseException) -> str:
+    """Why a candidate was not tried: its file is gone, it is not installed, or ``exc``. (A model not found
+    is not followed by the models found: the Models tab lists them.)"""
+    if not isinstance(exc, ModelNotFound):
+        return f"not found: {exc}"
+    return "its file is gone" if name and (os.sep in name or name.lower().endswith(".gguf")) else "not installed"
+
+
 class StartupLoader(QObject):
     """Loads the first candidate that works (see the module docstring). ``done(note)`` once a model loaded
-    (``note``: "" when it was the first candidate, else what failed and what was loaded instead);
+    (``note``: "" when it was the first candidate, else what was loaded instead, then what failed);
     ``gave_up(note)`` when none could be loaded. An abort (Esc) ends the fallbacks."""
 
     done = Signal(str)
@@ -67,7 +79,7 @@ class StartupLoader(QObject):
             try:
                 path = str(resolve_model(name))
             except Exception as exc:  # noqa: BLE001 - a missing model must not stop the window from opening
-                self.failures.append((name_of(name), f"not found: {exc}"))
+                self.failures.append((name_of(name), missing_text(name, exc)))
                 continue
             if path in self._paths:
                 continue
@@ -85,9 +97,30 @@ class StartupLoader(QObject):
             self._next()
 
     def _loaded(self, _info: dict) -> None:
-        if self.active:
-            self._finish()
-            self.done.emit(f"{self._failed_text()}; loaded {self.current} instead" if self.failures else "")
+        if not self.active:
+            return
+        self._finish()
+        if not self.failures:
+            self.done.emit("")
+            return
+        saved = self._save_startup_model()
+        self.done.emit(f"Loaded {self.current} instead{' (now the startup model)' if saved else ''}: "
+                       f"{self._failed_text()}")
+
+    def _save_startup_model(self) -> bool:
+        """Make the model that loaded the startup model (the bundled one: none saved). True when saved."""
+        job = self.ctx.engine.job
+        if job is None or job.remote:
+            return False
+        model = None if self.current == BUNDLED_MODEL_ID else job.path
+        if self.ctx.settings.model == model:
+            return False
+        try:
+            self.ctx.save_settings(replace(self.ctx.settings, model=model))
+        except OSError as exc:
+            log.warning("cannot save the startup model: %s", exc)
+            return False
+        return True
 
     def _state(self, state: str) -> None:
         if self.active and state == "idle":  # aborted: no fallbacks after an Esc

@@ -39,7 +39,8 @@ class StatusStrip(QWidget):
         lay = QHBoxLayout(self)
         lay.setContentsMargins(theme.SPACE[2], theme.SPACE[0], theme.SPACE[2], theme.SPACE[0])
         lay.setSpacing(theme.SPACE[1])
-        self.model = ElidedLabel("No model loaded")  # a long line is cut, never widens the window
+        self._model_text = "No model loaded"
+        self.model = ElidedLabel(self._model_text)  # a long line is cut, never widens the window
         self.model.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # the one cut first
         self.service = QLabel(visible=False, textFormat=Qt.TextFormat.RichText)
         self.service.setObjectName("serviceStatus")
@@ -58,7 +59,18 @@ class StatusStrip(QWidget):
         self.show_answer({}, {})
 
     def show_model(self, text: str) -> None:
+        """The model's state (a note shown with it goes)."""
+        self._model_text = text
         self.model.setText(text)
+
+    def show_note(self, note: str) -> None:
+        """A note before the model's state (a fallback at start: it comes first, so a cut keeps it), until
+        ``clear_note`` or the next ``show_model``."""
+        self.model.setText(f"{note} · {self._model_text}" if note else self._model_text)
+
+    def clear_note(self) -> None:
+        """The model's state alone again."""
+        self.model.setText(self._model_text)
 
     def show_service(self, text: str) -> None:
         """The service's state (``service_ctl.service_text``; "" hides it)."""
