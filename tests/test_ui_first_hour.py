@@ -434,3 +434,21 @@ def test_the_model_line_gives_way_to_the_answer_metrics(qtbot, window):
         if label.text():
             assert label.toolTip() != label.text(), f"{label.text()!r} is cut"  # shown whole, not in the tooltip
     assert w.status.model.toolTip().startswith("Model: gemma")  # the model line is the one cut
+
+
+# -- issue 27 trial, defect 5: a first turn that fails still names the chat in the header -----------------
+def test_a_new_chats_failed_first_turn_shows_its_title_in_the_header_as_in_the_sidebar(qtbot, window):
+    from app.errors import ContextLengthExceeded
+    from app.ui.models import IdRole
+    from tests.test_ui_reasoning import send
+
+    w = window
+    w.new_chat()
+    assert w.header.title.text() == "New chat"
+    w.ctx.engine.engine.fail_next = ContextLengthExceeded(60_000, 2048)
+    send(qtbot, w, "lorem ipsum dolor sit amet " * 20)
+    qtbot.waitUntil(lambda: w.error.isVisibleTo(w) and not w.ctx.chat.busy, timeout=10_000)
+    assert "n_ctx" in w.error.text() or "context" in w.error.text()
+    title = w.ctx.store.get_conversation(w.conversation_id).title
+    assert title.startswith("lorem ipsum") and w.header.title.text() == title
+    assert w.sidebar.view.currentIndex().data(IdRole) == w.conversation_id  # the sidebar marks the same chat

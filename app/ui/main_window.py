@@ -564,6 +564,7 @@ class MainWindow(QMainWindow):
         self.show_branch()
         self.sidebar.refresh()
         self.sidebar.select(self.conversation_id)
+        self.show_header()  # a new chat's first turn named it, failed or not: the header and the sidebar agree
         if isinstance(exc, Cancelled):
             return
         text = str(exc) if isinstance(exc, HearthError) else f"unexpected error: {type(exc).__name__}: {exc}"
