@@ -282,3 +282,13 @@ def test_the_end_of_an_indexing_note_brings_back_a_failed_servers_note(qtbot, wi
     assert "Indexing 1 dropped file" in w.notice.text()
     qtbot.waitUntil(lambda: not w.ctx.docs.busy and w.chat_docs.dropped is None, timeout=30_000)
     assert w.notice.text() == "MCP server 'x' failed: exited" and w.notice.isVisibleTo(w)
+
+
+def test_the_model_picker_says_when_no_model_is_loaded(qtbot, window):
+    """Issue 27 trial, defect 7: the picker was blank, with no hint, while no model was loaded."""
+    w = window
+    w.ctx.engine.unload()
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "idle", timeout=5_000)
+    settle(qtbot)
+    combo = w.header.model_picker
+    assert combo.currentIndex() == -1 and combo.shown_text() == "No model loaded — pick one"

@@ -342,6 +342,27 @@ def test_recommendation_is_a_value():
     assert r.verdict == "unknown"
 
 
+def test_a_title_of_only_spaces_is_refused_and_the_old_one_kept(qtbot, memory_store, monkeypatch):
+    """Issue 27 trial, defect 7: renaming a chat to spaces saved an empty title."""
+    from app.ui import sidebar as sidebar_mod
+
+    store = memory_store
+    a = store.create_conversation("Trip planning")
+    bar = sidebar_mod.Sidebar(store)
+    qtbot.addWidget(bar)
+    bar.refresh()
+    assert bar.rename(a, "   ") is False and store.get_conversation(a).title == "Trip planning"
+    answers, prompts = [("  ", True), ("Travel", True)], []
+
+    def get_text(_parent, _title, label, text=""):
+        prompts.append(label)
+        return answers.pop(0)
+
+    monkeypatch.setattr(sidebar_mod.QInputDialog, "getText", get_text)
+    assert bar.rename(a) is True and store.get_conversation(a).title == "Travel"
+    assert prompts[0] == "Title:" and "cannot be empty" in prompts[1]  # the dialog said why and asked again
+
+
 def test_sidebar_rename_delete_search(qtbot, memory_store):
     from app.ui.sidebar import Sidebar
 

@@ -36,6 +36,7 @@ class ChatHeader(QFrame):
                                                    "Models page)")
         self.model_picker.setObjectName("modelPicker")
         self.model_picker.setAccessibleName("Model")
+        self.model_picker.setPlaceholderText("No model loaded — pick one")  # shown while no model is loaded
         self.model_picker.setMinimumContentsLength(14)
         self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_picker.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)

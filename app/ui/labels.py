@@ -103,8 +103,10 @@ class ElidedComboBox(QComboBox):
                                            QStyle.SubControl.SC_ComboBoxEditField, self).width()
 
     def shown_text(self) -> str:
-        """The current item's text as drawn: cut with "…" to ``field_width``."""
-        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideRight, self.field_width())
+        """The current item's text as drawn (no current item: the placeholder text), cut with "…" to
+        ``field_width``."""
+        text = self.currentText() if self.currentIndex() >= 0 else self.placeholderText()
+        return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, self.field_width())
 
     def paintEvent(self, _e: object) -> None:  # noqa: N802 - Qt API
         p, opt = QStylePainter(self), self._option()

@@ -177,14 +177,22 @@ class Sidebar(QWidget):
         self.refresh()
         self.project_changed.emit(pid)
 
-    def rename(self, cid: str, title: str | None = None) -> None:
-        if title is None:
+    def rename(self, cid: str, title: str | None = None) -> bool:
+        """Give chat ``cid`` the title ``title`` (None: ask for it). A blank title is refused, the old one
+        kept (asked: the dialog says why and asks again). Returns whether the chat was renamed."""
+        prompt = "Title:"
+        while title is None:
             current = self.store.get_conversation(cid).title
-            title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=current)
+            title, ok = QInputDialog.getText(self, "Rename chat", prompt, text=current)
             if not ok:
-                return
+                return False
+            if not title.strip():
+                title, prompt = None, "A title cannot be empty or only spaces. Title:"
+        if not title.strip():
+            return False
         self.store.rename(cid, title.strip())
         self.refresh()
+        return True
 
     def delete(self, cid: str, confirm: bool = True) -> None:
         if confirm and QMessageBox.question(self, "Delete chat", delete_question(
