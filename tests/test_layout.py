@@ -150,3 +150,31 @@ def test_short_prompts_prefilled_together_fit_one_batch():
     assert short_groups(a, 256) == [a[:2], a[2:]]  # 200 | 100 + 40 + 10
     assert all(sum(len(s.tokens) - 1 for s in g) <= 256 for g in short_groups(seqs(*[60] * 9), 256))
     assert short_groups(seqs(11), 256) == []
+
+
+def test_merged_end_joins_whole_chunks_that_each_keep_their_own_bits():
+    """``merged_end``: consecutive chunks of 64+ tokens, 4-aligned but for the last, within one ubatch."""
+    from app.engine.local.layout import merged_end
+
+    bounds = layout_bounds(list(range(1300)), 256)  # cuts every 256, then L-1 = 1299 (a 20-token tail: L)
+    assert bounds == [256, 512, 768, 1024, 1280, 1300]
+    assert merged_end(bounds, 0, 1299, 64, 512) == 512  # two chunks: one 512-token ubatch
+    assert merged_end(bounds, 0, 1299, 64, 1024) == 1024
+    assert merged_end(bounds, 1024, 1299, 64, 1024) == 1280  # the chunk ending at L (20 tokens) stays alone
+    assert merged_end(bounds, 1280, 1299, 64, 1024) == 1300
+    assert merged_end(bounds, 0, 1299, 0, 1024) == 256  # not measured: one chunk per decode
+    assert merged_end(bounds, 0, 1299, 64, 256) == 256  # one chunk fills the ubatch
+
+
+def test_merged_end_stops_at_a_short_chunk_an_unaligned_one_or_the_last_token():
+    from app.engine.local.layout import merged_end
+
+    # a turn break cut at 100 (a 100-token chunk, 100 % 4 == 0), at 130 (30 tokens: too short to merge)
+    assert merged_end([100, 356, 400], 0, 399, 64, 512) == 356
+    assert merged_end([100, 130, 386], 0, 385, 64, 512) == 100
+    assert merged_end([99, 355], 0, 354, 64, 512) == 99  # 99 tokens: its last 3 went through another kernel
+    assert merged_end([99, 355], 0, 355, 64, 512) == 99
+    assert merged_end([256, 400], 0, 399, 64, 512) == 256  # 400 = L: the chunk with the last token goes alone
+    assert merged_end([256, 399], 0, 399, 64, 512) == 399  # 399 = L-1: the last token then goes alone
+    assert merged_end([256, 512], 130, 600, 64, 512) == 256  # inside a chunk: 126 tokens, not 4-aligned
+    assert merged_end([256, 512], 132, 600, 64, 512) == 512

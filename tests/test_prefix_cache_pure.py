@@ -274,3 +274,24 @@ def test_cells_out_of_order_are_not_cut():
     whole = _whole([[_stream_block([(1, 0), (0, 0)])]])
     with pytest.raises(EntryError, match="in order"):
         read_stream(whole, 0)
+
+
+def test_engine_facts_are_kept_per_fingerprint_and_survive_a_damaged_file(tmp_path):
+    """``PrefixCache.recall`` / ``remember``: a measurement kept beside the cache under the fingerprint; another
+    fingerprint's facts are kept; a damaged or missing file reads as nothing and is written afresh."""
+    from app.engine.local.prefix_cache.cache import FACTS_FILE, PrefixCache
+
+    def cache(fp: str) -> PrefixCache:
+        return PrefixCache(None, fp, {}, where=tmp_path)
+
+    a, b = cache("fp-a"), cache("fp-b")
+    assert a.recall("split_rows@2") is None
+    a.remember("split_rows@2", 64)
+    b.remember("split_rows@2", 0)
+    assert (a.recall("split_rows@2"), b.recall("split_rows@2"), a.recall("split_rows@4")) == (64, 0, None)
+    (tmp_path / FACTS_FILE).write_text("{not json")
+    assert a.recall("split_rows@2") is None
+    a.remember("split_rows@2", 64)
+    assert a.recall("split_rows@2") == 64 and b.recall("split_rows@2") is None
+    cache("").remember("x", 1)  # no fingerprint (the store never opened): nothing is written under ""
+    assert "" not in __import__("json").loads((tmp_path / FACTS_FILE).read_text())

@@ -66,3 +66,60 @@ def test_an_engine_whose_slots_all_hold_kv_waits_for_the_probe_without_spinning(
         assert cpu_s() - before < 0.5  # CPU seconds in 2 s of idling: a loop would take ~2
         stats = engine.cache_stats()
         assert not stats["split_probed"] and stats["split_rows"] == 0  # reuse keeps to chunk ends meanwhile
+
+
+def _seq_state(rt, toks: list[int], splits: list[int]) -> bytes:
+    """Sequence 0's KV state (llama_state_seq_get_data) after ``toks[:splits[-1]]`` went in as one
+    ``llama_decode`` per part ``[splits[i-1], splits[i])``."""
+    import ctypes
+
+    lib = rt._lib
+    lib.llama_memory_seq_rm(rt.mem, 0, -1, -1)
+    a = 0
+    for b in splits:
+        rt._decode([(0, a, toks[a:b])])
+        a = b
+    size = lib.llama_state_seq_get_size(rt.ctx, 0)
+    buf = (ctypes.c_uint8 * size)()
+    return bytes(buf[:lib.llama_state_seq_get_data(rt.ctx, buf, size, 0)])
+
+
+def test_consecutive_chunks_in_one_ubatch_keep_the_bits_of_their_own_decodes(bundled_model):
+    """``layout.merged_end``'s premise, at the shipped sizes: with n_ubatch 512, two canonical 256-token chunks
+    evaluated in one ``llama_decode`` leave the KV state byte for byte as two decodes do; so do a 100-token
+    chunk (a turn break) followed by a 256-token one, and a 3-chunk group ending in an unaligned chunk."""
+    from app.engine.local.runtime import Runtime
+
+    rt = Runtime(str(bundled_model), LoadSettings(n_ctx=2048, n_parallel=1, n_ubatch=768))
+    try:
+        toks = rt.tokenize(PREAMBLE + "".join(STEP.format(i=i, ship=SHIPS[i % 6], cargo=CARGO[i % 6])
+                                              for i in range(40)), add_bos=True, special=False)[:900]
+        assert len(toks) == 900
+        assert _seq_state(rt, toks, [512, 600]) == _seq_state(rt, toks, [256, 512, 600])
+        assert _seq_state(rt, toks, [356, 420]) == _seq_state(rt, toks, [100, 356, 420])
+        assert _seq_state(rt, toks, [701]) == _seq_state(rt, toks, [256, 512, 701])
+        # the premise's limits: a chunk under 64 tokens, or an unaligned one before another, is not the same
+        assert _seq_state(rt, toks, [330]) != _seq_state(rt, toks, [30, 330])
+    finally:
+        rt.close()
+
+
+def test_with_a_disk_cache_the_probe_runs_at_load_and_is_remembered(bundled_model, tmp_path):
+    """An engine with a disk cache knows ``split_rows`` before its first request (a cold long prompt then
+    merges chunks), and the next start reads the stored answer instead of measuring again."""
+    import json
+
+    cfg = {"dir": str(tmp_path / "kv")}
+    with Engine(bundled_model, LoadSettings(n_ctx=2048, n_parallel=1), prefix_cache=cfg) as engine:
+        stats = engine.cache_stats()
+        assert stats["split_probed"] and stats["split_rows"] == 64
+    facts = json.loads((tmp_path / "kv" / "engine-facts.json").read_text())
+    (fp, mine), = facts.items()
+    assert list(mine.values()) == [64] and next(iter(mine)).startswith("split_rows@")
+    mine[next(iter(mine))] = 0  # what a backend whose kernels differ would have stored
+    (tmp_path / "kv" / "engine-facts.json").write_text(json.dumps(facts))
+    with Engine(bundled_model, LoadSettings(n_ctx=2048, n_parallel=1), prefix_cache=cfg) as engine:
+        stats = engine.cache_stats()
+        assert stats["split_probed"] and stats["split_rows"] == 0  # read, not measured again
+        ids, done = _run(engine, PREAMBLE * 40)
+        assert done.finish_reason in ("length", "stop") and ids

@@ -129,13 +129,29 @@ def _kv(info: ModelInfo, s: LoadSettings, gpu_blocks: set[int]) -> tuple[int, in
     return int(k_total * p), int(v_total * p), int(gpu * p), int(per_token)
 
 
+SPEC_GUESSES = 10  # guesses a speculative step verifies at most by default (the engine's prompt lookup draft)
+
+
+def logit_rows(n_seq: int, guesses: int = SPEC_GUESSES) -> int:
+    """Logit rows one ``llama_decode`` of Hearth's engine asks for at most with ``n_seq`` sequences, each
+    verifying up to ``guesses`` speculative tokens after its pending one (at least 8: the speculation's
+    exactness probe). The engine's context reserves exactly this many rows (``n_outputs_max``), not llama.cpp's
+    default of one per ubatch token."""
+    return max(8, n_seq * (1 + guesses))
+
+
 def compute_buffer_bytes(info: ModelInfo, s: LoadSettings) -> int:
-    """Heuristic compute buffer + logits output buffer in bytes (docs/engine.md, 'app/catalog/memory_estimate.py')."""
-    logits = info.n_vocab * s.n_ubatch * 4
+    """Heuristic compute buffer + logits output buffer in bytes of Hearth's engine context (docs/engine.md,
+    'app/catalog/memory_estimate.py'): the largest of its stages, which the allocator overlaps: the logits of
+    ``logit_rows`` rows, the attention scores without flash attention, or the layers' activations (5 ×
+    n_ubatch × (n_embd + n_ff) floats, measured on Gemma 3 270M: 25.8 MiB at n_ubatch 512, 51.5 at 1024); plus
+    the output buffer of one logits row per sequence."""
+    rows = min(s.n_ubatch, logit_rows(s.n_parallel or 1))
+    logits = info.n_vocab * rows * 4
     n_head = max(info.n_head) if isinstance(info.n_head, tuple) else info.n_head
     scores = 0 if s.flash_attn else n_head * s.n_ubatch * _pad(s.n_ctx, CTX_PAD) * 4
-    activations = 2 * s.n_ubatch * (info.n_embd + info.n_ff) * 4
-    return max(logits, scores) + activations + info.n_vocab * 4 * (s.n_parallel or 1)
+    activations = 5 * s.n_ubatch * (info.n_embd + info.n_ff) * 4
+    return max(logits, scores, activations) + info.n_vocab * 4 * (s.n_parallel or 1)
 
 
 def resolve_parallel(info: ModelInfo, settings: LoadSettings) -> LoadSettings:

@@ -112,6 +112,32 @@ def usable_within(bounds: list[int], n: int, have: set[int] | frozenset[int], ro
     return c + max(0, top - c) // align * align
 
 
+def merged_end(bounds: list[int], pos: int, last: int, rows: int, capacity: int, align: int = 4) -> int:
+    """Where one ``llama_decode`` that starts at ``pos`` may end when it evaluates several consecutive chunks
+    of the canonical layout (``bounds``) at once, so that every token still gets the bits of its own chunk's
+    batch: ``next_bound(bounds, pos)`` extended by whole chunks while each chunk holds at least ``rows``
+    tokens, every chunk but the group's last holds a multiple of ``align`` tokens, no chunk ends past ``last``
+    (L − 1: the chunk that ends at L carries the last token and is sampled from) and the group stays within
+    ``capacity`` tokens (one ubatch: one pass over the weights).
+
+    Why this is exact: llama.cpp's CPU kernels give a token the same bits in any batch of ``rows`` tokens or
+    more, wherever in the batch it sits, except the batch's last (size mod ``align``) tokens
+    (``Runtime._probe_split`` measures it; docs/prefix-cache.md, "Reuse inside a chunk"); so a chunk of the
+    group is computed as if alone. ``rows`` 0 (not measured, or not so): no merging. Raises ``ValueError``
+    when no chunk starts at ``pos``."""
+    end = next_bound(bounds, pos)
+    if rows <= 0 or end - pos < rows or end > last:
+        return end
+    start = pos
+    i = bisect.bisect_right(bounds, end)
+    while i < len(bounds) and (end - start) % align == 0:
+        nxt = bounds[i]
+        if nxt > last or nxt - end < rows or nxt - pos > capacity:
+            break
+        start, end, i = end, nxt, i + 1
+    return end
+
+
 def turn_break_token(tokens_a: list[int], tokens_b: list[int], is_control: Callable[[int], bool],
                      is_blank: Callable[[int], bool]) -> int | None:
     """The token that opens the assistant's turn in a chat template, from the tokens of two one-user-message

@@ -8,6 +8,7 @@ import resource
 import sys
 from typing import Any
 
+from app.catalog.memory_estimate import logit_rows
 from app.childhost import default_threads
 from app.protocol.types import LoadSettings
 
@@ -45,11 +46,20 @@ def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
     unknown ones, so every name here is checked by a test). ``n_gpu_layers`` and ``offload_kqv`` take effect in a
     CUDA or Metal build (``make run BACKEND=cuda|metal``) and are ignored by a CPU build."""
     threads = settings.n_threads or default_threads()
-    return dict(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch, n_threads=threads,
-                n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers, type_k=GGML_TYPES[settings.type_k],
+    return dict(n_ctx=settings.n_ctx, n_batch=decode_capacity(settings), n_ubatch=settings.n_ubatch,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers,
+                type_k=GGML_TYPES[settings.type_k],
                 type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
                 use_mmap=settings.use_mmap, use_mlock=settings.use_mlock, swa_full=settings.swa_full,
                 logits_all=False, verbose=False, seed=settings.seed)
+
+
+def decode_capacity(settings: LoadSettings) -> int:
+    """Tokens one ``llama_decode`` of the runtime holds at most: ``max(n_batch, n_ubatch)``. ``n_batch`` is the
+    canonical prefill chunk (the prefix cache's unit); ``n_ubatch`` the physical batch, so that consecutive
+    chunks of one prompt may share one pass over the weights (``layout.merged_end``). llama.cpp clamps
+    n_ubatch to the context's n_batch, so the context gets this as its n_batch."""
+    return max(settings.n_batch, settings.n_ubatch)
 
 
 def outputs_per_decode(n_seq: int) -> int:
@@ -70,7 +80,7 @@ def outputs_per_decode(n_seq: int) -> int:
             guesses = max(guesses, int(env))
         except ValueError:
             pass
-    return max(8, n_seq * (1 + guesses))
+    return logit_rows(n_seq, guesses)
 
 
 def _context_with_sequences(n_seq: int):

@@ -94,12 +94,30 @@ class ReuseMixin:
         slot.bounds = {b for b in slot.bounds if b <= n}
         return n
 
-    def _prefill_chunk(self, slot: _Slot, tokens: list[int], start: int, end: int) -> None:
+    def _prefill_chunk(self, slot: _Slot, tokens: list[int], start: int, end: int,
+                       bounds: list[int] = ()) -> None:
         """Evaluate the canonical chunk ``tokens[start:end]`` alone in one ``llama_decode`` into ``slot``, whose
-        KV then ends a chunk at ``end``."""
+        KV then ends a chunk at ``end`` (and at every one of ``bounds`` between: consecutive chunks evaluated
+        together, ``layout.merged_end``)."""
         self._decode([(slot.seq_id, start, tokens[start:end])])
         slot.tokens.extend(tokens[start:end])
+        slot.bounds.update(b for b in bounds if start < b < end)
         slot.bounds.add(end)
+
+    def _probe_at_load(self) -> None:
+        """Know ``split_rows`` before the first request where a disk cache keeps the answer: the measurement
+        stored beside the cache under this engine's fingerprint and thread count, else ``_probe_split`` now
+        (about 290 tokens of prefill, once per model and settings), stored for the next start. Without a disk
+        cache the idle engine measures it after the first request (``idle_step``)."""
+        cache = self.prefix_cache
+        if cache is None or not self.reuse_ok or cache.store is None:
+            return
+        name = f"split_rows@{self.llm.n_threads}"
+        known = cache.recall(name)
+        if isinstance(known, int) and known >= 0:
+            self.split_rows, self.split_probed = known, True
+        elif self._probe_split():
+            cache.remember(name, self.split_rows)
 
     def _probe_split(self) -> bool:
         """Measure once whether tokens get the same bits in any batch of ``SPLIT_ROWS`` tokens or more, but for
@@ -111,7 +129,7 @@ class ReuseMixin:
         import ctypes
 
         n, cut = 2 * SPLIT_ROWS + 15, SPLIT_ROWS + 8
-        if n > min(self.settings.n_ctx, self.settings.n_batch) or not self.reuse_ok:
+        if n > min(self.settings.n_ctx, self.capacity) or not self.reuse_ok:
             self.split_probed = True
             return True
         slot = next((s for s in self.slots if not s.tokens), None)

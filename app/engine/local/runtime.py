@@ -18,17 +18,18 @@ from typing import Any
 from app.engine.chat.reasoning_budget import BudgetForcer
 from app.engine.chat.templates import RenderedPrompt, choose_template_name, template_tool_caps, tool_format
 from app.engine.chat.thinking import markers_for
-from app.engine.local.layout import common_prefix, next_bound
+from app.engine.local.layout import common_prefix, merged_end
 from app.engine.local.llama import (
     GGML_TYPES,
     _context_with_sequences,
+    decode_capacity,
     llama_kwargs,
     peak_rss_bytes,
     release_zero_pages,
     route_llama_logs,
 )
 from app.engine.local.prompting import PromptMixin, _MetaView
-from app.engine.local.reuse import MIN_COPY_TOKENS, MIN_LIVE_REUSE, ReuseMixin
+from app.engine.local.reuse import MIN_COPY_TOKENS, MIN_LIVE_REUSE, SPLIT_ALIGN, ReuseMixin
 from app.engine.local.sampling import SamplingMixin, close_sampler
 from app.engine.local.seqs import LlamaSeq, _Slot
 from app.engine.local.settle import SETTLE_MAX_TOKENS, SETTLE_PROBE, SettleMixin, _Settle
@@ -73,7 +74,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self.ctx = self.llm._ctx.ctx
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.prefill_budget = settings.n_batch
-        self.batch = llama_cpp.llama_batch_init(settings.n_batch, 0, 1)  # tokens per llama_decode at most
+        self.capacity = decode_capacity(settings)
+        self.batch = llama_cpp.llama_batch_init(self.capacity, 0, 1)  # tokens per llama_decode at most
         self.slots = [_Slot(i) for i in range(self.n_slots)]
         self._settle_wanted: dict[int, LlamaSeq] = {}  # slot -> the request whose answer may be settled
         self._settling: dict[int, _Settle] = {}
@@ -108,6 +110,9 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         self.draft = None
         if self.meta.get("draft_model"):
             self.draft = DraftModel(self.meta["draft_model"], settings, self.n_slots, self)
+        t1 = time.perf_counter()
+        self._probe_at_load()
+        self.load_s += time.perf_counter() - t1
 
     def _warm_up(self) -> None:
         """Evaluate one token and forget it, so that thread start-up and first touches of the weights are
@@ -235,11 +240,21 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
     def chunk_tokens(self, seq: LlamaSeq) -> int:
         """Prompt tokens the next ``prefill_step`` of ``seq`` evaluates (0 when only the last one is left: it
         joins the next decode step)."""
-        return next_bound(seq.bounds, seq.pos) - seq.pos if seq.pos < len(seq.tokens) - 1 else 0
+        return self._group_end(seq) - seq.pos if seq.pos < len(seq.tokens) - 1 else 0
+
+    def _group_end(self, seq: LlamaSeq) -> int:
+        """Where the next ``prefill_step`` of ``seq`` ends: its next canonical chunk, joined by the chunks after
+        it that one ubatch (``n_ubatch`` tokens) can evaluate at once with every token's bits unchanged
+        (``layout.merged_end``; only once ``_probe_split`` found that batches of ``split_rows`` tokens or more
+        give the same bits)."""
+        return merged_end(seq.bounds, seq.pos, len(seq.tokens) - 1, self.split_rows, self.settings.n_ubatch,
+                          SPLIT_ALIGN)
 
     def prefill_step(self, seqs: list[LlamaSeq]) -> None:
         """Evaluate the next canonical chunk of each of ``seqs``' prompts (at most ``n_batch`` tokens each),
-        each chunk alone in its ``llama_decode``, so the KV is a solo cold prefill's. When the layout ends a
+        each chunk alone in its ``llama_decode``, so the KV is a solo cold prefill's (or several consecutive
+        chunks of one prompt in one ``llama_decode``, where that gives each of them the same bits: ``_group_end``;
+        a 2,500-token prompt then takes 5 passes over the weights instead of 10). When the layout ends a
         chunk at L (a tail shorter than ``layout.TAIL_SPLIT``), that chunk holds the last token too and the first
         answer token is sampled from it. Otherwise, once the first L−1 tokens are in, the last one becomes
         ``pending``: the next decode step evaluates it with the other sequences' tokens (alone when no other
@@ -270,14 +285,14 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
             slot, tokens = self.slots[seq.slot], seq.tokens
             L = len(tokens)
             if seq.pos < L - 1:
-                end = next_bound(seq.bounds, seq.pos)
+                end = self._group_end(seq)
                 if end == L:  # a short tail goes in with the last token: sample the first answer token now
                     idx = self._decode([(slot.seq_id, seq.pos, tokens[seq.pos:])])[0]
                     slot.tokens.extend(tokens[seq.pos:])  # no cut recorded at L: no other prompt has one there
                     seq.pos, seq.prompt_done = L, True
                     self._sample(seq, idx)
                     continue
-                self._prefill_chunk(slot, tokens, seq.pos, end)
+                self._prefill_chunk(slot, tokens, seq.pos, end, seq.bounds)
                 seq.pos = end
             if seq.pos == L - 1:
                 self._prompt_in(seq)
@@ -351,8 +366,8 @@ class Runtime(PromptMixin, SamplingMixin, ReuseMixin, SpeculationMixin, SettleMi
         ``HearthError``."""
         b = self.batch
         total = sum(len(toks) for _sid, _pos, toks in items)
-        if total > self.settings.n_batch:  # the batch holds n_batch tokens; writing past it is a NULL seq_id
-            raise HearthError(f"a decode batch of {total} tokens exceeds n_batch {self.settings.n_batch}")
+        if total > self.capacity:  # the batch holds ``capacity`` tokens; writing past it is a NULL seq_id
+            raise HearthError(f"a decode batch of {total} tokens exceeds its capacity of {self.capacity}")
         n = 0
         lasts = []
         for j, (seq_id, pos0, toks) in enumerate(items):

@@ -5,7 +5,9 @@ writer thread (docs/prefix-cache.md)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -25,6 +27,7 @@ log = logging.getLogger("app.engine.local.prefix_cache")
 
 MAX_PENDING_BYTES = 256 << 20  # captured segments waiting for the writer thread at most (bytes)
 RETRY_S = 300.0  # a cache that turned itself off is tried again after this many seconds
+FACTS_FILE = "engine-facts.json"  # measurements about an engine, by fingerprint (``recall``, ``remember``)
 
 
 class PrefixCache:
@@ -119,6 +122,36 @@ class PrefixCache:
                 store.close()
             except (sqlite3.Error, OSError):
                 pass
+
+    def recall(self, name: str) -> Any:
+        """A measurement about this engine (``name``, e.g. ``Runtime._probe_at_load``'s) stored beside the
+        cache under its fingerprint by ``remember``; None when none is (or the file is unreadable)."""
+        try:
+            facts = json.loads((self.where / FACTS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        mine = facts.get(self.fp) if isinstance(facts, dict) and self.fp else None
+        return mine.get(name) if isinstance(mine, dict) else None
+
+    def remember(self, name: str, value: Any) -> None:
+        """Store ``value`` (JSON) as ``name`` under this engine's fingerprint, beside the cache (written whole
+        to a temporary file, then renamed: a crash leaves the old file). A failure is logged, never raised: the
+        measurement is taken again at the next start."""
+        if not self.fp:
+            return
+        path = self.where / FACTS_FILE
+        try:
+            facts = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            facts = {}
+        facts = facts if isinstance(facts, dict) else {}
+        facts.setdefault(self.fp, {})[name] = value
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(facts, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("prefix cache: could not store %s in %s: %s", name, path, exc)
 
     # called by Runtime._reuse
     def restore_longest(self, rt: Any, slot: Any, tokens: list[int], live: int, metrics: dict,
