@@ -42,11 +42,11 @@ class LoadSettings:
     where that leaves their bits unchanged (layout.merged_end; 512: two 256-token chunks per pass over the
     weights, ~7 % faster long prefill here, docs/prefix-cache.md). n_threads: CPU threads (None: llama.cpp's
     default). n_gpu_layers: layers offloaded to the GPU (-1 all; ignored by a CPU build). type_k / type_v: KV
-    cache element type (f16, q8_0, q4_0; a quantized V needs flash attention). flash_attn: flash attention on/off. offload_kqv: keep the KV
-    cache on the GPU. use_mmap / use_mlock: map / lock the weights. swa_full: keep a full-size sliding-window
-    cache (needed so prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md). n_parallel: sequences
-    served at once (continuous batching; each has its own n_ctx tokens of KV, so the KV cache is n_parallel ×
-    n_ctx tokens); None: chosen from the memory estimate when the engine loads
+    cache element type (f16, q8_0, q4_0; a quantized V needs flash attention). flash_attn: flash attention on/off.
+    offload_kqv: keep the KV cache on the GPU. use_mmap / use_mlock: map / lock the weights. swa_full: keep a
+    full-size sliding-window cache (needed so prefixes are reusable exactly on Gemma 3; see docs/prefix-cache.md).
+    n_parallel: sequences served at once (continuous batching; each has its own n_ctx tokens of KV, so the KV
+    cache is n_parallel × n_ctx tokens); None: chosen from the memory estimate when the engine loads
     (``memory_estimate.choose_parallel``: 4 where it fits).
     """
 
