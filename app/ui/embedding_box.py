@@ -45,7 +45,7 @@ class EmbeddingBox(QGroupBox):
         self.picker.setAccessibleName("Embedding model to use")
         self.pooling = ElidedComboBox(toolTip="How token vectors become one vector; a chat model's GGUF needs one")
         self.pooling.setAccessibleName("Pooling")
-        for combo, letters in ((self.picker, 16), (self.pooling, 10)):
+        for combo, letters in ((self.picker, 16), (self.pooling, 23)):  # the poolings whole
             combo.setMinimumContentsLength(letters)
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         for text, value in POOLINGS:
