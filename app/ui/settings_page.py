@@ -247,7 +247,7 @@ class SettingsPage(QWidget):
                        n_gpu_layers=self.n_gpu_layers.value(), type_k=self.type_k.currentText(),
                        type_v=self.type_v.currentText(), flash_attn=self.flash_attn.isChecked(),
                        offload_kqv=self.offload_kqv.isChecked(), n_threads=self.n_threads.value() or None,
-                       n_batch=batch, n_ubatch=min(batch, self.settings.load.n_ubatch),
+                       n_batch=batch,  # n_ubatch stays as set: it may exceed n_batch (two chunks a pass)
                        n_parallel=self.n_parallel.value() or None).validate()
 
     def _decoding(self) -> DecodingParams:
