@@ -167,6 +167,17 @@ def test_resolve_unknown() -> None:
     assert exc_info.value.available == [BUNDLED_MODEL_ID, "a"]
 
 
+def test_a_link_whose_file_is_gone_is_not_offered_as_available(tmp_path: Path) -> None:
+    """A model dropped in from elsewhere is a link in the models folder; once its file is deleted, asking for
+    it says it is not found without naming it among the available models."""
+    target = tiny_gguf(tmp_path / "mygood.gguf")
+    (paths.models_dir() / "mygood.gguf").symlink_to(target)
+    target.unlink()
+    with pytest.raises(ModelNotFound) as exc_info:
+        resolve_model("mygood")
+    assert "mygood" not in exc_info.value.available
+
+
 @pytest.mark.model
 def test_resolve_default_is_bundled(linked_bundled: Path) -> None:
     assert resolve_model(None) == linked_bundled

@@ -107,7 +107,8 @@ def resolve_model(name_or_path: str | None, allow_paths: bool = True) -> Path:
     """The file a model name means. None or "" → the bundled model (assembled from its installed packages
     if missing; no network). Otherwise, in order: an existing file path (only with ``allow_paths``: a name a
     client of the port sent is never looked up on disk); an id (file stem) or file name in the models
-    folder, exactly, then case-insensitively. Raises ``ModelNotFound(name, available ids)``; the file itself
+    folder (a link whose file is gone is skipped), exactly, then case-insensitively. Raises
+    ``ModelNotFound(name, available ids)``; the file itself
     is not validated here (``inspect_model`` does that)."""
     if not name_or_path:
         return _bundled()
@@ -120,7 +121,7 @@ def resolve_model(name_or_path: str | None, allow_paths: bool = True) -> Path:
         is_file = False
     if is_file:
         return as_path.resolve()
-    files = model_files()
+    files = [p for p in model_files() if p.exists()]  # a link whose file is gone (exists follows links) is none
     for match in (lambda p: name_or_path in (model_id(p), p.name),
                   lambda p: name_or_path.lower() in (model_id(p).lower(), p.name.lower())):
         found = [p for p in files if match(p)]
