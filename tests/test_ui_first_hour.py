@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QRect
+from PySide6.QtCore import QRect, Qt
 from PySide6.QtWidgets import QApplication
 
 from tests.fakes import FakeEngine
@@ -226,6 +226,49 @@ def test_the_models_list_is_refreshed_when_the_model_that_answers_was_listed_as_
     w.ctx.engine.load(w.ctx.job_for(str(bundled), "bundled"))
     qtbot.waitUntil(lambda: w.ctx.engine.state == "ready", timeout=10_000)
     qtbot.waitUntil(lambda: w.models.model.item(w.models.model.row_of_path(str(bundled))).installed, timeout=10_000)
+    close_window(w)
+
+
+def test_the_bundled_model_reads_preparing_until_it_is_ready_never_unusable(qtbot, fake_loads, monkeypatch):
+    """Issue 27 trial, defect 8: on a first start without `hearth setup` the list, built before the bundled
+    model was assembled, showed it as "⚠ unusable · 0 B" for the seconds its load took."""
+    from types import SimpleNamespace
+
+    from app import paths
+    from app.catalog import registry
+    from app.ui import engine_ctl
+
+    info = SimpleNamespace(chat_template=None, architecture="gemma3", quantization="Q4_K_M",
+                           parameter_count=270_000_000, context_length=32768)
+    monkeypatch.setattr(registry, "inspect_model", lambda path: info)  # the placeholder file reads as a model
+    bundled = paths.bundled_model_path()
+    bundled.unlink()  # a first start: the list is built before the bundled model is assembled
+    release = threading.Event()
+
+    def slow_build(plan):
+        engine = FakeEngine(plan.path, n_ctx=2048)
+        load = engine.load
+        engine.load = lambda: (release.wait(10), load())[1]  # the load takes its seconds
+        return engine
+
+    monkeypatch.setattr(engine_ctl.backends, "build", slow_build)
+    w = open_window(qtbot)
+    model = w.models.model
+    qtbot.waitUntil(lambda: model.rowCount() > 0, timeout=10_000)
+
+    def text() -> str:
+        return model.data(model.index(model.row_of_path(str(bundled))))
+
+    assert "unusable" not in text() and "0 B" not in text() and "not installed" in text()
+    bundled.write_bytes(b"GGUF")  # assembled; the list still has the entry it read before
+    w.ctx.engine.load(w.ctx.job_for(str(bundled), "bundled"))
+    qtbot.waitUntil(lambda: w.ctx.engine.state == "loading", timeout=5_000)
+    settle(qtbot)
+    assert "preparing…" in text() and "unusable" not in text() and "0 B" not in text()
+    assert "prepared" in model.data(model.index(model.row_of_path(str(bundled))), Qt.ItemDataRole.ToolTipRole)
+    release.set()
+    qtbot.waitUntil(lambda: model.item(model.row_of_path(str(bundled))).installed, timeout=10_000)
+    assert "preparing" not in text() and "unusable" not in text() and text().startswith("● ")
     close_window(w)
 
 

@@ -40,8 +40,9 @@ class LoadJob:
 
 
 class EngineController(QObject):
-    """Signals: ``state_changed(state)`` with idle / loading / ready / failed; ``loaded(info)``;
-    ``load_failed(exc)``; ``unloaded()``; ``about_to_change()`` before the engine goes away (stop chat)."""
+    """Signals: ``state_changed(state)`` with idle / loading / ready / failed (``loading``: the job being
+    loaded while the state is loading); ``loaded(info)``; ``load_failed(exc)``; ``unloaded()``;
+    ``about_to_change()`` before the engine goes away (stop chat)."""
 
     state_changed = Signal(str)
     loaded = Signal(dict)
@@ -54,6 +55,7 @@ class EngineController(QObject):
         self.pool = pool
         self.engine: Optional[Backend] = None
         self.job: LoadJob | None = None  # the job of ``engine``
+        self.loading: LoadJob | None = None  # the job being loaded now
         self.state = "idle"
         self._pending: Any = None  # the engine being loaded
         self._aborted = False
@@ -72,6 +74,7 @@ class EngineController(QObject):
         if self.state == "loading":
             return
         self._aborted = False
+        self.loading = job
         self._set_state("loading")
         if job.remote:
             self._swap(job)
@@ -111,7 +114,7 @@ class EngineController(QObject):
         return self._pending.load()
 
     def _ready(self, job: LoadJob, info: dict) -> None:
-        engine, self._pending = self._pending, None
+        engine, self._pending, self.loading = self._pending, None, None
         if self._aborted:  # aborted just as it finished
             self.pool.run(engine.close)
             self._set_state("idle")
@@ -121,7 +124,7 @@ class EngineController(QObject):
         self.loaded.emit(info)
 
     def _failed(self, exc: BaseException, previous: LoadJob | None = None) -> None:
-        self._pending = None
+        self._pending, self.loading = None, None
         if self._aborted:
             self._set_state("idle")
             return

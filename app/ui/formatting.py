@@ -194,16 +194,20 @@ def context_tooltip(breakdown: dict[str, Any], metrics: dict[str, Any] | None = 
     return "\n".join(lines)
 
 
-def model_label(entry: Any) -> str:
-    """The models list's text for a ``registry.ModelEntry``."""
+def model_label(entry: Any, preparing: bool = False) -> str:
+    """The models list's text for a ``registry.ModelEntry``: its id, what it is, and its size; a file not
+    there yet (the bundled model before it is assembled) says "preparing…" while it is being loaded
+    (``preparing``), else "not installed yet", never "unusable · 0 B"."""
     name = entry.id
     if entry.bundled:
         name += "  (bundled · small base model for trying things out)"
     elif entry.base_model is False:
         name += "  (chat)"
+    if not entry.installed:
+        return name + ("  · preparing…" if preparing else "  · not installed yet")
     if entry.error:
         name += "  ⚠ unusable"
-    return name
+    return f"{name} · {human_bytes(entry.size_bytes)}"
 
 
 def tools_indicator(tools: list[Any], servers: int) -> tuple[str, str]:

@@ -317,6 +317,9 @@ class ModelPanel(QWidget):
         self.load_bar.setVisible(loading)
         self.abort_btn.setVisible(loading)
         self.load_btn.setEnabled(not loading)
+        if loading or state in ("idle", "failed"):  # a file listed as missing reads "preparing…" while it loads
+            job = self.ctx.engine.loading if loading else None
+            self.model.set_preparing(job.path if job is not None and not job.remote else None)
         if state == "idle":
             self.model.set_loaded(None)
 

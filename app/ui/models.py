@@ -10,7 +10,7 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 
-from app.ui.formatting import DATE_GROUPS, date_group, file_name, human_bytes, model_label
+from app.ui.formatting import DATE_GROUPS, date_group, file_name, model_label
 
 Index = QModelIndex | QPersistentModelIndex
 ROOT = QModelIndex()
@@ -138,11 +138,13 @@ class ConversationListModel(_ListModel):
 
 # ---------------------------------------------------------------------------------------------- models
 class ModelListModel(_ListModel):
-    """``registry.ModelEntry`` rows; the loaded one is marked."""
+    """``registry.ModelEntry`` rows; the loaded one is marked, and one being prepared for its load (a file not
+    there when the list was read: the bundled model assembled on a first start) says so."""
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self.loaded_path: str | None = None
+        self.preparing_path: str | None = None
 
     def set_entries(self, entries: list[Any]) -> None:
         self._reset(list(entries))
@@ -151,6 +153,16 @@ class ModelListModel(_ListModel):
         self.loaded_path = path
         if self._rows:
             self.dataChanged.emit(self.index(0), self.index(len(self._rows) - 1))
+
+    def set_preparing(self, path: str | None) -> None:
+        """The model at ``path`` is being loaded (None: none is): a row of it listed as not installed reads
+        "preparing…" until the list is read again with its file there."""
+        self.preparing_path = path
+        if self._rows:
+            self.dataChanged.emit(self.index(0), self.index(len(self._rows) - 1))
+
+    def _preparing(self, e: Any) -> bool:
+        return not e.installed and self.preparing_path is not None and e.path == self.preparing_path
 
     def row_of_path(self, path: str) -> int:
         for i, e in enumerate(self._rows):
@@ -166,8 +178,10 @@ class ModelListModel(_ListModel):
             loaded = "● " if self.loaded_path and e.path == self.loaded_path else ""
             if str(e.path).startswith("remote:"):  # a remote engine (model_panel.list_models_job)
                 return f"{loaded}{e.id}  (remote engine{' · ' + e.quantization if e.quantization else ''})"
-            return f"{loaded}{model_label(e)} · {human_bytes(e.size_bytes)}"
+            return f"{loaded}{model_label(e, self._preparing(e))}"
         if role == Qt.ItemDataRole.ToolTipRole:
+            if self._preparing(e):
+                return "Being prepared for its first use (assembled from the installed packages, no network)"
             return e.error or e.path
         if role == ItemRole:
             return e
