@@ -100,6 +100,74 @@ def test_unnamed_controls_finds_an_unnamed_line_edit_and_accepts_named_ones(qtbo
 
 
 @pytest.mark.gui
+def test_unnamed_controls_finds_views_tab_stops_too(qtbot):
+    """A read-only text view or a scroll area that Tab stops at is announced by name as a control is (issue 27
+    trial, defect 6: the message views and the chat's scroll area were Tab stops without a name)."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLabel, QScrollArea, QTextBrowser, QVBoxLayout, QWidget
+
+    root = QWidget()
+    qtbot.addWidget(root)
+    lay = QVBoxLayout(root)
+    view = QTextBrowser(objectName="answer")  # read-only: content, not a control, but Tab stops at it
+    view.setPlainText("hello")
+    scroll = QScrollArea(objectName="messages")  # Tab stops at a scroll area unless told not to
+    quiet = QScrollArea(objectName="quiet")
+    quiet.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # no Tab stop: its controls take the focus
+    for w in (view, scroll, quiet, QLabel("text")):
+        lay.addWidget(w)
+    root.show()
+    found = a11y.unnamed_controls(root)
+    assert [d.split()[0] for d in found] == ["QTextBrowser#answer", "QScrollArea#messages"], found
+    assert a11y.tab_order(root) == [view, scroll]
+    view.setAccessibleName("Answer")
+    scroll.setAccessibleName("Messages")
+    assert a11y.unnamed_controls(root) == []
+
+
+@pytest.mark.gui
+def test_tab_reads_a_chat_in_order_header_messages_composer_panel(qtbot):
+    """Issue 27 trial, defect 6: Tab went rail, list, header, composer, panel and only then to the messages'
+    Copy / Edit / Regenerate; each message's stops now come after the header and before the composer, in the
+    order the messages are read, for messages shown with the chat and for one added as it streams."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.models import ChatRow
+    from tests.test_ui_first_hour import ready_window, settle
+    from tests.test_ui_reasoning import close_window
+
+    w = ready_window(qtbot)
+    try:
+        w.resize(1280, 800)  # wide: the list and the panel beside the chat
+        w.chat_model.set_rows([ChatRow("u1", "user", "hello"), ChatRow("a1", "assistant", "hi", reasoning="hm"),
+                               ChatRow("t1", "tool", "result", tool_state="ok"), ChatRow("u2", "user", "more")])
+        settle(qtbot)
+        w.chat_model.append(ChatRow("a2", "assistant", "again"))  # an answer added while the chat is shown
+        settle(qtbot)
+        order = a11y.tab_order(w)
+        pos = {id(x): i for i, x in enumerate(order)}
+        chat = w.chat
+        stops = [[x for x in order if m.isAncestorOf(x)] for m in chat.widgets]
+        assert all(stops) and [s[-1] for s in stops[:2]] == [chat.widgets[0].buttons["edit"],
+                                                             chat.widgets[1].buttons["regenerate"]]
+        flat = [pos[id(x)] for s in stops for x in s]
+        assert flat == sorted(flat) and flat == list(range(flat[0], flat[0] + len(flat)))  # together, in order
+        before = [w.sidebar.view, w.header.model_picker, chat.scroll]
+        after = [chat.composer, chat.send_btn, w.panel.preset, w.panel.prompt]
+        assert all(id(x) in pos for x in before + after), [a11y.describe(x) for x in before + after if x not in order]
+        assert max(pos[id(x)] for x in before) < flat[0] and flat[-1] < min(pos[id(x)] for x in after)
+        chat.scroll.setFocus()
+        visited = []
+        for _ in range(len(flat) + 1):  # real Tab presses: the messages' stops, then the message box
+            qtbot.keyClick(QApplication.focusWidget(), Qt.Key.Key_Tab)
+            visited.append(QApplication.focusWidget())
+        assert visited == [x for s in stops for x in s] + [chat.composer]
+    finally:
+        close_window(w)
+
+
+@pytest.mark.gui
 def test_every_control_of_the_window_has_a_name(qtbot):
     """Every page of the window (hidden ones too), a message, a tool call and the Presets dialog."""
     from app.ui.chat_view import MessageWidget

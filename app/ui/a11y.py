@@ -148,6 +148,12 @@ def is_interactive(w: QWidget) -> bool:
     return isinstance(w, _INTERACTIVE)
 
 
+def is_tab_stop(w: QWidget) -> bool:
+    """Whether Tab stops at ``w`` (its focus policy has ``Qt.TabFocus``): a control, or a view a person reads
+    with the keyboard (a message's text, a scroll area), which a screen reader announces by name too."""
+    return bool(w.focusPolicy() & Qt.FocusPolicy.TabFocus)
+
+
 def accessible_name(w: QWidget) -> str:
     """The name assistive technology announces for ``w``: its explicit accessible name, else Qt's (its text, a
     buddy or form label, its group box's title), else the label that labels it; a name that is only the
@@ -192,18 +198,36 @@ def describe(w: QWidget) -> str:
 
 
 def unnamed_controls(root: QWidget, include_hidden: bool = False) -> list[str]:
-    """``describe`` of each interactive control under ``root`` (``is_interactive``) that has no accessible
-    name (``accessible_name``). Only those visible to ``root`` unless ``include_hidden`` (e.g. other pages of a
-    stack); the parts of compound controls (a spin box's editor, a combo box's popup) are left out."""
+    """``describe`` of each interactive control (``is_interactive``) or other Tab stop (``is_tab_stop``: a
+    read-only text view, a scroll area) under ``root`` that has no accessible name (``accessible_name``).
+    Only those visible to ``root`` unless ``include_hidden`` (e.g. other pages of a stack); the parts of
+    compound controls (a spin box's editor, a combo box's popup) are left out."""
     found = []
     for w in root.findChildren(QWidget):
-        if not is_interactive(w) or _part_of_another(w, root):
+        if not (is_interactive(w) or is_tab_stop(w)) or _part_of_another(w, root):
             continue
         if not include_hidden and not w.isVisibleTo(root):
             continue
         if not accessible_name(w):
             found.append(describe(w))
     return found
+
+
+def _focus_chain(root: QWidget) -> list[QWidget]:
+    """The widgets of ``root``'s window after ``root`` in the order Tab follows (``nextInFocusChain``), once."""
+    chain, seen, w = [], set(), root.nextInFocusChain()
+    while w is not root and w not in seen:
+        chain.append(w)
+        seen.add(w)
+        w = w.nextInFocusChain()
+    return chain
+
+
+def tab_order(root: QWidget) -> list[QWidget]:
+    """The widgets Tab stops at under ``root``, in the order it visits them: the enabled Tab stops
+    (``is_tab_stop``) visible to ``root``, parts of compound controls left out, as ``unnamed_controls``."""
+    return [w for w in _focus_chain(root) if root.isAncestorOf(w) and is_tab_stop(w) and w.isVisibleTo(root)
+            and w.isEnabled() and not _part_of_another(w, root)]
 
 
 def keyboard_unreachable(root: QWidget) -> list[str]:
@@ -213,10 +237,7 @@ def keyboard_unreachable(root: QWidget) -> list[str]:
     group is: Tab stops at the one of them holding Tab focus and the arrow keys move along the group. An
     editable text box must pass Tab on (``tabChangesFocus``): one that types a tab traps the keyboard. Parts of
     compound controls are left out, as in ``unnamed_controls``."""
-    chain, w = set(), root.nextInFocusChain()
-    while w is not root and w not in chain:
-        chain.add(w)
-        w = w.nextInFocusChain()
+    chain = set(_focus_chain(root))
     found = []
     for w in root.findChildren(QWidget):
         if not is_interactive(w) or _part_of_another(w, root) or not w.isVisibleTo(root) or not w.isEnabled():

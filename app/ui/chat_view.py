@@ -180,10 +180,12 @@ class MessageWidget(QFrame):
         self.thinking.setObjectName("thinkingToggle")
         self.reasoning = MarkdownView()
         self.reasoning.setObjectName("reasoningText")
+        self.reasoning.setAccessibleName("Thinking")
         # set apart from the answer: greyed behind a rule (QTextBrowser#reasoningText in app.ui.theme's sheet)
         self.reasoning.setVisible(False)
         self.thinking.toggled.connect(self._toggle_thinking)
         self.body = MarkdownView()
+        self.body.setAccessibleName("Your message" if row.role == "user" else "Hearth's answer")
         self.body.link_activated.connect(lambda url: self.action.emit(url, self.row))
         self.citations = QLabel(wordWrap=True, textFormat=Qt.TextFormat.RichText)
         self.citations.linkActivated.connect(lambda url: self.action.emit(url, self.row))
@@ -390,6 +392,16 @@ def _esc(s: str) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def tab_stops(widget: QWidget) -> list[QWidget]:
+    """The widgets under ``widget`` that Tab stops at, in the order they were laid out (a text view's own
+    parts, e.g. its viewport, left out)."""
+    found: list[QWidget] = []
+    for w in widget.findChildren(QWidget):  # depth first: a view comes before its parts
+        if w.focusPolicy() & Qt.FocusPolicy.TabFocus and not any(s.isAncestorOf(w) for s in found):
+            found.append(w)
+    return found
+
+
 class Composer(QPlainTextEdit):
     """The message box: Enter sends, Shift+Enter starts a new line."""
 
@@ -435,6 +447,7 @@ class ChatView(QWidget):
         lay.setSpacing(theme.SPACE[1])
         self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         self.scroll.setObjectName("chatScroll")
+        self.scroll.setAccessibleName("Conversation")  # a Tab stop: the arrow keys scroll the messages
         self.container = QWidget()
         self.container.setObjectName("chatColumn")
         self.column = QVBoxLayout(self.container)
@@ -535,12 +548,25 @@ class ChatView(QWidget):
         self._dirty.clear()
         for i in range(self.model.rowCount()):
             self._add(i)
+        self._order_tabs(0, len(self.widgets))
         self._scroll_to_end()
 
     def _inserted(self, _parent: QModelIndex, first: int, last: int) -> None:
         for i in range(first, last + 1):
             self._add(i)
+        self._order_tabs(first, last + 1)
         self._scroll_to_end()
+
+    def _order_tabs(self, start: int, end: int) -> None:
+        """Tab reads the chat in order: the scroll area, each message's stops top to bottom, then the composer
+        (a message is made after the composer, so Tab would otherwise reach it last, after the panel). Puts
+        the stops of messages ``start``..``end - 1`` after those of the messages before them."""
+        before = (tab_stops(w) for w in reversed(self.widgets[:start]))
+        prev: QWidget = next((stops[-1] for stops in before if stops), self.scroll)
+        for w in self.widgets[start:end]:
+            for stop in tab_stops(w):
+                QWidget.setTabOrder(prev, stop)
+                prev = stop
 
     def _add(self, i: int) -> None:
         row = self.model.item(i)

@@ -88,6 +88,7 @@ class ToolCallWidget(QFrame):
         self.toggle = QToolButton(checkable=True, autoRaise=True)
         self.toggle.toggled.connect(self._toggle)
         self.result = QPlainTextEdit(readOnly=True, visible=False)
+        self.result.setAccessibleName("Tool result")
         self.result.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.result.setMaximumHeight(RESULT_MAX_PX)
         for w in (self.header, self.args):
