@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui import theme
+from app.ui.a11y import is_tab_stop
 from app.ui.formatting import file_name, thinking_label
 from app.ui.markdown import copy_index, highlight_spans, with_copy_links
 from app.ui.models import ChatModel, ChatRow
@@ -397,7 +398,7 @@ def tab_stops(widget: QWidget) -> list[QWidget]:
     parts, e.g. its viewport, left out)."""
     found: list[QWidget] = []
     for w in widget.findChildren(QWidget):  # depth first: a view comes before its parts
-        if w.focusPolicy() & Qt.FocusPolicy.TabFocus and not any(s.isAncestorOf(w) for s in found):
+        if is_tab_stop(w) and not any(s.isAncestorOf(w) for s in found):
             found.append(w)
     return found
 
