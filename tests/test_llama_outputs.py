@@ -50,3 +50,13 @@ def test_real_context_serves_the_bound_with_a_small_compute_buffer(bundled_model
 
     first, last = rt._row(0), rt._row(lasts[-1])
     assert np.isfinite(first).all() and np.isfinite(last).all()
+
+
+def test_the_memory_estimate_counts_the_rows_the_engine_reserves(monkeypatch):
+    """``memory_estimate.logit_rows`` (catalog, below the engine) keeps its own default guesses: it must stay the
+    engine's, or the estimate drifts from the buffer llama.cpp reserves."""
+    from app.catalog.memory_estimate import SPEC_GUESSES, logit_rows
+
+    monkeypatch.delenv("HEARTH_SPEC_MAX_DRAFT", raising=False)
+    assert SPEC_GUESSES == max(LOOKUP_DRAFT, DRAFT_MODEL_DRAFT)
+    assert [logit_rows(n) for n in (1, 4, 16)] == [outputs_per_decode(n) for n in (1, 4, 16)]

@@ -48,8 +48,8 @@ def llama_kwargs(settings: LoadSettings) -> dict[str, Any]:
     threads = settings.n_threads or default_threads()
     return dict(n_ctx=settings.n_ctx, n_batch=decode_capacity(settings), n_ubatch=settings.n_ubatch,
                 n_threads=threads, n_threads_batch=threads, n_gpu_layers=settings.n_gpu_layers,
-                type_k=GGML_TYPES[settings.type_k],
-                type_v=GGML_TYPES[settings.type_v], flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
+                type_k=GGML_TYPES[settings.type_k], type_v=GGML_TYPES[settings.type_v],
+                flash_attn=settings.flash_attn, offload_kqv=settings.offload_kqv,
                 use_mmap=settings.use_mmap, use_mlock=settings.use_mlock, swa_full=settings.swa_full,
                 logits_all=False, verbose=False, seed=settings.seed)
 
